@@ -1,0 +1,33 @@
+"""ReLU over a large activation tensor (elementwise)."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+
+batch_size = 4096
+dim = 8192
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+
+
+# kernelrl metadata, read by the loader with ast.literal_eval (never executed to be read).
+# "sizes" overrides module globals for a device kind so the task runs in seconds under the
+# Triton interpreter on CPU while the GPU size stays realistic.
+KERNELRL = {
+    "category": "elementwise",
+    "sizes": {"cpu": {"batch_size": 16, "dim": 256}},
+}

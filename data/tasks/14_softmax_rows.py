@@ -1,0 +1,33 @@
+"""Softmax over the last dimension of a matrix (softmax)."""
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, dim=-1)
+
+
+batch_size = 8192
+dim = 4096
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+
+
+# kernelrl metadata, read by the loader with ast.literal_eval (never executed to be read).
+# "sizes" overrides module globals for a device kind so the task runs in seconds under the
+# Triton interpreter on CPU while the GPU size stays realistic.
+KERNELRL = {
+    "category": "softmax",
+    "sizes": {"cpu": {"batch_size": 7, "dim": 5000}},
+}

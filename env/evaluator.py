@@ -1,0 +1,255 @@
+"""One evaluation, end to end, on the trusted side.
+
+parse -> static checks -> sandboxed child (load/compile, correctness calls) while the worker
+computes references -> comparison and dynamic checks -> timing and CUPTI profile (GPU, one
+solution at a time per GPU) -> reference timings (cached) -> EvalResult with feedback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import secrets
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kernelrl.env import dynamic_checks
+from kernelrl.env.compare import compare_outputs
+from kernelrl.env.feedback import build_feedback
+from kernelrl.env.parse import FormatError, extract_solution, solution_kernel_names
+from kernelrl.env.reference import ReferenceRunner, ReferenceTimingCache, device_name, library_versions
+from kernelrl.env.result import EvalResult, Status, TimingStats
+from kernelrl.env.sandbox import Child, ChildDied, ChildPool
+from kernelrl.env.static_checks import run_static_checks
+from kernelrl.env.task import Task, TaskError
+from kernelrl.env.timing import TimingConfig
+
+
+@dataclass
+class EvalConfig:
+    """How one evaluation is run. Defaults suit the bundled suite on an H100 and on CPU."""
+
+    device: str = "auto"  # "cpu", "cuda", or "auto" (cuda when available)
+    timeout_s: float = 180.0  # wall clock for one evaluation inside the sandbox
+    num_input_sets: int = 3
+    profile_calls: int = 5
+    time_reference_compile: bool = True  # torch.compile baseline (GPU only)
+    host_memory_bytes: int = 16 * 2**30
+    gpu_memory_fraction: float = 0.9
+    file_bytes: int = 4 * 2**30
+    spare_children: int = 1
+    # Off only to test that the sandbox and the dynamic checks hold on their own.
+    static_checks: bool = True
+    timing: TimingConfig = field(default_factory=TimingConfig)
+
+    def resolved_device(self) -> str:
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but no CUDA GPU is visible")
+        return self.device
+
+
+class Evaluator:
+    """Evaluates solutions on one device. Thread-safe: several evaluations may be in flight,
+    but GPU timing and profiling take a per-device lock so measurements never overlap."""
+
+    def __init__(self, config: EvalConfig | None = None, gpu_index: int = 0, timing_cache: ReferenceTimingCache | None = None) -> None:
+        self.config = config or EvalConfig()
+        self.device_kind = self.config.resolved_device()
+        self.device = torch.device("cuda", gpu_index) if self.device_kind == "cuda" else torch.device("cpu")
+        self.children = ChildPool(self.device_kind, gpu_index if self.device_kind == "cuda" else None, self.config.spare_children)
+        self.references = ReferenceRunner(self.device)
+        self.timing_cache = timing_cache or ReferenceTimingCache()
+        self.gpu_lock = threading.Lock()
+        self.versions = library_versions()
+        self.device_name = device_name(self.device)
+
+    def warm(self) -> None:
+        self.children.warm()
+
+    def close(self) -> None:
+        self.children.close()
+
+    # ------------------------------------------------------------------ pipeline
+    def evaluate(self, task: Task, completion: str) -> EvalResult:
+        started = time.perf_counter()
+        result = EvalResult(
+            task_id=task.id,
+            backend=task.backend,
+            status=Status.CORRECT,
+            device=self.device_kind,
+            device_name=self.device_name,
+            versions=self.versions,
+            task_hash=task.hash,
+            solution_hash=hashlib.sha256(completion.encode()).hexdigest()[:16],
+            timestamp=time.time(),
+        )
+        try:
+            self._run(task, completion, result)
+        finally:
+            result.phase_seconds["total"] = time.perf_counter() - started
+            result.feedback = build_feedback(result)
+        return result
+
+    def _run(self, task: Task, completion: str, result: EvalResult) -> None:
+        try:
+            source = extract_solution(completion)
+        except FormatError as exc:
+            result.status, result.error = Status.FORMAT_ERROR, str(exc)
+            return
+        failures = run_static_checks(source, task.backend, task.source) if self.config.static_checks else []
+        if failures:
+            result.status = Status.INTEGRITY_VIOLATION
+            result.checks_failed = sorted({f.name for f in failures})
+            result.error = "\n".join(f"[{f.name}] {f.message}" for f in failures)
+            return
+        own_names = solution_kernel_names(source, task.backend)
+
+        wait_started = time.perf_counter()
+        child = self.children.acquire()
+        result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
+        result.sandbox = {
+            key: child.ready_info.get(key) for key in ("network", "import_seconds", "cuda_init_seconds")
+        }
+        try:
+            self._run_in_child(task, source, own_names, child, result)
+        except ChildDied as exc:
+            result.status = Status.TIMEOUT if exc.timed_out else Status.RUNTIME_ERROR
+            result.error = f"the solution's process {exc}"
+            tail = child.output_tail(600).strip()
+            if tail:
+                result.error += f"\nlast output:\n{tail}"
+        except (KeyError, TypeError, ValueError, OSError, RuntimeError) as exc:
+            if isinstance(exc, TaskError):
+                raise
+            # The child is untrusted: a report we cannot read is its failure, never a pass.
+            result.status = Status.RUNTIME_ERROR
+            result.error = f"the sandbox reported unreadable results ({type(exc).__name__}: {exc})"
+        finally:
+            child.close()
+
+    def _run_in_child(self, task: Task, source: str, own_names: list[str], child: Child, result: EvalResult) -> None:
+        config = self.config
+        deadline = time.monotonic() + config.timeout_s
+        model_seed = secrets.randbits(31)
+        input_seeds = [secrets.randbits(31) for _ in range(config.num_input_sets)]
+        child.send(
+            {
+                "type": "job",
+                "device": str(self.device) if self.device_kind == "cpu" else "cuda:0",
+                "backend": task.backend,
+                "task_source": task.source,
+                "size_overrides": task.size_overrides(self.device_kind),
+                "solution_source": source,
+                "model_seed": model_seed,
+                "input_seeds": input_seeds,
+                "timing": asdict(config.timing),
+                "profile_calls": config.profile_calls,
+                "limits": {
+                    "file_bytes": config.file_bytes,
+                    "cpu_seconds": int(config.timeout_s * 2) + 30,
+                    "address_space_bytes": config.host_memory_bytes,
+                    "gpu_memory_fraction": config.gpu_memory_fraction,
+                },
+            }
+        )
+        # The child loads, compiles and runs; meanwhile this process computes the references.
+        started = time.perf_counter()
+        references = self.references.outputs(task, model_seed, input_seeds)
+        result.phase_seconds["reference"] = time.perf_counter() - started
+
+        report = child.receive(deadline, config.host_memory_bytes)
+        result.phase_seconds.update({f"child_{k}": v for k, v in report.get("phase", {}).items()})
+        if self._stopped_early(report, result):
+            return
+
+        for index, expected in enumerate(references):
+            # Only files inside the child's own scratch are read, whatever paths it reported.
+            got = torch.load(child.scratch / f"outputs_{index}.pt", weights_only=True, map_location=self.device)
+            comparison = compare_outputs(task, got, expected, index)
+            result.input_sets_checked = index + 1
+            result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
+            result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
+            if not comparison.correct:
+                result.status = Status.INCORRECT
+                result.error = "\n".join(comparison.problems[:3])
+                break
+        launches = report["launches"]
+        result.custom_kernel_launches = min(launches) if launches and task.backend == "triton" else None
+        violations = dynamic_checks.check_correctness_run(report, task.backend)
+        if violations:
+            self._violate(result, violations)
+            return
+        if result.status is not Status.CORRECT:
+            return
+
+        with self.gpu_lock if self.device_kind == "cuda" else contextlib.nullcontext():
+            child.send({"type": "time"})
+            timing = child.receive(deadline, config.host_memory_bytes)
+            result.phase_seconds.update({f"child_{k}": v for k, v in timing.get("phase", {}).items()})
+            if self._stopped_early(timing, result):
+                return
+            result.runtime = TimingStats(**timing["runtime"])
+            started = time.perf_counter()
+            result.ref_eager = self._reference_timing(task, compiled=False)
+            if self.device_kind == "cuda" and config.time_reference_compile:
+                result.ref_compile = self._reference_timing(task, compiled=True)
+            result.phase_seconds["reference_timing"] = time.perf_counter() - started
+
+        result.timing_meaningful = self.device_kind == "cuda"
+        if self.device_kind == "cuda":
+            summary = dynamic_checks.summarize_profile(timing["profile"], own_names)
+            result.kernels = summary["kernels"]
+            result.own_kernel_share = summary["own_share"]
+            result.custom_kernel_launches = round(summary["own_launches_per_call"])
+            violations = dynamic_checks.check_gpu_profile(timing["profile"], summary, result.runtime.median_ms)
+            if violations:
+                self._violate(result, violations)
+                return
+            result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
+            result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
+
+    def _stopped_early(self, message: dict[str, Any], result: EvalResult) -> bool:
+        kind = message["type"]
+        if kind == "error":
+            stage = message.get("stage")
+            result.status = {"compile": Status.COMPILE_ERROR}.get(stage, Status.RUNTIME_ERROR)
+            result.error = str(message.get("error", ""))
+            if stage == "harness":
+                result.error = f"evaluation harness failure: {result.error}"
+            return True
+        if kind == "not_run":
+            result.status = Status.NOT_RUN
+            result.error = str(message.get("reason", ""))
+            return True
+        return False
+
+    @staticmethod
+    def _violate(result: EvalResult, violations: list[tuple[str, str]]) -> None:
+        result.status = Status.INTEGRITY_VIOLATION
+        result.checks_failed = sorted({name for name, _ in violations})
+        result.error = "\n".join(f"[{name}] {why}" for name, why in violations)
+        result.speedup_vs_eager = result.speedup_vs_compile = None
+
+    def _reference_timing(self, task: Task, compiled: bool) -> TimingStats | None:
+        """Cached; the caller holds the GPU lock so the reference is timed alone."""
+        key = self.timing_cache.key(task, self.device, "compile" if compiled else "eager")
+        cached = self.timing_cache.get(key)
+        if cached is not False:
+            return cached
+        stats = self.references.time(task, compiled, self.config.timing)
+        self.timing_cache.put(key, stats)
+        return stats
+
+
+def _speedup(reference: TimingStats | None, solution: TimingStats | None) -> float | None:
+    if reference is None or solution is None or solution.median_ms <= 0:
+        return None
+    return reference.median_ms / solution.median_ms

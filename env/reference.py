@@ -1,0 +1,142 @@
+"""The trusted side of a task: reference outputs and reference timings.
+
+Reference code comes from the task, never from a model, so it runs in the worker. Its timings
+(eager and torch.compile) are expensive and stable, so they are cached on disk per
+task x size variant x device x library versions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernelrl.env import harness
+from kernelrl.env.result import TimingStats
+from kernelrl.env.task import Task, TaskError
+from kernelrl.env.timing import TimingConfig, time_fn
+
+
+def library_versions() -> dict[str, str]:
+    import triton
+
+    import kernelrl
+
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "kernelrl": kernelrl.__version__,
+    }
+    if torch.version.cuda:
+        versions["cuda"] = torch.version.cuda
+    return versions
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+class ReferenceRunner:
+    """Runs task references in this (trusted) process; one module per task and size variant."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._modules: dict[tuple[str, str], types.ModuleType] = {}
+        self._lock = threading.Lock()
+
+    def module(self, task: Task) -> types.ModuleType:
+        kind = harness.device_kind(self.device)
+        key = (task.hash, kind)
+        with self._lock:
+            if key not in self._modules:
+                try:
+                    self._modules[key] = harness.load_module(
+                        task.source, f"kernelrl_reference_{task.hash}_{kind}", task.size_overrides(kind)
+                    )
+                except Exception as exc:
+                    raise TaskError(f"task {task.id}: reference does not load: {type(exc).__name__}: {exc}") from exc
+            return self._modules[key]
+
+    def outputs(self, task: Task, model_seed: int, input_seeds: list[int]) -> list[list[Any]]:
+        module = self.module(task)
+        try:
+            model = harness.build_model(module.Model, module, model_seed, self.device)
+            results = []
+            for seed in input_seeds:
+                inputs = harness.make_inputs(module, seed, self.device)
+                with torch.no_grad():
+                    results.append(harness.as_output_list(model(*inputs)))
+        except Exception as exc:
+            raise TaskError(f"task {task.id}: reference fails to run: {type(exc).__name__}: {exc}") from exc
+        return results
+
+    def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
+        module = self.module(task)
+        model = harness.build_model(module.Model, module, 0, self.device)
+        inputs = harness.make_inputs(module, 1, self.device)
+        if compiled:
+            try:
+                model = torch.compile(model)
+                with torch.no_grad():
+                    model(*inputs)
+            except Exception:
+                return None  # the reference does not compile: no torch.compile baseline
+
+        def call() -> None:
+            with torch.no_grad():
+                model(*inputs)
+
+        return time_fn(call, self.device, config)
+
+
+class ReferenceTimingCache:
+    """JSON file of reference timings; one writer per process, atomic replace on save."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        cache_home = Path(os.environ.get("KERNELRL_CACHE", Path.home() / ".cache" / "kernelrl"))
+        self.path = path or cache_home / "reference_timings.json"
+        self._lock = threading.Lock()
+        self._entries: dict[str, Any] | None = None
+
+    @staticmethod
+    def key(task: Task, device: torch.device, kind: str) -> str:
+        versions = library_versions()
+        return "|".join(
+            [task.hash, harness.device_kind(device), device_name(device), versions["torch"], versions["triton"], kind]
+        )
+
+    def _load(self) -> dict[str, Any]:
+        if self._entries is None:
+            try:
+                self._entries = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                self._entries = {}
+        return self._entries
+
+    def get(self, key: str) -> TimingStats | None | bool:
+        """The cached stats, None for 'known to be unavailable', False for a miss."""
+        with self._lock:
+            entries = self._load()
+            if key not in entries:
+                return False
+            value = entries[key]
+            return TimingStats(**value) if value is not None else None
+
+    def put(self, key: str, stats: TimingStats | None) -> None:
+        with self._lock:
+            self._entries = None  # re-read: another process may have added entries
+            entries = self._load()
+            entries[key] = stats.__dict__ if stats is not None else None
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(entries, indent=0, sort_keys=True))
+            tmp.replace(self.path)

@@ -1,0 +1,108 @@
+"""EvalResult: the one record every part of kernelrl reads (rewards, sweeps, curation)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class Status(StrEnum):
+    """Verdict of one evaluation, from the earliest stage that failed.
+
+    ``not_run`` is for solutions that passed every check that the device allows but could not be
+    executed there (CUDA C++ on a machine without a GPU): it is never mistaken for ``correct``.
+    """
+
+    FORMAT_ERROR = "format_error"
+    INTEGRITY_VIOLATION = "integrity_violation"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    INCORRECT = "incorrect"
+    CORRECT = "correct"
+    NOT_RUN = "not_run"
+
+
+@dataclass
+class TimingStats:
+    """Robust summary of repeated measurements, in milliseconds."""
+
+    median_ms: float
+    p25_ms: float
+    p75_ms: float
+    min_ms: float
+    max_ms: float
+    reps: int
+    rel_err: float  # relative standard error of the median estimate
+
+    @property
+    def spread(self) -> float:
+        """Inter-quartile range relative to the median."""
+        return (self.p75_ms - self.p25_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+@dataclass
+class EvalResult:
+    task_id: str
+    backend: str
+    status: Status
+    feedback: str = ""
+    error: str = ""
+    checks_failed: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    device_name: str = ""
+    # correctness
+    input_sets_checked: int = 0
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    # timing
+    timing_meaningful: bool = False
+    runtime: TimingStats | None = None
+    ref_eager: TimingStats | None = None
+    ref_compile: TimingStats | None = None
+    speedup_vs_eager: float | None = None
+    speedup_vs_compile: float | None = None
+    # profiling
+    own_kernel_share: float | None = None  # share of GPU time in the solution's own kernels
+    custom_kernel_launches: int | None = None  # own kernel launches per forward call
+    kernels: list[dict[str, Any]] = field(default_factory=list)  # name, calls, total_us, own
+    # bookkeeping
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    sandbox: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    task_hash: str = ""
+    solution_hash: str = ""
+    timestamp: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def correct(self) -> bool:
+        return self.status is Status.CORRECT
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["status"] = str(self.status)
+        data["correct"] = self.correct
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
+        data = dict(data)
+        data.pop("correct", None)
+        version = data.get("schema_version", SCHEMA_VERSION)
+        if version > SCHEMA_VERSION:
+            raise ValueError(f"EvalResult schema {version} is newer than this kernelrl ({SCHEMA_VERSION})")
+        data["status"] = Status(data["status"])
+        for name in ("runtime", "ref_eager", "ref_compile"):
+            if data.get(name) is not None:
+                data[name] = TimingStats(**data[name])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

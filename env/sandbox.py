@@ -1,0 +1,226 @@
+"""Spawning, feeding and killing sandboxed children; keeping warm ones ready.
+
+Process start, ``import torch`` and CUDA context creation cost seconds, more than compiling and
+checking a small kernel. A ``ChildPool`` therefore starts the next children while the current
+evaluation runs; each child still serves exactly one solution and is then killed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.env.protocol import ProtocolError, recv_message, send_message
+
+# Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
+_PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH")
+
+
+def _scratch_root() -> str | None:
+    """tmpfs when it has room: outputs travel through files there."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and shutil.disk_usage(shm).free > 8 * 1024**3:
+            return str(shm)
+    except OSError:
+        pass
+    return None
+
+
+class ChildDied(RuntimeError):
+    """The child ended without answering; ``describe`` says how."""
+
+    def __init__(self, description: str, timed_out: bool = False) -> None:
+        super().__init__(description)
+        self.timed_out = timed_out
+
+
+@dataclass
+class Child:
+    process: subprocess.Popen
+    sock: socket.socket
+    scratch: Path
+    started: float
+    ready_info: dict[str, Any] = field(default_factory=dict)
+    killed_for: str = ""
+
+    def send(self, message: dict[str, Any]) -> None:
+        send_message(self.sock, message)
+
+    def receive(self, deadline: float, max_rss_bytes: int | None = None) -> dict[str, Any]:
+        """Next message, watching the clock and the child's memory while waiting."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill("timeout")
+                raise ChildDied("exceeded the time limit and was killed", timed_out=True)
+            readable, _, _ = select.select([self.sock], [], [], min(remaining, 0.2))
+            if readable:
+                try:
+                    return recv_message(self.sock)
+                except (EOFError, ConnectionError):
+                    raise ChildDied(self.describe_exit()) from None
+                except ProtocolError as exc:
+                    self.kill("protocol")
+                    raise ChildDied(f"sent a malformed message ({exc})") from None
+            if self.process.poll() is not None:
+                raise ChildDied(self.describe_exit())
+            if max_rss_bytes and self.rss_bytes() > max_rss_bytes:
+                self.kill("memory")
+                raise ChildDied(f"exceeded the host memory limit of {max_rss_bytes / 2**30:.1f} GiB")
+
+    def rss_bytes(self) -> int:
+        try:
+            with open(f"/proc/{self.process.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
+
+    def describe_exit(self) -> str:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill("hung after closing its channel")
+            return "closed its channel and hung; killed"
+        if self.killed_for == "memory":
+            return "exceeded the memory limit and was killed"
+        if code < 0:
+            name = signal.Signals(-code).name
+            meaning = {
+                "SIGSEGV": "segmentation fault",
+                "SIGBUS": "bus error",
+                "SIGABRT": "aborted",
+                "SIGKILL": "killed (out of memory?)",
+                "SIGXCPU": "CPU time limit exceeded",
+                "SIGXFSZ": "file size limit exceeded",
+                "SIGFPE": "arithmetic fault",
+                "SIGILL": "illegal instruction",
+            }.get(name, "terminated by a signal")
+            return f"crashed with {name} ({meaning})"
+        return f"exited with code {code} before reporting a result"
+
+    def output_tail(self, limit: int = 1500) -> str:
+        try:
+            text = (self.scratch / "child.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-limit:]
+
+    def kill(self, reason: str = "") -> None:
+        self.killed_for = self.killed_for or reason
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        self.kill()
+        self.sock.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def spawn_child(device: str, gpu_index: int | None) -> Child:
+    scratch = Path(tempfile.mkdtemp(prefix="kernelrl-sbx-", dir=_scratch_root()))
+    parent_sock, child_sock = socket.socketpair()
+    env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
+    env.update(
+        HOME=str(scratch),
+        TMPDIR=str(scratch),
+        TRITON_CACHE_DIR=str(scratch / "triton"),
+        TORCH_EXTENSIONS_DIR=str(scratch / "torch_extensions"),
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUNBUFFERED="1",
+        KERNELRL_DEVICE=device,
+        OMP_NUM_THREADS="1",
+    )
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_index if gpu_index is not None else 0)
+    log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kernelrl.env.sandbox_child", str(child_sock.fileno())],
+            pass_fds=[child_sock.fileno()],
+            cwd=scratch,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill takes all it spawned
+        )
+    finally:
+        log.close()
+        child_sock.close()
+    return Child(process=process, sock=parent_sock, scratch=scratch, started=time.monotonic())
+
+
+class ChildPool:
+    """Keeps ``spare`` children warming up so that evaluations rarely wait for one."""
+
+    def __init__(self, device: str, gpu_index: int | None = None, spare: int = 1, ready_timeout_s: float = 180.0) -> None:
+        self.device = device
+        self.gpu_index = gpu_index
+        self.spare = max(spare, 0)
+        self.ready_timeout_s = ready_timeout_s
+        self._lock = threading.Lock()
+        self._warming: list[Child] = []
+        self._closed = False
+
+    def _top_up(self) -> None:
+        while len(self._warming) < self.spare and not self._closed:
+            self._warming.append(spawn_child(self.device, self.gpu_index))
+
+    def acquire(self) -> Child:
+        """A child that has imported torch, made its CUDA context and said 'ready'."""
+        for _ in range(3):
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("child pool is closed")
+                child = self._warming.pop(0) if self._warming else spawn_child(self.device, self.gpu_index)
+                self._top_up()
+            try:
+                message = child.receive(time.monotonic() + self.ready_timeout_s)
+            except ChildDied as exc:
+                log = child.output_tail()
+                child.close()
+                last_error = f"sandbox child failed to start: {exc}\n{log}"
+                continue
+            if message.get("type") == "ready":
+                child.ready_info = message
+                return child
+            child.close()
+            last_error = f"sandbox child sent {message.get('type')!r} instead of 'ready'"
+        raise RuntimeError(last_error)
+
+    def warm(self) -> None:
+        with self._lock:
+            self._top_up()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            children, self._warming = self._warming, []
+        for child in children:
+            child.close()

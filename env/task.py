@@ -1,0 +1,164 @@
+"""The task format: KernelBench-style PyTorch references plus a little metadata.
+
+A task is Python source defining ``class Model(nn.Module)``, ``get_inputs()`` and
+``get_init_inputs()``. Optional metadata lives in a module-level ``KERNELRL = {...}`` dict
+literal, read with ``ast.literal_eval`` so that loading a task never executes it:
+
+- ``category``: what kind of computation it is (elementwise, matmul, ...);
+- ``atol`` / ``rtol``: tolerances overriding the dtype-aware defaults;
+- ``sizes``: ``{device_kind: {global_name: value}}`` overrides of module globals, so one task
+  runs in seconds under the Triton interpreter on CPU and at a realistic size on a GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKENDS = ("triton", "cuda")
+
+# Default tolerances by output dtype (name as torch prints it without the "torch." prefix).
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-4, 1e-4),
+    "float64": (1e-7, 1e-7),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (2e-2, 2e-2),
+}
+
+
+class TaskError(ValueError):
+    """A task that cannot be used: unreadable, not in the KernelBench format, bad metadata."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One KernelBench-format task. Immutable and cheap to send between processes."""
+
+    id: str
+    source: str
+    backend: str = "triton"
+    category: str = "uncategorized"
+    atol: float | None = None
+    rtol: float | None = None
+    sizes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    level: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise TaskError(f"task {self.id}: backend must be one of {BACKENDS}, got {self.backend!r}")
+
+    @property
+    def hash(self) -> str:
+        """Content hash: reference timings and results are keyed by it, not by the id."""
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+    def size_overrides(self, device_kind: str) -> dict[str, Any]:
+        """Module-global overrides for 'cpu' or 'cuda' (empty when the task has none)."""
+        return dict(self.sizes.get(device_kind, {}))
+
+    def tolerances(self, dtype_name: str) -> tuple[float, float]:
+        default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype_name, (1e-4, 1e-4))
+        return (
+            self.atol if self.atol is not None else default_atol,
+            self.rtol if self.rtol is not None else default_rtol,
+        )
+
+    def with_backend(self, backend: str) -> Task:
+        return Task(self.id, self.source, backend, self.category, self.atol, self.rtol, self.sizes, self.level)
+
+
+def _read_metadata(source: str, origin: str) -> dict[str, Any]:
+    """Validate the KernelBench contract on the AST and read the KERNELRL literal."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise TaskError(f"{origin}: task source does not parse: line {exc.lineno}: {exc.msg}") from exc
+    defined = set()
+    metadata: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "KERNELRL" for t in node.targets
+        ):
+            try:
+                metadata = ast.literal_eval(node.value)
+            except ValueError as exc:
+                raise TaskError(f"{origin}: KERNELRL must be a dict literal: {exc}") from exc
+            if not isinstance(metadata, dict):
+                raise TaskError(f"{origin}: KERNELRL must be a dict literal")
+    missing = {"Model", "get_inputs", "get_init_inputs"} - defined
+    if missing:
+        raise TaskError(f"{origin}: not a KernelBench task, missing {', '.join(sorted(missing))}")
+    return metadata
+
+
+def task_from_source(
+    source: str, task_id: str, backend: str = "triton", level: int | None = None
+) -> Task:
+    meta = _read_metadata(source, task_id)
+    unknown = set(meta) - {"category", "atol", "rtol", "sizes", "level"}
+    if unknown:
+        raise TaskError(f"{task_id}: unknown KERNELRL keys {sorted(unknown)}")
+    return Task(
+        id=task_id,
+        source=source,
+        backend=backend,
+        category=str(meta.get("category", "uncategorized")),
+        atol=meta.get("atol"),
+        rtol=meta.get("rtol"),
+        sizes=meta.get("sizes", {}),
+        level=meta.get("level", level),
+    )
+
+
+def load_task(path: str | Path, backend: str = "triton") -> Task:
+    path = Path(path)
+    try:
+        source = path.read_text()
+    except OSError as exc:
+        raise TaskError(f"cannot read task {path}: {exc.strerror or exc}") from exc
+    level_match = re.search(r"level(\d+)", str(path.parent))
+    return task_from_source(
+        source, path.stem, backend, int(level_match.group(1)) if level_match else None
+    )
+
+
+def load_task_folder(folder: str | Path, backend: str = "triton") -> list[Task]:
+    """Every ``*.py`` task of a folder (KernelBench level layout), in natural id order."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TaskError(f"task folder {folder} does not exist")
+    files = sorted(folder.glob("*.py"), key=_natural_key)
+    files = [f for f in files if not f.name.startswith("_")]
+    if not files:
+        raise TaskError(f"task folder {folder} holds no *.py task")
+    return [load_task(f, backend) for f in files]
+
+
+def task_from_record(
+    record: Mapping[str, Any],
+    backend: str = "triton",
+    source_field: str = "code",
+    id_field: str = "name",
+    level_field: str | None = "level",
+) -> Task:
+    """One row of an HF ``datasets`` dataset (KernelBench's own uses code/name/level)."""
+    if source_field not in record:
+        raise TaskError(f"record has no field {source_field!r} (fields: {sorted(record)})")
+    level = record.get(level_field) if level_field else None
+    task_id = str(record.get(id_field) or f"task_{hashlib.sha256(record[source_field].encode()).hexdigest()[:8]}")
+    return task_from_source(record[source_field], task_id, backend, level)
+
+
+def tasks_from_dataset(rows: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[Task]:
+    return [task_from_record(row, **kwargs) for row in rows]
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]

@@ -1,0 +1,103 @@
+"""Kernel timing: one procedure for the reference and the solution, so speedups are fair.
+
+GPU: warm-up, L2 flush before every repetition, CUDA events around each call, repetitions
+until the median's relative standard error reaches a target or the time budget runs out.
+CPU (Triton interpreter): wall-clock repetitions, reported but flagged as not meaningful.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernelrl.env.result import TimingStats
+
+L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of any current GPU (H100: 50 MB)
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup_ms: float = 25.0
+    min_reps: int = 10
+    max_reps: int = 2000
+    target_rel_err: float = 0.005
+    budget_s: float = 1.0
+    flush_l2: bool = True
+    batch: int = 10  # repetitions recorded between two host synchronisations
+    cpu_min_reps: int = 3
+    cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
+
+
+def summarize(samples_ms: list[float]) -> TimingStats:
+    ordered = sorted(samples_ms)
+    n = len(ordered)
+    q = statistics.quantiles(ordered, n=4, method="inclusive") if n >= 2 else [ordered[0]] * 3
+    median = statistics.median(ordered)
+    # Standard error of the median from a robust sigma (IQR / 1.349), times sqrt(pi/2).
+    sigma = (q[2] - q[0]) / 1.349
+    rel_err = 1.2533 * sigma / math.sqrt(n) / median if median > 0 else 0.0
+    return TimingStats(
+        median_ms=median,
+        p25_ms=q[0],
+        p75_ms=q[2],
+        min_ms=ordered[0],
+        max_ms=ordered[-1],
+        reps=n,
+        rel_err=rel_err,
+    )
+
+
+def time_cuda(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -> TimingStats:
+    flush = (
+        torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if config.flush_l2 else None
+    )
+    fn()
+    torch.cuda.synchronize()
+    # Warm-up for warmup_ms, sized from a first estimate of one call.
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    estimate_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
+    for _ in range(min(max(int(config.warmup_ms / estimate_ms), 1), 100)):
+        fn()
+    torch.cuda.synchronize()
+
+    samples: list[float] = []
+    deadline = time.perf_counter() + config.budget_s
+    while len(samples) < config.max_reps:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
+        for begin, end in zip(starts, ends, strict=True):
+            if flush is not None:
+                flush.zero_()
+            begin.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        samples.extend(b.elapsed_time(e) for b, e in zip(starts, ends, strict=True))
+        if len(samples) >= config.min_reps:
+            if summarize(samples).rel_err <= config.target_rel_err or time.perf_counter() > deadline:
+                break
+    return summarize(samples)
+
+
+def time_cpu(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -> TimingStats:
+    fn()
+    samples: list[float] = []
+    deadline = time.perf_counter() + config.cpu_budget_s
+    while len(samples) < config.cpu_min_reps or (
+        time.perf_counter() < deadline and len(samples) < config.max_reps
+    ):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return summarize(samples)
+
+
+def time_fn(fn: Callable[[], object], device: torch.device, config: TimingConfig = TimingConfig()) -> TimingStats:
+    return time_cuda(fn, config) if device.type == "cuda" else time_cpu(fn, config)

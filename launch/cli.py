@@ -1,0 +1,101 @@
+"""The ``kernelrl`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from kernelrl.env.task import TaskError
+
+
+def _env_check(args: argparse.Namespace) -> int:
+    from kernelrl.env.evaluator import EvalConfig, Evaluator
+    from kernelrl.env.task import load_task
+
+    task = load_task(args.task, backend=args.backend)
+    try:
+        completion = Path(args.solution).read_text()
+    except OSError as exc:
+        raise TaskError(f"cannot read solution {args.solution}: {exc.strerror or exc}") from exc
+    config = EvalConfig(device=args.device, timeout_s=args.timeout, spare_children=0)
+    evaluator = Evaluator(config)
+    try:
+        result = evaluator.evaluate(task, completion)
+    finally:
+        evaluator.close()
+    if args.json:
+        print(result.to_json())
+    else:
+        from kernelrl.env.report import print_result
+
+        print_result(result, Console())
+    return 0
+
+
+def _env_check_suite(args: argparse.Namespace) -> int:
+    from kernelrl.data.bundled import bundled_pairs
+    from kernelrl.env.evaluator import EvalConfig
+    from kernelrl.env.pool import LocalPool
+    from kernelrl.env.report import run_suite
+
+    pairs = bundled_pairs(args.backend)
+    if args.tasks:
+        pairs = [(t, s) for t, s in pairs if any(pattern in t.id for pattern in args.tasks.split(","))]
+    if not pairs:
+        raise TaskError("no bundled task matches the selection")
+    config = EvalConfig(device=args.device, timeout_s=args.timeout)
+    console = Console(stderr=args.json_out == "-")
+    with LocalPool(config, workers=args.workers) as pool:
+        results = run_suite(pool, pairs, console, repeats=args.repeats)
+    if args.json_out:
+        lines = "\n".join(r.to_json() for r in results) + "\n"
+        if args.json_out == "-":
+            sys.stdout.write(lines)
+        else:
+            Path(args.json_out).write_text(lines)
+    return 0 if all(r.correct for r in results) else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelrl", description="RL for LLMs that write GPU kernels.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    env = commands.add_parser("env", help="the kernel environment: evaluate solutions").add_subparsers(
+        dest="env_command", required=True
+    )
+    check = env.add_parser("check", help="evaluate one solution against one task")
+    check.add_argument("--task", required=True, help="KernelBench-format task file")
+    check.add_argument("--solution", required=True, help="solution file (code or a model completion)")
+    check.add_argument("--backend", choices=["triton", "cuda"], default="triton")
+    check.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    check.add_argument("--timeout", type=float, default=180.0, help="seconds for the sandboxed run")
+    check.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    check.set_defaults(handler=_env_check)
+
+    suite = env.add_parser("check-suite", help="run every bundled task against its bundled solution")
+    suite.add_argument("--backend", choices=["triton", "cuda"], default="triton")
+    suite.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    suite.add_argument("--workers", type=int, default=None, help="CPU slots or GPUs (default: all)")
+    suite.add_argument("--tasks", default="", help="comma-separated substrings of task ids")
+    suite.add_argument("--repeats", type=int, default=1, help="evaluate every pair this many times")
+    suite.add_argument("--timeout", type=float, default=180.0)
+    suite.add_argument("--json-out", default="", help="write every EvalResult as JSONL ('-' for stdout)")
+    suite.set_defaults(handler=_env_check_suite)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (TaskError, ValueError) as exc:
+        print(f"kernelrl: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

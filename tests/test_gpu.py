@@ -1,0 +1,66 @@
+"""GPU evaluation: the bundled suite with real timings, GPU-only hacks and faults, CUDA C++."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelrl.data.bundled import bundled_pairs
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pool import LocalPool
+from kernelrl.env.result import Status
+from kernelrl.env.task import load_task
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parent.parent
+RELU = load_task(ROOT / "data" / "tasks" / "01_relu.py")
+GPU_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "gpu").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def gpu_pool() -> LocalPool:
+    with LocalPool(EvalConfig(device="cuda", timeout_s=120, static_checks=False), workers=1) as pool:
+        yield pool
+
+
+def test_bundled_triton_suite_is_correct_with_real_timings() -> None:
+    pairs = bundled_pairs("triton")
+    with LocalPool(EvalConfig(device="cuda", timeout_s=300), workers=1) as pool:
+        results = pool.evaluate([t for t, _ in pairs], [s for _, s in pairs])
+    failures = {r.task_id: r.feedback for r in results if r.status is not Status.CORRECT}
+    assert not failures
+    for result in results:
+        assert result.timing_meaningful and result.runtime is not None
+        assert result.speedup_vs_eager is not None and result.speedup_vs_eager > 0
+        assert result.own_kernel_share is not None and result.own_kernel_share > 0
+        assert result.custom_kernel_launches and result.custom_kernel_launches >= 1
+
+
+def test_bundled_cuda_solutions_run() -> None:
+    pairs = bundled_pairs("cuda")
+    assert pairs
+    with LocalPool(EvalConfig(device="cuda", timeout_s=300), workers=1) as pool:
+        results = pool.evaluate([t for t, _ in pairs], [s for _, s in pairs])
+    for result in results:
+        assert result.status is Status.CORRECT, result.feedback
+        assert result.own_kernel_share is not None and result.own_kernel_share > 0
+
+
+@pytest.mark.parametrize("path", GPU_SOLUTIONS, ids=lambda p: p.stem)
+def test_gpu_faults_and_hacks(path: Path, gpu_pool: LocalPool) -> None:
+    (result,) = gpu_pool.evaluate([RELU], [path.read_text()])
+    expected = path.name.split("__")[0]
+    if expected in {s.value for s in Status}:
+        assert result.status == expected, result.feedback
+    else:
+        assert result.status is Status.INTEGRITY_VIOLATION, result.feedback
+        assert expected in result.checks_failed, result.feedback
+
+
+def test_pool_keeps_working_after_illegal_address(gpu_pool: LocalPool) -> None:
+    bad = (Path(__file__).parent / "solutions" / "gpu" / "runtime_error__illegal_address.py").read_text()
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    results = gpu_pool.evaluate([RELU, RELU], [bad, good])
+    assert [r.status for r in results] == [Status.RUNTIME_ERROR, Status.CORRECT]
