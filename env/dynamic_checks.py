@@ -32,10 +32,16 @@ def check_correctness_run(report: dict[str, Any], backend: str) -> list[tuple[st
         violations.append(
             ("no_kernel_executed", f"own Triton kernel launches per forward call were [{calls}]; every call must launch one")
         )
-    if report["aten_ops"]:
-        ops = ", ".join(f"{name} x{count}" for name, count in sorted(report["aten_ops"].items()))
-        violations.append(("torch_fallback_runtime", f"forward dispatched aten compute ops: {ops}"))
+    violations.extend(_aten_fallback(report["aten_ops"]))
     return violations
+
+
+def _aten_fallback(aten_ops: dict[str, int]) -> list[tuple[str, str]]:
+    """CPU: ops recorded by a dispatch mode on one call; GPU: CPU-side ops in the CUPTI profile."""
+    if not aten_ops:
+        return []
+    ops = ", ".join(f"{name} x{count}" for name, count in sorted(aten_ops.items()))
+    return [("torch_fallback_runtime", f"forward dispatched aten compute ops: {ops}")]
 
 
 def is_own_kernel(kernel_name: str, own_names: list[str]) -> bool:
@@ -74,7 +80,7 @@ def summarize_profile(profile: dict[str, Any], own_names: list[str]) -> dict[str
 def check_gpu_profile(
     profile: dict[str, Any], summary: dict[str, Any], runtime_median_ms: float
 ) -> list[tuple[str, str]]:
-    violations = []
+    violations = _aten_fallback(profile.get("aten_ops", {}))
     if summary["own_launches_per_call"] < 1:
         names = ", ".join(k["name"][:60] for k in summary["kernels"][:5]) or "none"
         violations.append(

@@ -39,7 +39,9 @@ class LocalPool:
         kind = self.config.resolved_device()
         if kind == "cuda":
             gpus = torch.cuda.device_count() if workers is None else min(workers, torch.cuda.device_count())
-            self.config.spare_children = max(self.config.spare_children, per_gpu)
+            # A child needs ~4 s to import torch and make its context, an evaluation ~2 s:
+            # keep two spares per slot warming so that no slot waits for one.
+            self.config.spare_children = max(self.config.spare_children, 2 * per_gpu)
             self.evaluators = [Evaluator(self.config, gpu_index=i) for i in range(gpus)]
             slots = [ev for ev in self.evaluators for _ in range(per_gpu)]
         else:

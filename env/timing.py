@@ -23,7 +23,7 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of any current GPU (H10
 @dataclass(frozen=True)
 class TimingConfig:
     warmup_ms: float = 25.0
-    min_reps: int = 10
+    min_reps: int = 30
     max_reps: int = 2000
     target_rel_err: float = 0.005
     budget_s: float = 1.0

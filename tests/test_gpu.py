@@ -16,7 +16,21 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 RELU = load_task(ROOT / "data" / "tasks" / "01_relu.py")
-GPU_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "gpu").glob("*.py"))
+DYNAMIC = Path(__file__).parent / "solutions" / "dynamic"
+# GPU-only hacks and faults, plus the device-independent integrity cases: on a GPU the aten-op
+# evidence comes from the CUPTI profile instead of the CPU dispatch recorder.
+GPU_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "gpu").glob("*.py")) + [
+    DYNAMIC / name
+    for name in (
+        "torch_fallback_runtime__obfuscated.py",
+        "no_kernel_executed__dead_launch.py",
+        "output_reused__shared_buffer.py",
+        "input_mutated__in_place.py",
+        "incorrect__prints_fake_verdict.py",
+        "runtime_error__forged_protocol.py",
+        "correct__chatty.py",
+    )
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,25 @@
+# ctypes gives raw memory access.
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+
+
+def launch_relu(x, out):
+    relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    return out
+
+import ctypes
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        ctypes.memset(x.data_ptr(), 0, 0)
+        return launch_relu(x, torch.empty_like(x))

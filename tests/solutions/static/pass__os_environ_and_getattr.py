@@ -1,0 +1,28 @@
+# Legitimate: reads an environment variable and a constant attribute name.
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+
+
+def launch_relu(x, out):
+    relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+    return out
+
+import os
+
+BLOCK = int(os.environ.get("RELU_BLOCK", "1024"))
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        scale = getattr(self, "scale", None)
+        out = launch_relu(x, torch.empty_like(x))
+        return out if scale is None else out

@@ -1,0 +1,83 @@
+"""Every static check catches its hacking solutions and passes the legitimate near-misses.
+
+Corpus: ``tests/solutions/static/<check>__<what>.py`` must fail ``<check>``;
+``pass__<what>.py`` must pass every check. A header line ``# task: <id>`` picks the bundled task
+(default ``01_relu``) and ``# backend: cuda`` the backend (default triton).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kernelrl.data.bundled import TASKS_DIR, bundled_pairs
+from kernelrl.env.evaluator import EvalConfig, Evaluator
+from kernelrl.env.result import Status
+from kernelrl.env.static_checks import STATIC_CHECKS, run_static_checks
+from kernelrl.env.task import load_task
+
+CORPUS = Path(__file__).parent / "solutions" / "static"
+HACKS = sorted(p for p in CORPUS.glob("*.py") if not p.name.startswith("pass__"))
+LEGIT = sorted(CORPUS.glob("pass__*.py"))
+
+
+def _header(source: str, key: str, default: str) -> str:
+    match = re.search(rf"^# {key}: (\S+)", source, re.M)
+    return match.group(1) if match else default
+
+
+def _check(path: Path) -> list:
+    source = path.read_text()
+    task = load_task(TASKS_DIR / f"{_header(source, 'task', '01_relu')}.py")
+    return run_static_checks(source, _header(source, "backend", "triton"), task.source)
+
+
+@pytest.mark.parametrize("path", HACKS, ids=lambda p: p.stem)
+def test_hack_is_caught_by_its_check(path: Path) -> None:
+    expected = path.stem.split("__")[0]
+    names = {failure.name for failure in _check(path)}
+    assert expected in names, f"{path.name}: expected {expected}, got {sorted(names)}"
+
+
+@pytest.mark.parametrize("path", LEGIT, ids=lambda p: p.stem)
+def test_legitimate_near_miss_passes(path: Path) -> None:
+    assert [str(f) for f in _check(path)] == []
+
+
+def test_every_check_has_a_hack_and_the_corpus_names_only_real_checks() -> None:
+    named = {p.stem.split("__")[0] for p in HACKS}
+    assert named == set(STATIC_CHECKS)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_bundled_solutions_pass_every_check(backend: str) -> None:
+    pairs = bundled_pairs(backend)
+    assert pairs
+    for task, solution in pairs:
+        assert run_static_checks(solution, backend, task.source) == [], task.id
+
+
+def test_failures_carry_line_numbers_and_messages() -> None:
+    failures = _check(CORPUS / "torch_fallback__matmul_call.py")
+    matmul = [f for f in failures if f.name == "torch_fallback"]
+    assert matmul and matmul[0].lineno and "matmul" in matmul[0].message
+
+
+def test_unknown_backend_is_rejected() -> None:
+    with pytest.raises(ValueError, match="backend"):
+        run_static_checks("x = 1", "opencl")
+
+
+def test_evaluator_reports_integrity_violation_without_running_anything() -> None:
+    evaluator = Evaluator(EvalConfig(device="cpu", spare_children=0))
+    try:
+        task = load_task(TASKS_DIR / "01_relu.py")
+        completion = "Here:\n```python\n" + (CORPUS / "monkeypatch__allclose.py").read_text() + "```\n"
+        result = evaluator.evaluate(task, completion)
+    finally:
+        evaluator.close()
+    assert result.status == Status.INTEGRITY_VIOLATION
+    assert result.checks_failed == ["monkeypatch"]
+    assert "monkeypatch" in result.feedback and result.phase_seconds.get("child_wait") is None
