@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import linecache
 import sys
+import threading
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+# torch's default generator is process-wide: two threads seeding it and drawing from it at the
+# same time (a pool's slots computing references concurrently) would get each other's numbers.
+_RNG_LOCK = threading.RLock()
 
 
 def load_module(source: str, name: str, overrides: Mapping[str, Any] | None = None) -> types.ModuleType:
@@ -42,7 +47,7 @@ def build_model(model_class: type, task: types.ModuleType, seed: int, device: to
 
     Constructor arguments always come from the task's ``get_init_inputs``.
     """
-    with torch.device(device):
+    with _RNG_LOCK, torch.device(device):
         torch.manual_seed(seed)
         init_inputs = list(task.get_init_inputs())
         torch.manual_seed(seed)
@@ -52,7 +57,7 @@ def build_model(model_class: type, task: types.ModuleType, seed: int, device: to
 
 def make_inputs(module: types.ModuleType, seed: int, device: torch.device) -> list[Any]:
     """Fresh inputs for one check, created directly on ``device`` (no host round trip)."""
-    with torch.device(device):
+    with _RNG_LOCK, torch.device(device):
         torch.manual_seed(seed)
         inputs = list(module.get_inputs())
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
