@@ -75,7 +75,10 @@ class CachedPool:
     def num_slots(self) -> int:
         return int(getattr(self.pool, "num_slots", 1))
 
-    def submit(self, tasks: Sequence[Task], solutions: Sequence[str]) -> list[Future[EvalResult]]:
+    def submit(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[Future[EvalResult]]:
+        """``timeout_s``: batch deadline, for pools that take one (RayPool, a service)."""
         if len(tasks) != len(solutions):
             raise ValueError(f"{len(tasks)} tasks but {len(solutions)} solutions")
         futures: list[Future[EvalResult]] = []
@@ -99,7 +102,9 @@ class CachedPool:
                 self.misses += 1
             misses.append((task, solution, key))
         if misses:
-            inner = self.pool.submit([m[0] for m in misses], [m[1] for m in misses])
+            args = ([m[0] for m in misses], [m[1] for m in misses])
+            kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
+            inner = self.pool.submit(*args, **kwargs)
             for (task, solution, key), inner_future in zip(misses, inner, strict=True):
                 inner_future.add_done_callback(
                     lambda done, t=task, s=solution, k=key: self._finish(t, s, k, done)
@@ -124,11 +129,15 @@ class CachedPool:
             else:
                 future.set_exception(error)
 
-    def evaluate(self, tasks: Sequence[Task], solutions: Sequence[str]) -> list[EvalResult]:
-        return [future.result() for future in self.submit(tasks, solutions)]
+    def evaluate(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[EvalResult]:
+        return [future.result() for future in self.submit(tasks, solutions, timeout_s)]
 
-    async def aevaluate(self, tasks: Sequence[Task], solutions: Sequence[str]) -> list[EvalResult]:
-        futures = await asyncio.to_thread(self.submit, tasks, solutions)
+    async def aevaluate(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[EvalResult]:
+        futures = await asyncio.to_thread(self.submit, tasks, solutions, timeout_s)
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
     def close(self) -> None:

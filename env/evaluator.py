@@ -21,7 +21,12 @@ from kernelrl.env import dynamic_checks
 from kernelrl.env.compare import compare_outputs
 from kernelrl.env.feedback import build_feedback
 from kernelrl.env.parse import FormatError, extract_solution, solution_kernel_names
-from kernelrl.env.reference import ReferenceRunner, ReferenceTimingCache, device_name, library_versions
+from kernelrl.env.reference import (
+    ReferenceRunner,
+    ReferenceTimingCache,
+    device_name,
+    library_versions,
+)
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.sandbox import Child, ChildDied, ChildPool
 from kernelrl.env.static_checks import run_static_checks

@@ -19,6 +19,7 @@ import re
 import textwrap
 from collections.abc import Iterator
 
+
 class FormatError(ValueError):
     """The completion holds no usable solution; the message is written for the model."""
 
@@ -113,9 +114,13 @@ def _has_forward(cls: ast.ClassDef, classes: dict[str, ast.ClassDef], seen: set[
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "forward":
             return True
     for base in cls.bases:
-        if isinstance(base, ast.Name) and base.id in classes and base.id not in seen:
-            if _has_forward(classes[base.id], classes, seen):
-                return True
+        if (
+            isinstance(base, ast.Name)
+            and base.id in classes
+            and base.id not in seen
+            and _has_forward(classes[base.id], classes, seen)
+        ):
+            return True
     return False
 
 
@@ -230,9 +235,10 @@ def triton_kernels(tree: ast.Module, aliases: dict[str, str] | None = None) -> d
     aliases = import_aliases(tree) if aliases is None else aliases
     kernels: dict[str, str] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            if any(is_triton_jit(d, aliases) for d in node.decorator_list):
-                kernels[node.name] = node.name
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+            is_triton_jit(d, aliases) for d in node.decorator_list
+        ):
+            kernels[node.name] = node.name
     for node in tree.body:
         if isinstance(node, ast.Assign):
             wrapped = _wrapped_jit_function(node.value, aliases)
@@ -262,9 +268,7 @@ def module_string_constants(tree: ast.Module) -> dict[str, list[ast.expr]]:
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     values.setdefault(target.id, []).append(node.value)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value:
-            values.setdefault(node.target.id, []).append(node.value)
-        elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value or isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
             values.setdefault(node.target.id, []).append(node.value)
     return values
 

@@ -18,8 +18,10 @@ Same interface as ``LocalPool``: ``submit(tasks, solutions) -> futures``, ``eval
   source size) and every free slot takes the next item, on the least-loaded worker: the LPT rule,
   which keeps all GPUs busy until the end of a batch. Batches are served in submission order.
 - **Fault tolerance.** Actors restart (``max_restarts``). When a worker dies mid-evaluation,
-  its in-flight evaluations go back to the queue and run on a live worker; an evaluation whose
-  worker dies more than ``max_retries`` times is answered as ``runtime_error`` with the causes.
+  its in-flight evaluations go back to the queue and run on a live worker, each *alone* on its
+  worker from then on: with ``per_gpu`` evaluations in flight a death cannot be blamed on one of
+  them, run alone it can. An evaluation whose worker dies more than ``max_retries`` times is
+  answered as ``runtime_error`` with the causes; an innocent one, retried alone, succeeds.
   A worker that does not answer within ``timeout_s + eval_margin_s`` is restarted the same way.
   A worker whose restarts are exhausted is replaced by a fresh actor (``max_replacements``).
   Every submitted item resolves its future exactly once: only the dispatcher thread resolves,
@@ -27,7 +29,9 @@ Same interface as ``LocalPool``: ``submit(tasks, solutions) -> futures``, ``eval
 - **Backpressure and deadlines.** ``submit`` blocks while ``max_pending`` items are unresolved
   (queued or running); ``batch_timeout_s`` (per pool or per ``submit``) answers whatever is not
   done by then as ``timeout``. Results the pool made up itself (worker deaths, deadlines) carry
-  ``sandbox["pool_error"]`` and are never served from a results cache.
+  ``sandbox["pool_error"]`` and are never served from a results cache. Every result the pool
+  hands back records ``phase_seconds["pool_queue"]`` (waiting for a slot) and
+  ``phase_seconds["pool_overhead"]`` (round trip to the worker beyond the evaluation itself).
 - **Shutdown.** ``close()`` lets queued and running evaluations finish (or answers them as
   ``runtime_error`` after ``close(timeout_s)``), then stops the actors, and the local Ray
   instance if this pool started it.
@@ -46,6 +50,7 @@ import heapq
 import itertools
 import logging
 import os
+import signal
 import statistics
 import threading
 import time
@@ -75,6 +80,7 @@ class EvalWorker:
 
     def __init__(self, config: EvalConfig, store_path: str | None = None) -> None:
         import ray
+
         from kernelrl.env.evaluator import Evaluator
 
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
@@ -118,7 +124,11 @@ class EvalWorker:
             return "error", f"{type(exc).__name__}: {exc}"
 
     def close(self) -> None:
+        """Stop warm children, and kill the ones still running a solution: each leads its own
+        process group (the sandbox starts it in a new session), so the actor's death would
+        otherwise leave it running until its own time or CPU limit."""
         self.evaluator.close()
+        _kill_child_process_groups()
 
 
 class PrecheckWorker:
@@ -161,6 +171,7 @@ class _Item:
     hung: bool = False  # the last failure was a worker that stopped answering
     causes: list[str] = field(default_factory=list)
     done: bool = False
+    alone: bool = False  # after a worker died under it: runs with nothing else on its worker
 
     def sort_key(self) -> tuple[int, float, int]:
         return (self.batch, -self.cost, self.seq)
@@ -183,7 +194,12 @@ class _Worker:
     load: float = 0.0  # expected seconds of work in flight
 
     def free(self) -> int:
-        return self.slots - len(self.in_flight) if self.healthy and not self.dead else 0
+        if not self.healthy or self.dead or any(i.alone for i in self.in_flight.values()):
+            return 0
+        return self.slots - len(self.in_flight)
+
+    def idle(self) -> bool:
+        return self.healthy and not self.dead and not self.in_flight
 
 
 @dataclass
@@ -222,9 +238,9 @@ class RayPool:
         cluster to join ("auto" or "host:port"); without one, an already initialised Ray is
         used, else a local instance is started, declaring ``logical_gpus`` (default
         ``workers`` or 1) when this machine has no GPU. ``store_path``: a ResultsStore file the
-        workers share reference timings through (on several nodes: a shared filesystem).
-        ``task_seconds``: known evaluation seconds per task hash, for scheduling (e.g.
-        ``ResultsStore.task_seconds(device_name)``)."""
+        workers share reference timings through (on several nodes: a shared filesystem); its
+        past evaluation times seed the scheduler's cost estimates. ``task_seconds``: known
+        evaluation seconds per task hash, for scheduling."""
         import ray
 
         self.config = copy.deepcopy(config or EvalConfig())
@@ -233,7 +249,7 @@ class RayPool:
         self.max_retries = max_retries
         self.eval_timeout_s = self.config.timeout_s + eval_margin_s
         self.batch_timeout_s = batch_timeout_s
-        self._started_ray = _ensure_ray(address, namespace, logical_gpus, workers, precheck_workers)
+        self._started_ray = init_ray(address, namespace, logical_gpus, workers, precheck_workers)
         gpus = int(ray.cluster_resources().get("GPU", 0))
         count = workers if workers is not None else gpus
         if count < 1 or count > gpus:
@@ -279,7 +295,13 @@ class RayPool:
         self.device_name = first["device_name"]
         self.versions = first["versions"]
 
-        self._seconds: dict[str, float] = dict(task_seconds or {})
+        self._seconds: dict[str, float] = {}
+        if store_path:  # what past runs measured on this device
+            from kernelrl.env.store import ResultsStore
+
+            with ResultsStore(store_path) as store:
+                self._seconds.update(store.task_seconds(self.device_name))
+        self._seconds.update(task_seconds or {})
         self._seq = itertools.count()
         self._batches = itertools.count()
         self._slots = threading.BoundedSemaphore(max_pending)
@@ -296,6 +318,7 @@ class RayPool:
         self._recent: collections.deque[float] = collections.deque(maxlen=10_000)
         self._started = time.time()
         self._snapshot: dict[str, Any] = {}
+        self._publish()
         self._dispatcher = threading.Thread(
             target=self._run, name="kernelrl-ray-dispatch", daemon=True
         )
@@ -308,19 +331,21 @@ class RayPool:
         name: str = "kernelrl-env",
         address: str | None = "auto",
         namespace: str = "kernelrl",
-        max_pending: int = 1024,
     ) -> Any:
         """A client of a running environment service (``kernelrl env serve``), found by name;
         it has the same interface as this pool."""
         from kernelrl.env.service import ServiceClient
 
-        return ServiceClient(
-            name=name, address=address, namespace=namespace, max_pending=max_pending
-        )
+        return ServiceClient(name=name, address=address, namespace=namespace)
 
     @property
     def num_slots(self) -> int:
         return sum(w.slots for w in self._workers if w.kind == "gpu")
+
+    def actor(self, index: int) -> Any:
+        """The Ray actor handle of worker ``index`` (as numbered in ``stats()``), for operators
+        and fault-injection tests."""
+        return self._workers[index].handle
 
     def submit(
         self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
@@ -465,6 +490,8 @@ class RayPool:
             worker.probe_after = time.monotonic()
 
     def _probe(self, now: float) -> None:
+        if self._closing and not (self._gpu_queue or self._cpu_queue or self._calls):
+            return  # nothing left that a restarted worker would do
         for worker in self._workers:
             if (
                 not worker.healthy
@@ -472,7 +499,10 @@ class RayPool:
                 and worker.probe is None
                 and now >= worker.probe_after
             ):
-                worker.probe = worker.handle.ping.remote()
+                handle = worker.handle
+                worker.probe = (
+                    handle.info.remote() if worker.kind == "gpu" else handle.ping.remote()
+                )
                 self._probes[worker.probe] = worker
 
     def _probe_answered(self, ref: Any, worker: _Worker) -> None:
@@ -481,20 +511,21 @@ class RayPool:
 
         worker.probe = None
         try:
-            ray.get(ref)
+            value = ray.get(ref)
         except ActorDiedError:
             self._replace(worker)
             return
         except RayError:  # restarting: try again shortly
             worker.probe_after = time.monotonic() + 0.5
             return
+        worker.info = value if isinstance(value, dict) else {"pid": value}
         worker.healthy = True
 
     def _replace(self, worker: _Worker) -> None:
         """Restarts exhausted (or its node is gone): a fresh actor takes its place."""
         import ray
 
-        if self._replacements_left <= 0:
+        if self._replacements_left <= 0 or self._closing:
             worker.dead = True
             return
         self._replacements_left -= 1
@@ -534,7 +565,6 @@ class RayPool:
         self._expire(now, closing)
         self._probe(now)
         self._dispatch(now)
-        self._publish()
 
         refs = list(self._calls) + list(self._probes)
         if not refs:
@@ -542,6 +572,7 @@ class RayPool:
                 self._fail_everything(
                     "no evaluation workers are left (all died, replacements exhausted)"
                 )
+            self._publish()
             with self._cv:
                 self._cv.wait(0.05)
             return True
@@ -553,6 +584,7 @@ class RayPool:
                 self._probe_answered(ref, self._probes.pop(ref))
             else:
                 self._answered(ref, self._calls.pop(ref))
+        self._publish()
         return True
 
     def _dispatch(self, now: float) -> None:
@@ -573,6 +605,12 @@ class RayPool:
                 if not item.future.running() and not item.future.set_running_or_notify_cancel():
                     self._resolved(item)  # cancelled by the caller before it started
                     continue
+                if item.alone and kind == "gpu":
+                    idle = [w for w in free if w.idle()]
+                    if not idle:  # wait for a worker to drain; it goes first then
+                        heapq.heappush(queue, (item.sort_key(), item))
+                        break
+                    free = idle
                 worker = min(free, key=lambda w: (w.load, len(w.in_flight), w.index))
                 if kind == "gpu":
                     ref = worker.handle.evaluate.remote(item.task, item.solution)
@@ -604,7 +642,12 @@ class RayPool:
             if not call.collateral:
                 item.attempts += 1
                 item.hung = False
-                item.causes.append(_first_lines(str(exc)))
+                pid = worker.info.get("pid", "?")
+                item.causes.append(
+                    f"worker {worker.index} (pid {pid}) died: {type(exc).__name__}:"
+                    f" {_first_lines(str(exc), 1)}"
+                )
+                item.alone = True
             self._retry_or_give_up(item, Status.TIMEOUT if item.hung else Status.RUNTIME_ERROR)
             return
         worker.completed += 1
@@ -617,6 +660,13 @@ class RayPool:
             return
         tag, payload = value
         if tag == "ok":
+            # What the pool added: time queued before a slot took it, and the round trip to
+            # the worker beyond the evaluation itself (scheduling, Ray RPC, serialisation).
+            payload.phase_seconds["pool_queue"] = call.started - item.submitted
+            round_trip = time.monotonic() - call.started
+            payload.phase_seconds["pool_overhead"] = max(
+                round_trip - payload.phase_seconds.get("total", 0.0), 0.0
+            )
             seconds = payload.phase_seconds.get("total", item.cost)
             previous = self._seconds.get(item.task.hash, seconds)
             self._seconds[item.task.hash] = 0.5 * previous + 0.5 * seconds
@@ -637,7 +687,17 @@ class RayPool:
             return
         self._stats["gave_up"] += 1
         causes = "\n".join(f"- {cause}" for cause in item.causes[-3:])
-        error = f"the evaluation worker failed {item.attempts} times while evaluating this solution:\n{causes}"
+        alone = item.attempts - 1  # retries run with nothing else on their worker
+        blame = (
+            f", {alone} of them with nothing else running on it: the solution itself crashes,"
+            " kills or hangs its worker"
+            if alone
+            else ""
+        )
+        error = (
+            f"the evaluation worker was lost {item.attempts} times while evaluating this"
+            f" solution{blame}\n{causes}"
+        )
         self._finish(item, self._made_up_result(item, status, error, "worker_failed"))
 
     def _requeue(self, item: _Item, gpu: bool) -> None:
@@ -652,6 +712,14 @@ class RayPool:
         for queue in (self._gpu_queue, self._cpu_queue):
             for _, item in queue:
                 self._check_deadline(item, now, force_close)
+        if force_close:  # answer what runs too; the actors are killed next
+            for call in self._calls.values():
+                self._check_deadline(call.item, now, force_close)
+            self._gpu_queue.clear()
+            self._cpu_queue.clear()
+            self._calls.clear()
+            self._probes.clear()
+            return
         for ref, call in list(self._calls.items()):
             self._check_deadline(call.item, now, force_close)
             if call.kind != "eval" or call.collateral or now - call.started <= self.eval_timeout_s:
@@ -661,6 +729,7 @@ class RayPool:
             self._stats["eval_timeouts"] += 1
             call.item.attempts += 1
             call.item.hung = True
+            call.item.alone = True
             call.item.causes.append(
                 f"the worker did not answer within {self.eval_timeout_s:.0f} s and was restarted"
             )
@@ -783,26 +852,45 @@ class RayPool:
         return result
 
 
+def _kill_child_process_groups() -> None:
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == me:  # ppid; a sandbox child leads its own group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(entry), signal.SIGKILL)
+
+
 def _first_lines(text: str, lines: int = 2) -> str:
     return " ".join(line.strip() for line in text.strip().splitlines()[:lines])
 
 
-def _ensure_ray(
+def init_ray(
     address: str | None,
     namespace: str | None,
     logical_gpus: int | None,
     workers: int | None,
     cpu_workers: int,
 ) -> bool:
-    """Join ``address``, reuse an initialised Ray, or start a local one. True if started here."""
+    """Join ``address``, reuse an initialised Ray, or start a local one (with ``logical_gpus``,
+    default ``workers`` or 1, on a machine without GPUs). True if this call connected or
+    started Ray (the caller then shuts it down)."""
     import ray
 
     if ray.is_initialized():
         return False
     kwargs: dict[str, Any] = {"namespace": namespace, "log_to_driver": False}
-    if address:
+    if address and address != "local":
         ray.init(address=address, **kwargs)
         return True  # disconnects on close; the cluster itself lives on
+    # "local", not None: ray.init() without an address joins a cluster it finds on this machine
+    # (RAY_ADDRESS, or the last `ray start`); a pool without an address must start its own.
     import torch
 
     if logical_gpus is None and not torch.cuda.is_available():
@@ -811,5 +899,5 @@ def _ensure_ray(
         kwargs["num_gpus"] = logical_gpus
     # Logical CPUs: every actor fits even on a 2-core machine (the OS shares the cores).
     kwargs["num_cpus"] = max(os.cpu_count() or 1, (workers or logical_gpus or 1) + cpu_workers)
-    ray.init(include_dashboard=False, **kwargs)
+    ray.init(address="local", include_dashboard=False, **kwargs)
     return True

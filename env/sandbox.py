@@ -7,6 +7,7 @@ evaluation runs; each child still serves exactly one solution and is then killed
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -127,10 +128,8 @@ class Child:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 self.process.kill()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
     def close(self) -> None:
         self.kill()

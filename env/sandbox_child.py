@@ -51,20 +51,7 @@ TASK_MODULE = "kernelrl_task"
 # aten ops that do a task's real computation; a solution's forward must leave them to its kernels.
 ATEN_COMPUTE_OPS = frozenset(
     "aten::" + op
-    for op in (
-        "mm addmm bmm baddbmm matmul linear einsum dot mv addmv convolution _convolution conv1d "
-        "conv2d conv3d cudnn_convolution mkldnn_convolution conv_transpose2d softmax _softmax "
-        "log_softmax _log_softmax layer_norm native_layer_norm batch_norm native_batch_norm "
-        "group_norm native_group_norm rms_norm _fused_rms_norm sum mean amax amin max min "
-        "argmax argmin cumsum cumprod prod var std norm linalg_vector_norm logsumexp relu relu_ "
-        "gelu silu sigmoid tanh exp log sqrt rsqrt pow add add_ sub sub_ mul mul_ div div_ "
-        "where clamp clamp_min clamp_max maximum minimum abs neg reciprocal sort topk "
-        "mse_loss l1_loss smooth_l1_loss huber_loss nll_loss nll_loss_forward nll_loss2d_forward "
-        "cross_entropy_loss kl_div binary_cross_entropy binary_cross_entropy_with_logits "
-        "cosine_similarity _scaled_dot_product_attention scaled_dot_product_attention "
-        "max_pool2d avg_pool2d adaptive_avg_pool2d hardtanh leaky_relu elu softplus "
-        "mish hardswish erf"
-    ).split()
+    for op in ["mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "dot", "mv", "addmv", "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution", "conv_transpose2d", "softmax", "_softmax", "log_softmax", "_log_softmax", "layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm", "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "prod", "var", "std", "norm", "linalg_vector_norm", "logsumexp", "relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "pow", "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "where", "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "abs", "neg", "reciprocal", "sort", "topk", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss", "nll_loss_forward", "nll_loss2d_forward", "cross_entropy_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_similarity", "_scaled_dot_product_attention", "scaled_dot_product_attention", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "hardtanh", "leaky_relu", "elu", "softplus", "mish", "hardswish", "erf"]
 )
 
 

@@ -56,30 +56,11 @@ class CheckFailure:
 # ----------------------------------------------------------------------------- op vocabulary
 # Calls that allocate, reshape or describe tensors: never "the computation".
 ALLOWED_TORCH_OPS = frozenset(
-    (
-        "empty empty_like empty_strided zeros zeros_like ones ones_like full full_like arange "
-        "tensor as_tensor as_strided contiguous view view_as reshape reshape_as flatten unflatten "
-        "squeeze unsqueeze permute transpose t expand expand_as narrow select unbind split chunk "
-        "stride size numel dim element_size data_ptr is_contiguous to float half bfloat16 double "
-        "int long bool type cuda cpu detach requires_grad_ new_empty new_zeros new_ones new_full "
-        "new_tensor get_device is_floating_point device Size finfo iinfo dtype manual_seed "
-        "is_tensor result_type promote_types broadcast_shapes storage_offset untyped_storage "
-        "movedim swapaxes swapdims item tolist"
-    ).split()
+    ["empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "arange", "tensor", "as_tensor", "as_strided", "contiguous", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "t", "expand", "expand_as", "narrow", "select", "unbind", "split", "chunk", "stride", "size", "numel", "dim", "element_size", "data_ptr", "is_contiguous", "to", "float", "half", "bfloat16", "double", "int", "long", "bool", "type", "cuda", "cpu", "detach", "requires_grad_", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "get_device", "is_floating_point", "device", "Size", "finfo", "iinfo", "dtype", "manual_seed", "is_tensor", "result_type", "promote_types", "broadcast_shapes", "storage_offset", "untyped_storage", "movedim", "swapaxes", "swapdims", "item", "tolist"]
 )
 # Ops that do real work in any task, whether or not the reference names them.
 HEAVY_TORCH_OPS = frozenset(
-    (
-        "matmul mm bmm addmm addbmm baddbmm addmv mv dot einsum tensordot linear bilinear conv1d "
-        "conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d convolution softmax "
-        "log_softmax softmin layer_norm group_norm batch_norm instance_norm rms_norm "
-        "local_response_norm normalize cross_entropy nll_loss mse_loss l1_loss smooth_l1_loss "
-        "huber_loss kl_div binary_cross_entropy binary_cross_entropy_with_logits cosine_similarity "
-        "scaled_dot_product_attention multi_head_attention_forward cumsum cumprod logcumsumexp "
-        "sort argsort topk kthvalue fft ifft rfft irfft max_pool1d max_pool2d max_pool3d "
-        "avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool2d adaptive_max_pool2d interpolate "
-        "embedding unfold fold pad logsumexp cdist"
-    ).split()
+    ["matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "mv", "dot", "einsum", "tensordot", "linear", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution", "softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "batch_norm", "instance_norm", "rms_norm", "local_response_norm", "normalize", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_similarity", "scaled_dot_product_attention", "multi_head_attention_forward", "cumsum", "cumprod", "logcumsumexp", "sort", "argsort", "topk", "kthvalue", "fft", "ifft", "rfft", "irfft", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "embedding", "unfold", "fold", "pad", "logsumexp", "cdist"]
 )
 # nn layers that hold no computation worth a kernel.
 PASSIVE_LAYERS = frozenset({"Identity", "Dropout", "Flatten", "Unflatten", "ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"})
@@ -96,19 +77,10 @@ OTHER_COMPILER_PREFIXES = (
     "torch._C._jit",
 )
 OTHER_COMPILER_MODULES = frozenset(
-    (
-        "numba cupy jax jaxlib tvm tensorflow pycuda taichi tilelang tensorrt torch_tensorrt "
-        "onnxruntime iree hidet cuda cutlass thunder mlir nvrtc"
-    ).split()
+    ["numba", "cupy", "jax", "jaxlib", "tvm", "tensorflow", "pycuda", "taichi", "tilelang", "tensorrt", "torch_tensorrt", "onnxruntime", "iree", "hidet", "cuda", "cutlass", "thunder", "mlir", "nvrtc"]
 )
 FORBIDDEN_MODULES = frozenset(
-    (
-        "threading _thread multiprocessing concurrent subprocess ctypes cffi socket ssl http "
-        "urllib urllib3 requests httpx aiohttp ftplib smtplib asyncio signal gc inspect sys shutil "
-        "tempfile pickle dill cloudpickle marshal shelve importlib builtins time timeit resource "
-        "mmap faulthandler atexit traceback pty select selectors sqlite3 kernelrl pathlib glob "
-        "fcntl psutil code pdb runpy io posix"
-    ).split()
+    ["threading", "_thread", "multiprocessing", "concurrent", "subprocess", "ctypes", "cffi", "socket", "ssl", "http", "urllib", "urllib3", "requests", "httpx", "aiohttp", "ftplib", "smtplib", "asyncio", "signal", "gc", "inspect", "sys", "shutil", "tempfile", "pickle", "dill", "cloudpickle", "marshal", "shelve", "importlib", "builtins", "time", "timeit", "resource", "mmap", "faulthandler", "atexit", "traceback", "pty", "select", "selectors", "sqlite3", "kernelrl", "pathlib", "glob", "fcntl", "psutil", "code", "pdb", "runpy", "io", "posix"]
 )
 FORBIDDEN_TORCH_APIS = (
     "torch.profiler",
@@ -126,14 +98,10 @@ FORBIDDEN_TORCH_APIS = (
 )
 OS_ALLOWED = frozenset({"os.environ", "os.getenv"})
 FORBIDDEN_BUILTINS = frozenset(
-    "open exec eval compile __import__ globals locals vars breakpoint input".split()
+    ["open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "breakpoint", "input"]
 )
 INTROSPECTION_ATTRIBUTES = frozenset(
-    (
-        "__dict__ __globals__ __code__ __closure__ __subclasses__ __bases__ __mro__ __builtins__ "
-        "__getattribute__ __loader__ __spec__ f_back f_globals f_locals f_code gi_frame cr_frame "
-        "tb_frame __self__ __func__ __wrapped__"
-    ).split()
+    ["__dict__", "__globals__", "__code__", "__closure__", "__subclasses__", "__bases__", "__mro__", "__builtins__", "__getattribute__", "__loader__", "__spec__", "f_back", "f_globals", "f_locals", "f_code", "gi_frame", "cr_frame", "tb_frame", "__self__", "__func__", "__wrapped__"]
 )
 NAME_TAKING_BUILTINS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
 SIDE_STREAM_CALLS = frozenset(
@@ -406,9 +374,13 @@ def _ops_of(node: ast.AST, analysis: SolutionAnalysis) -> Iterator[str]:
         if layer.startswith("torch.nn.") and layer.rsplit(".", 1)[1] not in PASSIVE_LAYERS:
             yield layer_op(layer.rsplit(".", 1)[1])
         return
-    if isinstance(func, ast.Attribute) and resolved is None and not _is_self_attribute(func):
-        if not analysis.is_extension(func.value):
-            yield func.attr.rstrip("_")  # a tensor method, e.g. x.softmax(dim=1)
+    if (
+        isinstance(func, ast.Attribute)
+        and resolved is None
+        and not _is_self_attribute(func)
+        and not analysis.is_extension(func.value)
+    ):
+        yield func.attr.rstrip("_")  # a tensor method, e.g. x.softmax(dim=1)
 
 
 # ----------------------------------------------------------------------------- the checks

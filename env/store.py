@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from kernelrl.env.reference import ReferenceTimingCache
 from kernelrl.env.result import EvalResult, TimingStats
 from kernelrl.env.task import Task
@@ -86,13 +87,24 @@ class ResultsStore:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._conn().executescript(_SCHEMA)  # idempotent; autocommit mode
+        try:
+            self._conn().executescript(_SCHEMA)  # idempotent; autocommit mode
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise ValueError(f"{self.path} is not a results store (SQLite): {exc}") from exc
 
     # ------------------------------------------------------------------ connections
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+            # check_same_thread=False only so that close() may close every thread's connection;
+            # each connection is still used by the one thread that opened it.
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout_s,
+                isolation_level=None,
+                check_same_thread=False,
+            )
             conn.execute("PRAGMA journal_mode=WAL")
             # NORMAL in WAL mode: a committed transaction survives the process being killed
             # (only a power loss can drop the last ones), at a fraction of FULL's fsync cost.
@@ -110,8 +122,7 @@ class ResultsStore:
         with self._lock:
             connections, self._connections = self._connections, []
         for conn in connections:
-            # One opened by a thread that is gone raises here; the GC closes it then.
-            with contextlib.suppress(sqlite3.ProgrammingError):
+            with contextlib.suppress(sqlite3.Error):
                 conn.close()
         self._local = threading.local()
 
@@ -244,6 +255,9 @@ class ResultsStore:
         if row is None:
             return False
         return TimingStats(**json.loads(row[0])) if row[0] is not None else None
+
+    def timing_keys(self) -> list[str]:
+        return [row[0] for row in self._conn().execute("SELECT key FROM reference_timings")]
 
     def put_timing(self, key: str, stats: TimingStats | None) -> None:
         value = json.dumps(stats.__dict__) if stats is not None else None

@@ -80,9 +80,10 @@ def time_cuda(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -
             end.record()
         torch.cuda.synchronize()
         samples.extend(b.elapsed_time(e) for b, e in zip(starts, ends, strict=True))
-        if len(samples) >= config.min_reps:
-            if summarize(samples).rel_err <= config.target_rel_err or time.perf_counter() > deadline:
-                break
+        if len(samples) >= config.min_reps and (
+            summarize(samples).rel_err <= config.target_rel_err or time.perf_counter() > deadline
+        ):
+            break
     return summarize(samples)
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from rich.console import Console
 
 from kernelrl.env.task import TaskError
+from kernelrl.launch import curate_cli, env_service_cli, eval_cli, sft_cli, train_cli
 
 
 def _env_check(args: argparse.Namespace) -> int:
@@ -49,7 +49,13 @@ def _env_check_suite(args: argparse.Namespace) -> int:
         raise TaskError("no bundled task matches the selection")
     config = EvalConfig(device=args.device, timeout_s=args.timeout)
     console = Console(stderr=args.json_out == "-")
-    with LocalPool(config, workers=args.workers) as pool:
+    if args.pool == "ray":
+        from kernelrl.env.ray_pool import RayPool
+
+        pool = RayPool(config, workers=args.workers)
+    else:
+        pool = LocalPool(config, workers=args.workers)
+    with pool:
         results = run_suite(pool, pairs, console, repeats=args.repeats)
     if args.json_out:
         lines = "\n".join(r.to_json() for r in results) + "\n"
@@ -80,11 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--backend", choices=["triton", "cuda"], default="triton")
     suite.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     suite.add_argument("--workers", type=int, default=None, help="CPU slots or GPUs (default: all)")
+    suite.add_argument("--pool", choices=["local", "ray"], default="local", help="ray: one Ray actor per GPU (logical GPUs on CPU)")
     suite.add_argument("--tasks", default="", help="comma-separated substrings of task ids")
     suite.add_argument("--repeats", type=int, default=1, help="evaluate every pair this many times")
     suite.add_argument("--timeout", type=float, default=180.0)
     suite.add_argument("--json-out", default="", help="write every EvalResult as JSONL ('-' for stdout)")
     suite.set_defaults(handler=_env_check_suite)
+    env_service_cli.add_subcommand(env)
+    eval_cli.add_subcommand(commands)
+    curate_cli.add_subcommand(commands)
+    sft_cli.add_subcommand(commands)
+    train_cli.add_subcommand(commands)
     return parser
 
 

@@ -1,1 +1,52 @@
-"""kernelrl.rewards."""
+"""kernelrl.rewards: EvalResult -> scalar rewards, as composable TRL reward functions.
+
+Rewards read EvalResults; they never run kernels. Public API:
+
+- ``RewardConfig``: component weights, speedup baseline ("eager" | "compile") and clip,
+  integrity penalty, CPU fallback of the profiling reward.
+- TRL reward functions ``format_reward``, ``correctness_reward``, ``speedup_reward``,
+  ``profiling_reward``, ``integrity_penalty``: ``f(prompts, completions, **kwargs)`` reading
+  ``kwargs["eval_results"]`` (and an optional ``kwargs["reward_config"]``).
+- ``build_reward_funcs(config) -> (funcs, weights)`` for ``GRPOTrainer(reward_funcs=...)`` and
+  ``GRPOConfig(reward_weights=...)``.
+- ``reward_components(result, config) -> dict`` (unweighted) and ``total_reward(result, config)``
+  (weighted sum) for multi-turn per-turn rewards and logging.
+
+See ``kernelrl.rewards.components`` for the exact definition of every component.
+"""
+
+from kernelrl.rewards.components import (
+    SCORERS,
+    as_eval_result,
+    reward_components,
+    total_reward,
+)
+from kernelrl.rewards.config import COMPONENT_NAMES, SPEEDUP_BASELINES, RewardConfig
+from kernelrl.rewards.functions import (
+    REWARD_FUNCS,
+    bind_reward_func,
+    build_reward_funcs,
+    correctness_reward,
+    format_reward,
+    integrity_penalty,
+    profiling_reward,
+    speedup_reward,
+)
+
+__all__ = [
+    "COMPONENT_NAMES",
+    "REWARD_FUNCS",
+    "SCORERS",
+    "SPEEDUP_BASELINES",
+    "RewardConfig",
+    "as_eval_result",
+    "bind_reward_func",
+    "build_reward_funcs",
+    "correctness_reward",
+    "format_reward",
+    "integrity_penalty",
+    "profiling_reward",
+    "reward_components",
+    "speedup_reward",
+    "total_reward",
+]

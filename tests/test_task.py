@@ -8,7 +8,13 @@ import datasets
 import pytest
 
 from kernelrl.data.bundled import TASKS_DIR, bundled_pairs, bundled_tasks
-from kernelrl.env.task import TaskError, load_task, load_task_folder, task_from_record, tasks_from_dataset
+from kernelrl.env.task import (
+    TaskError,
+    load_task,
+    load_task_folder,
+    task_from_record,
+    tasks_from_dataset,
+)
 
 CATEGORIES = {"elementwise", "reduction", "normalization", "softmax", "matmul", "convolution", "loss", "fused"}
 

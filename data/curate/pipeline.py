@@ -1,0 +1,341 @@
+"""The curation pipeline: recipe config -> steps -> Parquet datasets, card, plots, reports.
+
+Order matters for cost: the cheap text-only steps (normalize, dedup, decontaminate) run before
+the steps that execute code (validate, pass rate, sample evaluation), so no sandbox time is
+spent on records that would be dropped anyway. Steps can be switched off in the recipe.
+
+The pipeline never loads a model: a pass rate needs a ``generate`` callable, which
+``kernelrl.launch`` builds from the recipe's model (dependency arrows: only launch resolves
+models). Evaluations go through a pool with the environment's Pool contract; a ``LocalPool``
+is made when the caller gives none.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from rich.console import Console
+
+from kernelrl.data.curate.card import write_card
+from kernelrl.data.curate.decontaminate import (
+    Benchmark,
+    DecontaminateConfig,
+    decontaminate,
+    write_decontamination_report,
+)
+from kernelrl.data.curate.dedup import DedupConfig, dedup
+from kernelrl.data.curate.difficulty import DifficultyConfig, Generate, tag_difficulty
+from kernelrl.data.curate.normalize import normalize_tasks
+from kernelrl.data.curate.plots import make_plots
+from kernelrl.data.curate.report import StepReport, log_step, steps_table, timed, write_reports
+from kernelrl.data.curate.sft_select import (
+    SelectConfig,
+    attach_to_tasks,
+    concat_sft,
+    evaluate_missing,
+    evaluate_missing_turns,
+    fill_prompts,
+    samples_to_sft,
+    select_sft,
+)
+from kernelrl.data.curate.trajectories_to_sft import RevisionConfig, trajectories_to_sft
+from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
+from kernelrl.data.loaders import load_samples, load_tasks, load_trajectories
+from kernelrl.data.prompts import read_template
+
+STEPS = ("normalize", "dedup", "decontaminate", "validate", "difficulty", "sft")
+
+
+@dataclass
+class CurateConfig:
+    """Everything a curation run needs; one flat recipe (``recipes/curate/*.yaml``)."""
+
+    output_dir: str = field(
+        default="", metadata={"help": "where the datasets, card and reports go"}
+    )
+    name: str = field(default="kernelrl-curated", metadata={"help": "dataset name in the card"})
+    task_sources: list[str] = field(
+        default_factory=list, metadata={"help": "FORMAT:PATH or {format, path, fields, ...}"}
+    )
+    sample_sources: list[str] = field(
+        default_factory=list, metadata={"help": "generated samples (task_id, completion)"}
+    )
+    trajectory_sources: list[str] = field(
+        default_factory=list, metadata={"help": "multi-turn trajectories"}
+    )
+    benchmark_sources: list[str] = field(
+        default_factory=list, metadata={"help": "evaluation sets to decontaminate against"}
+    )
+    steps: list[str] = field(
+        default_factory=lambda: list(STEPS), metadata={"help": f"subset of {STEPS}"}
+    )
+    backend: str | None = field(
+        default=None, metadata={"help": "override every task's backend (triton | cuda)"}
+    )
+    prompt_template: str | None = field(
+        default=None, metadata={"help": "file with a {source} template"}
+    )
+    device: str = field(
+        default="auto", metadata={"help": "cpu | cuda | auto, for validation and evaluation"}
+    )
+    seed: int = 0
+    # validate
+    validate_workers: int = 2
+    validate_timeout_s: float = 120.0
+    max_ref_runtime_ms: float | None = field(
+        default=None, metadata={"help": "reference runtime budget on the device"}
+    )
+    reject_constant_outputs: bool = True
+    # dedup
+    dedup_threshold: float = 0.8
+    dedup_ngram: int = 5
+    dedup_num_perm: int = 128
+    dedup_normalize_numbers: bool = False
+    # decontaminate
+    decontam_ngram: int = 8
+    decontam_threshold: float = 0.7
+    # difficulty / pass rate
+    pass_rate_model: str | None = field(
+        default=None, metadata={"help": "model name or path; enables pass rates"}
+    )
+    pass_rate_client: str = field(default="transformers", metadata={"help": "transformers | vllm"})
+    pass_rate_k: int = 4
+    pass_rate_max_new_tokens: int = 1024
+    pass_rate_temperature: float = 0.8
+    min_pass_rate: float | None = None
+    max_pass_rate: float | None = None
+    # evaluation of samples and trajectory turns
+    eval_workers: int = 2
+    eval_timeout_s: float = 180.0
+    # SFT selection
+    sft_min_speedup: float | None = 1.0
+    sft_speedup_baseline: str = "eager"
+    sft_require_meaningful_timing: bool = False
+    sft_max_reasoning_tokens: int | None = 8192
+    sft_cap_per_task: int = 2
+    sft_rank_by: str = "concise"
+    sft_reasoning_format: str = "think"
+    revision_history: str = "full"
+    revision_min_improvement: float = 1.1
+
+    def __post_init__(self) -> None:
+        for name in (
+            "task_sources",
+            "sample_sources",
+            "trajectory_sources",
+            "benchmark_sources",
+            "steps",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, str):  # one value given on the command line
+                setattr(self, name, [value])
+        unknown = set(self.steps) - set(STEPS)
+        if unknown:
+            raise ValueError(
+                f"unknown curation steps {sorted(unknown)} (known: {', '.join(STEPS)})"
+            )
+
+    def validate_config(self) -> ValidateConfig:
+        return ValidateConfig(
+            device=self.device,
+            timeout_s=self.validate_timeout_s,
+            max_runtime_ms=self.max_ref_runtime_ms,
+            seed=self.seed,
+            workers=self.validate_workers,
+            reject_constant_outputs=self.reject_constant_outputs,
+        )
+
+
+@dataclass
+class CurationResult:
+    tasks: Dataset
+    sft: Dataset | None
+    reports: list[StepReport]
+    output_dir: Path
+    card: Path
+
+
+def _save_parquet(dataset: Dataset, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.parquet"):
+        old.unlink()
+    path = folder / "train-00000-of-00001.parquet"
+    dataset.to_parquet(str(path))
+    return path
+
+
+class _LazyPool:
+    """A LocalPool made on first use and closed by the pipeline (only if it made it)."""
+
+    def __init__(self, config: CurateConfig, pool: Any) -> None:
+        self.config, self.pool, self.owned = config, pool, False
+
+    def get(self) -> Any:
+        if self.pool is None:
+            from kernelrl.env.evaluator import EvalConfig
+            from kernelrl.env.pool import LocalPool
+
+            self.pool = LocalPool(
+                EvalConfig(device=self.config.device, timeout_s=self.config.eval_timeout_s),
+                workers=self.config.eval_workers,
+            )
+            self.owned = True
+        return self.pool
+
+    def close(self) -> None:
+        if self.owned and self.pool is not None:
+            self.pool.close()
+
+
+def run_curation(
+    config: CurateConfig,
+    pool: Any = None,
+    generate: Generate | None = None,
+    console: Console | None = None,
+    command: str = "",
+) -> CurationResult:
+    """Run the recipe's steps and write everything under ``config.output_dir``."""
+    if not config.output_dir:
+        raise ValueError("output_dir is required")
+    if not config.task_sources:
+        raise ValueError("task_sources is empty: nothing to curate")
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = set(config.steps)
+    reports: list[StepReport] = []
+    lazy = _LazyPool(config, pool)
+    started = time.perf_counter()
+    try:
+        tasks = load_tasks(config.task_sources)
+        if "normalize" in steps:
+            tasks, report = normalize_tasks(
+                tasks, config.backend, read_template(config.prompt_template), console
+            )
+            reports.append(report)
+        if "dedup" in steps:
+            dedup_config = DedupConfig(
+                config.dedup_threshold,
+                config.dedup_ngram,
+                config.dedup_num_perm,
+                config.dedup_normalize_numbers,
+            )
+            tasks, report = dedup(tasks, dedup_config, console=console)
+            reports.append(report)
+        if "decontaminate" in steps and config.benchmark_sources:
+            benchmark = Benchmark.from_sources(
+                config.benchmark_sources,
+                DecontaminateConfig(config.decontam_ngram, config.decontam_threshold),
+            )
+            tasks, report = decontaminate(tasks, benchmark, console=console)
+            reports.append(report)
+            write_decontamination_report(report, out / "decontamination.md")
+        if "validate" in steps:
+            tasks, report = validate_tasks(tasks, config.validate_config(), console)
+            reports.append(report)
+        if "difficulty" in steps:
+            difficulty_config = DifficultyConfig(
+                config.pass_rate_k, config.min_pass_rate, config.max_pass_rate
+            )
+            tasks, report = tag_difficulty(
+                tasks,
+                difficulty_config,
+                generate,
+                lazy.get() if generate is not None else None,
+                console,
+            )
+            reports.append(report)
+        sft = None
+        if "sft" in steps and (config.sample_sources or config.trajectory_sources):
+            sft = _curate_sft(config, tasks, lazy, reports, out, console)
+    finally:
+        lazy.close()
+
+    _save_parquet(tasks, out / "tasks")
+    if sft is not None:
+        _save_parquet(sft, out / "sft")
+    write_reports(reports, out)
+    plots = make_plots(tasks, sft, reports, out / "plots")
+    card = write_card(
+        out, config.name, tasks, sft, reports, plots, command, config.backend or "triton"
+    )
+    (out / "recipe.json").write_text(json.dumps(asdict(config), indent=1, default=str))
+    if console is not None:
+        console.print(
+            steps_table(
+                reports, title=f"curation: {config.name} ({time.perf_counter() - started:.0f} s)"
+            )
+        )
+        console.print(
+            f"wrote {len(tasks)} tasks"
+            + (f" and {len(sft)} SFT examples" if sft is not None else "")
+            + f" to {out}"
+        )
+    return CurationResult(tasks, sft, reports, out, card)
+
+
+def _curate_sft(
+    config: CurateConfig,
+    tasks: Dataset,
+    lazy: _LazyPool,
+    reports: list[StepReport],
+    out: Path,
+    console: Console | None,
+) -> Dataset:
+    parts = []
+    if config.sample_sources:
+        samples, report = attach_to_tasks(
+            load_samples(config.sample_sources), tasks, "attach_samples", console
+        )
+        reports.append(report)
+        samples = fill_prompts(samples, tasks, "samples")
+        report = StepReport("evaluate_samples", count_in=len(samples))
+        with timed(report):
+            samples, evaluated = (
+                evaluate_missing(samples, tasks, lazy.get()) if len(samples) else (samples, 0)
+            )
+        report.count_out, report.notes["evaluated"] = len(samples), evaluated
+        reports.append(report)
+        log_step(report, console)
+        _save_parquet(samples, out / "evaluated" / "samples")
+        parts.append(samples_to_sft(samples, tasks, config.sft_reasoning_format))
+    if config.trajectory_sources:
+        trajectories, report = attach_to_tasks(
+            load_trajectories(config.trajectory_sources), tasks, "attach_trajectories", console
+        )
+        reports.append(report)
+        trajectories = fill_prompts(trajectories, tasks, "trajectories")
+        report = StepReport("evaluate_turns", count_in=len(trajectories))
+        with timed(report):
+            trajectories, evaluated = (
+                evaluate_missing_turns(trajectories, tasks, lazy.get())
+                if len(trajectories)
+                else (trajectories, 0)
+            )
+        report.count_out, report.notes["evaluated"] = len(trajectories), evaluated
+        reports.append(report)
+        log_step(report, console)
+        _save_parquet(trajectories, out / "evaluated" / "trajectories")
+        revisions, report = trajectories_to_sft(
+            trajectories,
+            RevisionConfig(config.revision_history, config.revision_min_improvement),
+            config.sft_reasoning_format,
+            console,
+        )
+        reports.append(report)
+        parts.append(revisions)
+    select_config = SelectConfig(
+        min_speedup=config.sft_min_speedup,
+        speedup_baseline=config.sft_speedup_baseline,
+        require_meaningful_timing=config.sft_require_meaningful_timing,
+        max_reasoning_tokens=config.sft_max_reasoning_tokens,
+        cap_per_task=config.sft_cap_per_task,
+        rank_by=config.sft_rank_by,
+    )
+    sft, report = select_sft(concat_sft(parts), select_config, console)
+    reports.append(report)
+    return sft

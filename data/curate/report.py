@@ -1,0 +1,83 @@
+"""Step reports: counts in and out, and why each removed record went."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class Removal:
+    id: str
+    reason: str  # a short machine-readable word: duplicate, contaminated, reference_crashes, ...
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepReport:
+    step: str
+    count_in: int = 0
+    count_out: int = 0
+    seconds: float = 0.0
+    removed: list[Removal] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def remove(self, record_id: str, reason: str, detail: str = "", **data: Any) -> None:
+        self.removed.append(Removal(record_id, reason, detail, data))
+
+    @property
+    def reasons(self) -> Counter[str]:
+        return Counter(r.reason for r in self.removed)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["reasons"] = dict(self.reasons)
+        return data
+
+
+@contextmanager
+def timed(report: StepReport) -> Iterator[StepReport]:
+    started = time.perf_counter()
+    try:
+        yield report
+    finally:
+        report.seconds = time.perf_counter() - started
+
+
+def steps_table(reports: list[StepReport], title: str = "curation steps") -> Table:
+    table = Table(title=title)
+    for column in ("step", "in", "out", "removed", "why", "seconds"):
+        table.add_column(
+            column, justify="right" if column in ("in", "out", "removed", "seconds") else "left"
+        )
+    for r in reports:
+        why = ", ".join(f"{reason} x{n}" for reason, n in sorted(r.reasons.items())) or "-"
+        table.add_row(
+            r.step, str(r.count_in), str(r.count_out), str(len(r.removed)), why, f"{r.seconds:.1f}"
+        )
+    return table
+
+
+def log_step(report: StepReport, console: Console | None) -> None:
+    if console is not None:
+        console.print(steps_table([report], title=f"step: {report.step}"))
+
+
+def write_reports(reports: list[StepReport], folder: Path) -> None:
+    """steps.json (counts) and removed.jsonl (one line per removed record) under ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "steps.json").write_text(json.dumps([r.to_dict() for r in reports], indent=1))
+    with open(folder / "removed.jsonl", "w") as out:
+        for r in reports:
+            for removal in r.removed:
+                out.write(json.dumps({"step": r.step, **asdict(removal)}, sort_keys=True) + "\n")

@@ -1,0 +1,416 @@
+"""The environment service: one long-lived evaluation pool that many jobs share.
+
+Why a service: a trainer, an evaluation sweep and a curation job that each start their own pool
+pay the worker start-up each time and fight over the same GPUs. ``kernelrl env serve`` instead
+starts one ``EnvService``, a *named, detached* Ray actor that owns a ``RayPool`` (and, with a
+results store, a ``CachedPool`` in front of it). Jobs on any node of the cluster find it by name
+(``ServiceClient``, or ``RayPool.connect``) and use it exactly like a local pool; agents outside
+Ray speak HTTP to a Ray Serve deployment in front of the same actor (``start_http``).
+
+The actor keeps the pool's futures and hands them out one item at a time (``submit`` returns a
+batch id, ``result(batch, index)`` waits for one item), so a client gets one future per item and
+the pool still sees whole batches (longest-first scheduling, batch deadlines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.result import EvalResult
+from kernelrl.env.task import Task, TaskError, task_from_source
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "kernelrl-env"
+NAMESPACE = "kernelrl"
+HTTP_APP_NAME = "kernelrl-env-http"
+
+
+class EnvService:
+    """Ray actor body (async: thousands of clients may wait on results at once)."""
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        pool_kwargs: dict[str, Any],
+        store_path: str | None = None,
+        tasks: Mapping[str, Task] | None = None,
+    ) -> None:
+        """``tasks``: the tasks HTTP clients may name by id instead of sending their source."""
+        from kernelrl.env.cached_pool import CachedPool
+        from kernelrl.env.ray_pool import RayPool
+        from kernelrl.env.store import ResultsStore
+
+        self.pool = RayPool(config, store_path=store_path, **pool_kwargs)
+        self.store = ResultsStore(store_path) if store_path else None
+        self.front: Any = CachedPool(self.pool, self.store) if self.store else self.pool
+        self.tasks = dict(tasks or {})
+        self.store_path = store_path
+        self.started = time.time()
+        self._batches: dict[int, dict[int, Future[EvalResult]]] = {}
+        self._batch_started: dict[int, float] = {}
+        self._ids = itertools.count()
+        self._clients_batches = 0
+
+    # ------------------------------------------------------------------ pool protocol
+    def info(self) -> dict[str, Any]:
+        return {
+            "device": self.pool.device,
+            "device_name": self.pool.device_name,
+            "versions": self.pool.versions,
+            "num_slots": self.pool.num_slots,
+            "workers": sum(1 for w in self.pool.stats()["workers"] if w["kind"] == "gpu"),
+            "store_path": self.store_path,
+            "tasks": len(self.tasks),
+            "started": self.started,
+        }
+
+    async def submit(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> int:
+        """Queue a batch (blocks while the pool is full: backpressure reaches the client)."""
+        futures = await asyncio.to_thread(self._submit, tasks, solutions, timeout_s)
+        self._forget_abandoned()
+        batch = next(self._ids)
+        self._batches[batch] = dict(enumerate(futures))
+        self._batch_started[batch] = time.time()
+        self._clients_batches += 1
+        return batch
+
+    def _submit(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None
+    ) -> list[Future[EvalResult]]:
+        if timeout_s is None:
+            return self.front.submit(tasks, solutions)
+        return self.front.submit(tasks, solutions, timeout_s=timeout_s)
+
+    async def result(self, batch: int, index: int) -> EvalResult:
+        """One item of a batch; each item is handed out once, then forgotten."""
+        try:
+            future = self._batches[batch].pop(index)
+        except KeyError:
+            raise KeyError(f"no pending item {index} of batch {batch}") from None
+        if not self._batches[batch]:
+            del self._batches[batch], self._batch_started[batch]
+        return await asyncio.wrap_future(future)
+
+    def _forget_abandoned(self, after_s: float = 3600.0) -> None:
+        """Results nobody collected an hour after they were ready (the client went away):
+        dropped, so a long-lived service does not grow without bound. They are in the store."""
+        cutoff = time.time() - after_s
+        for batch, started in list(self._batch_started.items()):
+            if started < cutoff and all(f.done() for f in self._batches[batch].values()):
+                del self._batches[batch], self._batch_started[batch]
+
+    async def evaluate(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[EvalResult]:
+        futures = await asyncio.to_thread(self._submit, tasks, solutions, timeout_s)
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.pool.stats()
+        stats["service_uptime_s"] = time.time() - self.started
+        stats["batches_served"] = self._clients_batches
+        stats["items_not_collected"] = sum(len(b) for b in self._batches.values())
+        if self.store is not None:
+            stats["store_path"] = self.store_path
+            stats["store_results"] = self.store.count()
+            stats["cache_hits"] = self.front.hits
+            stats["cache_misses"] = self.front.misses
+        return stats
+
+    def shutdown(self, timeout_s: float | None = 30.0) -> None:
+        """Finish or fail what is running, then stop the workers."""
+        self.pool.close(timeout_s)
+        if self.store is not None:
+            self.store.close()
+
+    # ------------------------------------------------------------------ HTTP requests
+    async def evaluate_request(self, body: Any) -> tuple[int, Any]:
+        """(HTTP status, JSON payload) for one request body of the HTTP endpoint.
+
+        ``{"task_id": "01_relu" | "task": {"source": ..., "id": ..., "backend": ...},
+        "solution": "...", "timeout_s": 60}`` -> one EvalResult; ``{"items": [...]}`` -> a list.
+        """
+        try:
+            many = isinstance(body, dict) and "items" in body
+            items = body["items"] if many else [body]
+            if not isinstance(items, list) or not items:
+                raise TaskError("'items' must be a non-empty list")
+            pairs = [self._parse_item(item) for item in items]
+            timeout_s = body.get("timeout_s") if isinstance(body, dict) else None
+            if timeout_s is not None and not isinstance(timeout_s, int | float):
+                raise TaskError("'timeout_s' must be a number")
+        except (TaskError, KeyError, TypeError) as exc:
+            return 400, {"error": str(exc)}
+        try:
+            results = await self.evaluate([t for t, _ in pairs], [s for _, s in pairs], timeout_s)
+        except TaskError as exc:
+            return 422, {"error": str(exc)}
+        except Exception as exc:
+            log.exception("HTTP evaluation failed")
+            return 500, {"error": f"{type(exc).__name__}: {exc}"}
+        payload = [r.to_dict() for r in results]
+        return 200, payload if many else payload[0]
+
+    def _parse_item(self, item: Any) -> tuple[Task, str]:
+        if not isinstance(item, dict):
+            raise TaskError("each item must be a JSON object")
+        solution = item.get("solution")
+        if not isinstance(solution, str) or not solution.strip():
+            raise TaskError("'solution' must be a non-empty string (code or a model completion)")
+        if "task_id" in item:
+            task = self.tasks.get(str(item["task_id"]))
+            if task is None:
+                raise TaskError(
+                    f"unknown task_id {item['task_id']!r} (this service knows {len(self.tasks)} tasks)"
+                )
+        elif isinstance(item.get("task"), dict) and isinstance(item["task"].get("source"), str):
+            spec = item["task"]
+            task = task_from_source(
+                spec["source"], str(spec.get("id", "http_task")), str(spec.get("backend", "triton"))
+            )
+        else:
+            raise TaskError("give 'task_id' or 'task': {'source': ..., 'id': ..., 'backend': ...}")
+        backend = item.get("backend")
+        if backend is not None and backend != task.backend:
+            task = task.with_backend(str(backend))
+        return task, solution
+
+
+# ---------------------------------------------------------------------------------- lifecycle
+def start_service(
+    config: EvalConfig,
+    pool_kwargs: dict[str, Any],
+    store_path: str | None = None,
+    tasks: Mapping[str, Task] | None = None,
+    name: str = SERVICE_NAME,
+    namespace: str = NAMESPACE,
+    ready_timeout_s: float = 600.0,
+    max_restarts: int = 3,
+) -> Any:
+    """Create the named, detached service actor on the connected cluster and wait until its
+    workers are ready. Returns the actor handle; fails if one with that name already runs."""
+    import ray
+
+    try:
+        ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        pass
+    else:
+        raise ValueError(
+            f"an environment service named {name!r} already runs in namespace {namespace!r}"
+            " (stop it with `kernelrl env stop`, or pick another name)"
+        )
+    actor = (
+        ray.remote(EnvService)
+        .options(
+            name=name,
+            namespace=namespace,
+            lifetime="detached",  # outlives the `kernelrl env serve` process that made it
+            num_cpus=0,  # a dispatcher, not a worker: it must not take a worker's CPU
+            max_restarts=max_restarts,
+            max_concurrency=10_000,
+        )
+        .remote(config, pool_kwargs, store_path, dict(tasks or {}))
+    )
+    try:
+        ray.get(actor.info.remote(), timeout=ready_timeout_s)
+    except BaseException:
+        ray.kill(actor, no_restart=True)
+        raise
+    return actor
+
+
+def stop_service(
+    name: str = SERVICE_NAME, namespace: str = NAMESPACE, timeout_s: float = 60
+) -> bool:
+    """Stop the service (and its HTTP app when there is one); False if none was running."""
+    import ray
+
+    stop_http()
+    try:
+        actor = ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return False
+    try:
+        ray.get(actor.shutdown.remote(timeout_s=timeout_s / 2), timeout=timeout_s)
+    except Exception as exc:  # dead or stuck: killed below anyway
+        log.warning("service shutdown: %s", exc)
+    ray.kill(actor, no_restart=True)
+    return True
+
+
+def start_http(
+    name: str = SERVICE_NAME, namespace: str = NAMESPACE, host: str = "127.0.0.1", port: int = 8000
+) -> str:
+    """Ray Serve in front of the service actor: ``POST /evaluate`` and ``GET /status``.
+
+    The deployment only forwards JSON to the actor, so HTTP clients share the same pool, queue
+    and results cache as Ray clients. Returns the base URL."""
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
+    class EnvHTTP:
+        def __init__(self, service_name: str, service_namespace: str) -> None:
+            import ray
+
+            self.service = ray.get_actor(service_name, namespace=service_namespace)
+
+        async def __call__(self, request: Request) -> JSONResponse:
+            path = request.url.path.rstrip("/")
+            if request.method == "GET" and path.endswith("/status"):
+                return JSONResponse(await self.service.stats.remote())
+            if request.method == "POST" and path.endswith("/evaluate"):
+                try:
+                    body = await request.json()
+                except ValueError:
+                    return JSONResponse({"error": "the request body must be JSON"}, 400)
+                code, payload = await self.service.evaluate_request.remote(body)
+                return JSONResponse(payload, code)
+            return JSONResponse({"error": "use POST /evaluate or GET /status"}, 404)
+
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(EnvHTTP.bind(name, namespace), name=HTTP_APP_NAME, route_prefix="/")
+    return f"http://{host}:{port}"
+
+
+def stop_http() -> None:
+    try:
+        from ray import serve
+
+        serve.delete(HTTP_APP_NAME)
+    except Exception:  # Serve not installed or not running: nothing to stop
+        return
+
+
+# ---------------------------------------------------------------------------------- client
+class ServiceClient:
+    """A running service, with the pool interface (``submit``, ``evaluate``, ``aevaluate``)."""
+
+    def __init__(
+        self,
+        name: str = SERVICE_NAME,
+        address: str | None = "auto",
+        namespace: str = NAMESPACE,
+        connect_timeout_s: float = 120.0,
+    ) -> None:
+        """``address``: the cluster to join when this process is not connected to Ray yet
+        ("auto": the cluster on this machine, or ``RAY_ADDRESS``; else "host:port")."""
+        import ray
+
+        self._started_ray = connect_ray(address, namespace)
+        try:
+            self.actor = ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            self.close()
+            raise ValueError(
+                f"no kernelrl environment service named {name!r} in namespace {namespace!r}"
+                " on this cluster (start one with `kernelrl env serve`)"
+            ) from None
+        info = ray.get(self.actor.info.remote(), timeout=connect_timeout_s)
+        self.name = name
+        self.device = info["device"]
+        self.device_name = info["device_name"]
+        self.versions = info["versions"]
+        self.num_slots = info["num_slots"]
+        self.address = ray.get_runtime_context().gcs_address
+
+    def submit(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[Future[EvalResult]]:
+        import ray
+
+        if len(tasks) != len(solutions):
+            raise ValueError(f"{len(tasks)} tasks but {len(solutions)} solutions")
+        if not tasks:
+            return []
+        batch = ray.get(self.actor.submit.remote(list(tasks), list(solutions), timeout_s))
+        refs = [self.actor.result.remote(batch, index) for index in range(len(tasks))]
+        return [_unwrapped(ref.future()) for ref in refs]
+
+    def evaluate(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[EvalResult]:
+        return [future.result() for future in self.submit(tasks, solutions, timeout_s)]
+
+    async def aevaluate(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[EvalResult]:
+        futures = await asyncio.to_thread(self.submit, tasks, solutions, timeout_s)
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    def stats(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.actor.stats.remote())
+
+    def close(self) -> None:
+        """Disconnect (the service keeps running)."""
+        import ray
+
+        if self._started_ray and ray.is_initialized():
+            ray.shutdown()
+        self._started_ray = False
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect_ray(address: str | None, namespace: str) -> bool:
+    """Join the cluster at ``address`` ("auto": the one on this machine, or ``RAY_ADDRESS``)
+    unless this process is connected already; True if this call connected."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        # Ray reads the mode when it is imported; a process that opted in later (a notebook,
+        # a test) refreshes it the way ray.init does when it turns token mode on itself.
+        from ray._raylet import Config
+
+        Config.initialize("")
+    try:
+        ray.init(address=address or "auto", namespace=namespace, log_to_driver=False)
+    except ConnectionError as exc:
+        hint = (
+            ""
+            if os.environ.get("RAY_AUTH_MODE")
+            else " (a cluster with token authentication, Ray's default for local ones,"
+            " needs RAY_AUTH_MODE=token and its token in ~/.ray/auth_token)"
+        )
+        raise ValueError(f"cannot reach a Ray cluster at {address or 'auto'}: {exc}{hint}") from exc
+    return True
+
+
+def _unwrapped(ray_future: Future) -> Future:
+    """Ray wraps an exception raised in the actor (a TaskError for a broken task) in a
+    RayTaskError; callers of a pool expect the original exception, as LocalPool gives it."""
+    future: Future = Future()
+
+    def relay(done: Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        error = done.exception()
+        if error is None:
+            future.set_result(done.result())
+            return
+        cause = getattr(error, "cause", None)
+        future.set_exception(cause if isinstance(cause, BaseException) else error)
+
+    ray_future.add_done_callback(relay)
+    return future

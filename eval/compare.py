@@ -1,0 +1,191 @@
+"""``kernelrl eval compare RUN_A RUN_B``: two sweeps side by side.
+
+Headline metrics of both runs with the difference, then the tasks where they disagree (solved
+by one and not the other) and, for tasks both solve, the geometric mean of B's speedup over
+A's. Both runs are summarised with the same statistics settings (A's), so intervals and pass@k
+mean the same thing on both sides.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kernelrl.eval.metrics import FAST_P, best_view, last_view, speedup, sweep_summary
+from kernelrl.eval.records import SampleRecord
+from kernelrl.eval.report import _table, load_run, run_metadata, stats_config
+
+
+def _value(estimate: dict[str, Any] | None) -> float | None:
+    return None if not estimate else estimate.get("value")
+
+
+def _metric_rows(
+    a: dict[str, Any], b: dict[str, Any]
+) -> list[tuple[str, float | None, float | None, str]]:
+    """(metric, A, B, kind) for the headline metrics of two overall summaries."""
+    rows: list[tuple[str, float | None, float | None, str]] = []
+    for key, label in (
+        ("parse_rate", "parse rate"),
+        ("compile_rate", "compile rate"),
+        ("correct_rate", "correct"),
+        ("integrity_rate", "integrity violations"),
+    ):
+        rows.append((label, _value(a[key]), _value(b[key]), "rate"))
+    for baseline in ("eager", "compile"):
+        for p in FAST_P:
+            key = f"{p:g}"
+            rows.append(
+                (
+                    f"fast_{key} vs {baseline}",
+                    _value(a["fast_p"][baseline][key]),
+                    _value(b["fast_p"][baseline][key]),
+                    "rate",
+                )
+            )
+    for baseline in ("eager", "compile"):
+        rows.append(
+            (
+                f"geomean speedup vs {baseline}",
+                _value(a["geomean_speedup"][baseline]),
+                _value(b["geomean_speedup"][baseline]),
+                "speedup",
+            )
+        )
+    for k in sorted(set(a["pass_at_k"]) | set(b["pass_at_k"]), key=int):
+        rows.append(
+            (f"pass@{k}", _value(a["pass_at_k"].get(k)), _value(b["pass_at_k"].get(k)), "rate")
+        )
+    return rows
+
+
+def _fmt(value: float | None, kind: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.1%}" if kind == "rate" else f"{value:.2f}x"
+
+
+def _delta(a: float | None, b: float | None, kind: str) -> str:
+    if a is None or b is None:
+        return "-"
+    if kind == "rate":
+        return f"{(b - a) * 100:+.1f} pt"
+    return f"{b / a:.2f}x" if a > 0 else "-"
+
+
+def _solved(view: list[SampleRecord]) -> dict[str, list[SampleRecord]]:
+    solved: dict[str, list[SampleRecord]] = {}
+    for record in view:
+        solved.setdefault(record.task_id, [])
+        if record.result.correct:
+            solved[record.task_id].append(record)
+    return solved
+
+
+def _best_speedup(records: list[SampleRecord]) -> float | None:
+    values = [s for r in records if (s := speedup(r.result, "eager")) is not None]
+    return max(values) if values else None
+
+
+def compare_runs(folder_a: str | Path, folder_b: str | Path, view: str = "best") -> dict[str, Any]:
+    config_a, records_a = load_run(folder_a)
+    config_b, records_b = load_run(folder_b)
+    stats = stats_config(config_a)
+    summary_a, summary_b = sweep_summary(records_a, stats), sweep_summary(records_b, stats)
+    meta_a = run_metadata(config_a, records_a, Path(folder_a))
+    meta_b = run_metadata(config_b, records_b, Path(folder_b))
+    pick = best_view if view == "best" else last_view
+    solved_a, solved_b = _solved(pick(records_a)), _solved(pick(records_b))
+    common = sorted(set(solved_a) & set(solved_b))
+    only_a = [t for t in common if solved_a[t] and not solved_b[t]]
+    only_b = [t for t in common if solved_b[t] and not solved_a[t]]
+    ratios = []
+    for task in common:
+        sa, sb = _best_speedup(solved_a[task]), _best_speedup(solved_b[task])
+        if sa and sb:
+            ratios.append((task, sb / sa))
+    return {
+        "a": meta_a,
+        "b": meta_b,
+        "view": view,
+        "rows": _metric_rows(
+            summary_a["views"][view]["overall"], summary_b["views"][view]["overall"]
+        ),
+        "tasks_common": len(common),
+        "tasks_only_in_a": sorted(set(solved_a) - set(solved_b)),
+        "tasks_only_in_b": sorted(set(solved_b) - set(solved_a)),
+        "solved_only_by_a": only_a,
+        "solved_only_by_b": only_b,
+        "speedup_ratios": ratios,
+        "geomean_ratio": (
+            math.exp(sum(math.log(r) for _, r in ratios) / len(ratios)) if ratios else None
+        ),
+    }
+
+
+def compare_markdown(comparison: dict[str, Any]) -> str:
+    a, b = comparison["a"], comparison["b"]
+    view = "best turn" if comparison["view"] == "best" else "last turn"
+    out = [f"# {a['run_name']} (A) vs {b['run_name']} (B), {view}", ""]
+    out += [
+        _table(
+            ["", "A", "B"],
+            [
+                (
+                    "generation",
+                    f"{a['client']}: {a['model'] or ', '.join(a['fixed_solutions'])}",
+                    f"{b['client']}: {b['model'] or ', '.join(b['fixed_solutions'])}",
+                ),
+                ("benchmark", a["benchmark"], b["benchmark"]),
+                ("backend", a["backend"], b["backend"]),
+                (
+                    "tasks / attempts",
+                    f"{a['tasks']} / {a['attempts']}",
+                    f"{b['tasks']} / {b['attempts']}",
+                ),
+                ("devices", ", ".join(a["devices"]), ", ".join(b["devices"])),
+            ],
+        ),
+        "",
+    ]
+    rows = [(m, _fmt(x, k), _fmt(y, k), _delta(x, y, k)) for m, x, y, k in comparison["rows"]]
+    out += [_table(["metric", "A", "B", "B - A"], rows), ""]
+    out += [f"Tasks in both runs: {comparison['tasks_common']}."]
+    for key, label in (
+        ("solved_only_by_a", "Solved by A only"),
+        ("solved_only_by_b", "Solved by B only"),
+        ("tasks_only_in_a", "Tasks only in A"),
+        ("tasks_only_in_b", "Tasks only in B"),
+    ):
+        names = comparison[key]
+        if names:
+            out.append(
+                f"{label} ({len(names)}): {', '.join(names[:30])}"
+                + (" ..." if len(names) > 30 else "")
+            )
+    if comparison["geomean_ratio"] is not None:
+        out.append(
+            f"Tasks both solve with timings: {len(comparison['speedup_ratios'])}; geometric mean of "
+            f"B's best speedup over A's: {comparison['geomean_ratio']:.2f}x."
+        )
+    return "\n".join(out) + "\n"
+
+
+def compare_table(comparison: dict[str, Any]) -> Table:
+    table = Table(title=f"{comparison['a']['run_name']} (A) vs {comparison['b']['run_name']} (B)")
+    for column in ("metric", "A", "B", "B - A"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for metric, x, y, kind in comparison["rows"]:
+        table.add_row(metric, _fmt(x, kind), _fmt(y, kind), _delta(x, y, kind))
+    return table
+
+
+def print_comparison(comparison: dict[str, Any], console: Console) -> None:
+    console.print(compare_table(comparison))
+    for line in compare_markdown(comparison).splitlines():
+        if line.startswith(("Solved by", "Tasks only", "Tasks both", "Tasks in both")):
+            console.print(line, markup=False)

@@ -1,0 +1,380 @@
+"""Sweep metrics, computed from SampleRecords alone (so reports can be rebuilt at any time).
+
+Definitions (one *attempt* is one EvalResult; rates are over the attempts of a view):
+
+- parse rate: not ``format_error``;
+- compile rate: the solution got past compilation: ``runtime_error``, ``timeout``,
+  ``incorrect``, ``correct``, ``not_run``, or an integrity violation caught while it ran;
+- correctness: ``correct``; integrity-violation rate: ``integrity_violation``;
+- fast_p (KernelBench): share of attempts that are correct *and* faster than the baseline by
+  more than a factor p (``speedup > p``); fast_0 is the correctness rate. Against eager PyTorch
+  and against torch.compile. ``None`` (not 0) where nothing was timed: CPU runs have no
+  meaningful timings;
+- geometric-mean speedup over the correct attempts that have a speedup;
+- pass@k: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) for a task with
+  n samples of which c are correct, averaged over the tasks with n >= k.
+
+Intervals: Wilson score intervals for rates (attempts treated as independent trials), percentile
+bootstrap for pass@k (resampling tasks) and for the geometric mean (resampling attempts).
+
+Views of a multi-turn sweep, each one attempt per (task, sample): ``last`` (the final turn),
+``best`` (the best turn: correct and fastest first, then the furthest stage reached), and per
+turn t the best attempt among turns <= t (what refinement has achieved by then).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from statistics import NormalDist
+from typing import Any
+
+from kernelrl.env.result import EvalResult, Status
+from kernelrl.eval.records import SampleRecord
+
+FAST_P = (0.0, 1.0, 1.2, 2.0)
+BASELINES = ("eager", "compile")
+
+# How far an attempt got, for choosing the best turn. An integrity violation ranks lowest: a
+# solution that games the checks is worse than one that fails honestly.
+STAGE_RANK = {
+    Status.INTEGRITY_VIOLATION: 0,
+    Status.FORMAT_ERROR: 1,
+    Status.COMPILE_ERROR: 2,
+    Status.RUNTIME_ERROR: 3,
+    Status.TIMEOUT: 3,
+    Status.INCORRECT: 4,
+    Status.NOT_RUN: 5,
+    Status.CORRECT: 6,
+}
+_RAN = {Status.RUNTIME_ERROR, Status.TIMEOUT, Status.INCORRECT, Status.CORRECT, Status.NOT_RUN}
+
+
+# ---------------------------------------------------------------------------------- attempts
+def parsed(result: EvalResult) -> bool:
+    return result.status is not Status.FORMAT_ERROR
+
+
+def compiled(result: EvalResult) -> bool:
+    if result.status is Status.INTEGRITY_VIOLATION:
+        return result.input_sets_checked > 0  # caught by a dynamic check, after it ran
+    return result.status in _RAN
+
+
+def speedup(result: EvalResult, baseline: str) -> float | None:
+    value = result.speedup_vs_eager if baseline == "eager" else result.speedup_vs_compile
+    return value if result.correct and value is not None and value > 0 else None
+
+
+def is_fast(result: EvalResult, p: float, baseline: str) -> bool:
+    if not result.correct:
+        return False
+    if p == 0:
+        return True
+    value = speedup(result, baseline)
+    return value is not None and value > p
+
+
+def baseline_timed(results: Sequence[EvalResult], baseline: str) -> bool:
+    """Whether fast_p (p > 0) means anything for these results: something ran on a GPU, and
+    either nothing is correct (then fast_p is truly 0) or some correct result has a speedup."""
+    if not any(r.device == "cuda" for r in results):
+        return False
+    correct = [r for r in results if r.correct]
+    return not correct or any(speedup(r, baseline) is not None for r in correct)
+
+
+def attempt_score(record: SampleRecord) -> tuple[float, ...]:
+    """Order of attempts for 'best turn'; the earlier turn wins a tie."""
+    result = record.result
+    return (
+        STAGE_RANK[result.status],
+        speedup(result, "eager") or 0.0,
+        speedup(result, "compile") or 0.0,
+        -record.turn,
+    )
+
+
+# ---------------------------------------------------------------------------------- views
+def by_sample(records: Iterable[SampleRecord]) -> dict[tuple[str, int], list[SampleRecord]]:
+    groups: dict[tuple[str, int], list[SampleRecord]] = defaultdict(list)
+    for record in records:
+        groups[(record.task_id, record.sample)].append(record)
+    for attempts in groups.values():
+        attempts.sort(key=lambda r: r.turn)
+    return dict(groups)
+
+
+def last_view(records: Iterable[SampleRecord]) -> list[SampleRecord]:
+    return [attempts[-1] for attempts in by_sample(records).values()]
+
+
+def best_view(records: Iterable[SampleRecord], up_to_turn: int | None = None) -> list[SampleRecord]:
+    view = []
+    for attempts in by_sample(records).values():
+        eligible = [r for r in attempts if up_to_turn is None or r.turn <= up_to_turn]
+        if eligible:
+            view.append(max(eligible, key=attempt_score))
+    return view
+
+
+# ---------------------------------------------------------------------------------- statistics
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task (Chen et al. 2021), in the numerically stable product form."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _z(confidence: float) -> float:
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 1.0)
+    z = _z(confidence)
+    p = successes / n
+    denominator = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return (max(0.0, center - half), min(1.0, center + half))
+
+
+def bootstrap_interval(
+    values: Sequence[float],
+    statistic: Callable[[Sequence[float]], float],
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap; deterministic for a given seed."""
+    if not values:
+        return (math.nan, math.nan)
+    rng = random.Random(seed)
+    n = len(values)
+    stats = sorted(
+        statistic([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)
+    )
+    alpha = (1 - confidence) / 2
+    low = stats[min(resamples - 1, max(0, math.floor(alpha * resamples)))]
+    high = stats[min(resamples - 1, max(0, math.ceil((1 - alpha) * resamples) - 1))]
+    return (low, high)
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+# ---------------------------------------------------------------------------------- summaries
+@dataclass
+class Estimate:
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+    count: int | None = None  # successes, for rates
+    n: int = 0  # trials (rates, geomean) or tasks (pass@k)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rate(flags: Sequence[bool], confidence: float) -> Estimate:
+    n, count = len(flags), sum(flags)
+    if n == 0:
+        return Estimate(None, n=0, count=0)
+    low, high = wilson_interval(count, n, confidence)
+    return Estimate(count / n, low, high, count, n)
+
+
+@dataclass
+class StatsConfig:
+    pass_ks: Sequence[int] = (1,)
+    confidence: float = 0.95
+    bootstrap_samples: int = 2000
+    seed: int = 0
+
+
+def summarize(view: Sequence[SampleRecord], config: StatsConfig | None = None) -> dict[str, Any]:
+    """Every metric for one view (one attempt per task and sample)."""
+    config = config or StatsConfig()
+    results = [r.result for r in view]
+    conf = config.confidence
+    summary: dict[str, Any] = {
+        "tasks": len({r.task_id for r in view}),
+        "attempts": len(view),
+        "parse_rate": rate([parsed(r) for r in results], conf).to_dict(),
+        "compile_rate": rate([compiled(r) for r in results], conf).to_dict(),
+        "correct_rate": rate([r.correct for r in results], conf).to_dict(),
+        "integrity_rate": rate(
+            [r.status is Status.INTEGRITY_VIOLATION for r in results], conf
+        ).to_dict(),
+        "status_counts": dict(sorted(Counter(str(r.status) for r in results).items())),
+        "fast_p": {},
+        "geomean_speedup": {},
+        "pass_at_k": {},
+    }
+    for baseline in BASELINES:
+        timed = baseline_timed(results, baseline)
+        summary["fast_p"][baseline] = {
+            _p_key(p): (
+                rate([is_fast(r, p, baseline) for r in results], conf).to_dict()
+                if p == 0 or timed
+                else Estimate(None, n=len(results)).to_dict()
+            )
+            for p in FAST_P
+        }
+        speedups = [s for r in results if (s := speedup(r, baseline)) is not None]
+        if speedups:
+            low, high = bootstrap_interval(
+                speedups, geomean, conf, config.bootstrap_samples, config.seed
+            )
+            estimate = Estimate(geomean(speedups), low, high, n=len(speedups))
+        else:
+            estimate = Estimate(None, n=0)
+        summary["geomean_speedup"][baseline] = estimate.to_dict()
+    per_task: dict[str, list[bool]] = defaultdict(list)
+    for record in view:
+        per_task[record.task_id].append(record.result.correct)
+    for k in config.pass_ks:
+        values = [pass_at_k(len(f), sum(f), k) for f in per_task.values() if len(f) >= k]
+        if values:
+            low, high = bootstrap_interval(
+                values, mean, conf, config.bootstrap_samples, config.seed
+            )
+            estimate = Estimate(mean(values), low, high, n=len(values))
+        else:
+            estimate = Estimate(None, n=0)
+        summary["pass_at_k"][str(k)] = estimate.to_dict()
+    return summary
+
+
+def _p_key(p: float) -> str:
+    return f"{p:g}"
+
+
+def task_rows(view: Sequence[SampleRecord]) -> list[dict[str, Any]]:
+    """One row per task: samples, correct ones, pass@1, best speedups, commonest status."""
+    groups: dict[str, list[SampleRecord]] = defaultdict(list)
+    for record in view:
+        groups[record.task_id].append(record)
+    rows = []
+    for task_id, records in groups.items():
+        results = [r.result for r in records]
+        eager = [s for r in results if (s := speedup(r, "eager")) is not None]
+        compile_ = [s for r in results if (s := speedup(r, "compile")) is not None]
+        statuses = Counter(str(r.status) for r in results)
+        rows.append(
+            {
+                "task_id": task_id,
+                "level": records[0].level,
+                "samples": len(records),
+                "correct": sum(r.correct for r in results),
+                "pass_at_1": sum(r.correct for r in results) / len(results),
+                "best_speedup_vs_eager": max(eager) if eager else None,
+                "best_speedup_vs_compile": max(compile_) if compile_ else None,
+                "statuses": dict(sorted(statuses.items())),
+                "best_turn": min((r.turn for r in records if r.result.correct), default=None),
+            }
+        )
+    return sorted(rows, key=lambda row: (row["level"] or 0, row["task_id"]))
+
+
+def turn_curve(
+    records: Sequence[SampleRecord], config: StatsConfig | None = None
+) -> list[dict[str, Any]]:
+    """Refinement progress: for each turn t, the metrics of the best attempt among turns <= t,
+    and the correctness of the attempts made at turn t itself."""
+    config = config or StatsConfig()
+    if not records:
+        return []
+    last_turn = max(r.turn for r in records)
+    curve = []
+    for turn in range(last_turn + 1):
+        best = summarize(best_view(records, turn), config)
+        at_turn = [r.result.correct for r in records if r.turn == turn]
+        curve.append(
+            {
+                "turn": turn,
+                "attempts": len(at_turn),
+                "correct_at_turn": rate(at_turn, config.confidence).to_dict(),
+                "best_so_far": {
+                    key: best[key]
+                    for key in (
+                        "parse_rate",
+                        "compile_rate",
+                        "correct_rate",
+                        "fast_p",
+                        "geomean_speedup",
+                    )
+                },
+            }
+        )
+    return curve
+
+
+def sweep_summary(
+    records: Sequence[SampleRecord], config: StatsConfig | None = None
+) -> dict[str, Any]:
+    """The whole report's numbers: last and best turn, overall, per level and per task."""
+    config = config or StatsConfig()
+    summary: dict[str, Any] = {"views": {}}
+    views = {"last": last_view(records), "best": best_view(records)}
+    levels = sorted({r.level for r in records if r.level is not None})
+    # KernelBench problems carry no category ("uncategorized"): no table of one row then.
+    categories = sorted({r.category for r in records if r.category not in ("", "uncategorized")})
+    for name, view in views.items():
+        summary["views"][name] = {
+            "overall": summarize(view, config),
+            "levels": {
+                str(level): summarize([r for r in view if r.level == level], config)
+                for level in levels
+            },
+            "categories": {
+                category: summarize([r for r in view if r.category == category], config)
+                for category in categories
+            },
+            "tasks": task_rows(view),
+        }
+    summary["turns"] = turn_curve(records, config)
+    summary["max_turns"] = max((r.turn for r in records), default=-1) + 1
+    summary["outcomes"] = outcomes(records)
+    summary["generation"] = generation_stats(records)
+    return summary
+
+
+def outcomes(records: Sequence[SampleRecord]) -> dict[str, dict[str, int]]:
+    """Status counts of every attempt, per turn ("1", "2", ...) and in total ("all")."""
+    table: dict[str, dict[str, int]] = defaultdict(dict)
+    for record in records:
+        status = str(record.result.status)
+        for column in (str(record.turn + 1), "all"):
+            table[status][column] = table[status].get(column, 0) + 1
+    return {status: table[status] for status in sorted(table)}
+
+
+def generation_stats(records: Sequence[SampleRecord]) -> dict[str, Any]:
+    """What the model produced: lengths, truncation (a frequent cause of format errors)."""
+    tokens = [r.completion_tokens for r in records if r.completion_tokens is not None]
+    prompts = [r.prompt_tokens for r in records if r.prompt_tokens is not None]
+    seconds = [r.generation_s for r in records if r.generation_s is not None]
+    reasons = Counter(r.finish_reason or "unknown" for r in records)
+    return {
+        "attempts": len(records),
+        "finish_reasons": dict(sorted(reasons.items())),
+        "truncated": reasons.get("length", 0),
+        "mean_completion_tokens": mean(tokens) if tokens else None,
+        "max_completion_tokens": max(tokens) if tokens else None,
+        "mean_prompt_tokens": mean(prompts) if prompts else None,
+        "max_prompt_tokens": max(prompts) if prompts else None,
+        "mean_generation_s": mean(seconds) if seconds else None,
+    }

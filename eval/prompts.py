@@ -1,0 +1,267 @@
+"""Prompts in the KernelBench style: the task's PyTorch reference, a one-shot example for the
+backend, and the instruction to answer with a ``ModelNew`` in one code block.
+
+Why KernelBench's wording: numbers from a sweep are only comparable with published KernelBench
+numbers when the model sees the same kind of prompt. A template file can replace it
+(``string.Template`` placeholders, because kernel code is full of ``{}``):
+
+- ``$reference``: the task's source (kernelrl metadata removed),
+- ``$backend_name``: "Triton" or "CUDA",
+- ``$example_reference`` / ``$example_solution``: the one-shot pair of the backend,
+- ``$example``: the whole one-shot paragraph (empty when ``one_shot`` is off).
+
+Refinement turns continue the conversation: the earlier attempt as the assistant's message,
+then the environment's feedback and the request to improve.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernelrl.env.task import Task
+
+BACKEND_NAMES = {"triton": "Triton", "cuda": "CUDA"}
+
+EXAMPLE_REFERENCE = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, a, b):
+        return a + b
+
+
+def get_inputs():
+    a = torch.randn(1, 128)
+    b = torch.randn(1, 128)
+    return [a, b]
+
+
+def get_init_inputs():
+    return []
+"""
+
+EXAMPLE_SOLUTIONS = {
+    "triton": """import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_kernel(a_ptr, b_ptr, out_ptr, n_elements, BLOCK_SIZE: tl.constexpr):
+    pid = tl.program_id(0)
+    offsets = pid * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    a = tl.load(a_ptr + offsets, mask=mask)
+    b = tl.load(b_ptr + offsets, mask=mask)
+    tl.store(out_ptr + offsets, a + b, mask=mask)
+
+
+def elementwise_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a = a.contiguous()
+    b = b.contiguous()
+    out = torch.empty_like(a)
+    n_elements = out.numel()
+    grid = (triton.cdiv(n_elements, 1024),)
+    add_kernel[grid](a, b, out, n_elements, BLOCK_SIZE=1024)
+    return out
+
+
+class ModelNew(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, a, b):
+        return elementwise_add(a, b)
+""",
+    "cuda": '''import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_source = r"""
+#include <torch/extension.h>
+#include <cuda_runtime.h>
+
+__global__ void elementwise_add_kernel(const float* a, const float* b, float* out, int64_t n) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] + b[i];
+}
+
+torch::Tensor elementwise_add(torch::Tensor a, torch::Tensor b) {
+    auto a_c = a.contiguous();
+    auto b_c = b.contiguous();
+    auto out = torch::empty_like(a_c);
+    int64_t n = a_c.numel();
+    const int threads = 256;
+    const int blocks = (int)((n + threads - 1) / threads);
+    elementwise_add_kernel<<<blocks, threads>>>(
+        a_c.data_ptr<float>(), b_c.data_ptr<float>(), out.data_ptr<float>(), n);
+    return out;
+}
+"""
+
+cpp_source = "torch::Tensor elementwise_add(torch::Tensor a, torch::Tensor b);"
+
+elementwise_add = load_inline(
+    name="elementwise_add",
+    cpp_sources=cpp_source,
+    cuda_sources=cuda_source,
+    functions=["elementwise_add"],
+    verbose=False,
+)
+
+
+class ModelNew(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+
+    def forward(self, a, b):
+        return elementwise_add.elementwise_add(a, b)
+''',
+}
+
+_HOW = {
+    "triton": "Triton kernels (``@triton.jit`` functions launched from ``forward``)",
+    "cuda": "CUDA kernels embedded inline with ``torch.utils.cpp_extension.load_inline``",
+}
+
+DEFAULT_TEMPLATE = """Task: make a PyTorch module faster by writing $backend_name kernels.
+
+Below is a module named Model. Write a module named ModelNew that computes the same outputs from \
+the same inputs, with the same constructor arguments, and does its main work in your own \
+$backend_name kernels. Which operators you replace is up to you: one kernel per operator, one \
+fused kernel for several of them (a matmul with its activation, say), or a different algorithm \
+for the same result (an online softmax, say). Outputs are checked against Model on fresh random \
+inputs, then timed.
+$example
+The module to speed up:
+
+```python
+$reference
+```
+
+Answer with the complete code of ModelNew (imports, kernels and the module) in one ```python \
+code block. The code must run as it is: no pseudocode, no placeholders, no test or benchmark \
+code.
+"""
+
+EXAMPLE_PARAGRAPH = """
+How $how looks, on a small example. This module:
+
+```python
+$example_reference
+```
+
+becomes:
+
+```python
+$example_solution
+```
+"""
+
+REFINE_MESSAGE = """Your answer was evaluated. Result:
+
+$feedback
+
+Improve ModelNew: fix every problem reported above, and make it faster if it is already \
+correct. Output the complete new code in a single ```python code block."""
+
+
+def strip_metadata(source: str) -> str:
+    """The task source without the ``KERNELRL = {...}`` literal and the comment above it:
+    evaluation metadata (CPU sizes, tolerances) is not part of the problem."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    lines = source.splitlines()
+    drop: set[int] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "KERNELRL" for t in node.targets
+        ):
+            start = node.lineno - 1
+            while start > 0 and lines[start - 1].lstrip().startswith("#"):
+                start -= 1
+            drop.update(range(start, node.end_lineno or node.lineno))
+    kept = [line for i, line in enumerate(lines) if i not in drop]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip() + "\n"
+
+
+def strip_reasoning(completion: str) -> str:
+    """An earlier answer as it goes back into the conversation: reasoning is not kept."""
+    text = re.sub(r"<think>.*?</think>", "", completion, flags=re.S | re.I)
+    closing = text.lower().rfind("</think>")
+    return text[closing + len("</think>") :].strip() if closing >= 0 else text.strip()
+
+
+@dataclass
+class PromptBuilder:
+    """Builds the first prompt of a task and the conversation of a refinement turn."""
+
+    backend: str = "triton"
+    template: str = DEFAULT_TEMPLATE
+    one_shot: bool = True
+    system_prompt: str = ""
+    history_turns: int = 1
+
+    @classmethod
+    def from_file(cls, path: str | Path | None, **kwargs: object) -> PromptBuilder:
+        if not path:
+            return cls(**kwargs)  # type: ignore[arg-type]
+        try:
+            template = Path(path).read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read prompt template {path}: {exc.strerror or exc}") from exc
+        return cls(template=template, **kwargs)  # type: ignore[arg-type]
+
+    def _values(self, task: Task) -> dict[str, str]:
+        name = BACKEND_NAMES[self.backend]
+        example_solution = EXAMPLE_SOLUTIONS[self.backend].strip()
+        values = {
+            "backend_name": name,
+            "how": _HOW[self.backend],
+            "example_reference": EXAMPLE_REFERENCE.strip(),
+            "example_solution": example_solution,
+            "reference": strip_metadata(task.source).strip(),
+        }
+        values["example"] = (
+            string.Template(EXAMPLE_PARAGRAPH).substitute(values) if self.one_shot else ""
+        )
+        return values
+
+    def first_prompt(self, task: Task) -> str:
+        try:
+            return string.Template(self.template).substitute(self._values(task))
+        except KeyError as exc:
+            raise ValueError(f"prompt template: unknown placeholder ${exc.args[0]}") from exc
+        except ValueError as exc:
+            raise ValueError(f"prompt template: {exc} (write $$ for a literal $)") from exc
+
+    def conversation(
+        self, task: Task, attempts: Sequence[tuple[str, str]] = ()
+    ) -> list[dict[str, str]]:
+        """Chat messages for the next turn. ``attempts``: earlier (completion, feedback) pairs,
+        oldest first; only the last ``history_turns`` of them are shown."""
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": self.first_prompt(task)})
+        for completion, feedback in list(attempts)[-self.history_turns :] if attempts else []:
+            messages.append({"role": "assistant", "content": strip_reasoning(completion)})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": string.Template(REFINE_MESSAGE).substitute(
+                        feedback=feedback.strip() or "(no feedback)"
+                    ),
+                }
+            )
+        return messages

@@ -1,0 +1,105 @@
+"""One sample of a sweep, and the JSONL file that stores all of them.
+
+``samples.jsonl`` is the sweep's store: one line per (task, sample, turn), appended and flushed
+as soon as its evaluation finishes. A sweep that is killed restarts by reading it back and
+skipping every key already there; a torn last line (the process died mid-write) is ignored and
+rewritten. Reports are computed from this file alone, so they can be rebuilt at any time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.env.result import EvalResult
+
+Key = tuple[str, int, int]  # (task_id, sample, turn)
+
+SAMPLES_FILE = "samples.jsonl"  # the store
+CONFIG_FILE = "config.json"  # the settings the samples were made with
+
+
+@dataclass
+class SampleRecord:
+    task_id: str
+    sample: int
+    turn: int
+    result: EvalResult
+    completion: str = ""
+    level: int | None = None
+    category: str = ""
+    finish_reason: str = ""
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    generation_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> Key:
+        return (self.task_id, self.sample, self.turn)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["result"] = self.result.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SampleRecord:
+        data = dict(data)
+        data["result"] = EvalResult.from_dict(data["result"])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def read_records(path: str | Path) -> list[SampleRecord]:
+    """Every complete record of a samples file; a later duplicate key replaces an earlier one."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records: dict[Key, SampleRecord] = {}
+    with path.open() as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = SampleRecord.from_dict(json.loads(line))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                if not line.endswith("\n"):
+                    break  # torn last line of a killed run
+                raise ValueError(f"{path}:{number}: not a sample record ({exc})") from exc
+            records[record.key] = record
+    return list(records.values())
+
+
+class SamplesFile:
+    """Append-only JSONL store of SampleRecords, safe to write from pool callback threads."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._truncate_torn_tail()
+
+    def _truncate_torn_tail(self) -> None:
+        """Cut a partial last line (no newline) so the next append starts on a fresh line."""
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with self.path.open("r+b") as handle:
+                handle.truncate(cut)
+
+    def load(self) -> dict[Key, SampleRecord]:
+        return {record.key: record for record in read_records(self.path)}
+
+    def append(self, record: SampleRecord) -> None:
+        line = json.dumps(record.to_dict(), sort_keys=True) + "\n"
+        with self._lock, self.path.open("a") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())

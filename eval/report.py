@@ -1,0 +1,368 @@
+"""A sweep's report: ``summary.json`` (every number), ``report.md`` (tables), ``plots/``.
+
+Everything is computed from the results folder alone (``samples.jsonl`` + ``config.json``), so
+a report can be rebuilt, or two runs compared, long after the sweep ran.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kernelrl.eval.metrics import FAST_P, StatsConfig, sweep_summary
+from kernelrl.eval.records import CONFIG_FILE, SAMPLES_FILE, SampleRecord, read_records
+
+
+# ---------------------------------------------------------------------------------- formatting
+def fmt_rate(estimate: dict[str, Any] | None, counts: bool = True) -> str:
+    if not estimate or estimate.get("value") is None:
+        return "n/a"
+    text = f"{estimate['value']:.1%}"
+    if estimate.get("low") is not None and estimate.get("high") is not None:
+        text += f" [{estimate['low']:.1%}, {estimate['high']:.1%}]"
+    if counts and estimate.get("count") is not None:
+        text += f" ({estimate['count']}/{estimate['n']})"
+    return text
+
+
+def fmt_speedup(estimate: dict[str, Any] | None) -> str:
+    if not estimate or estimate.get("value") is None:
+        return "n/a"
+    text = f"{estimate['value']:.2f}x"
+    if estimate.get("low") is not None and estimate.get("high") is not None:
+        text += f" [{estimate['low']:.2f}, {estimate['high']:.2f}]"
+    return text + f" (n={estimate['n']})"
+
+
+def fmt_pass(estimate: dict[str, Any] | None) -> str:
+    if not estimate or estimate.get("value") is None:
+        return "n/a"
+    text = f"{estimate['value']:.1%}"
+    if estimate.get("low") is not None:
+        text += f" [{estimate['low']:.1%}, {estimate['high']:.1%}]"
+    return text + f" ({estimate['n']} tasks)"
+
+
+def _num(value: float | None, pattern: str = ".2f", suffix: str = "x") -> str:
+    return "-" if value is None else f"{value:{pattern}}{suffix}"
+
+
+def headline_rows(overall: dict[str, Any]) -> list[tuple[str, str]]:
+    """(metric, formatted value) rows of one view's overall summary."""
+    rows = [
+        ("parse rate", fmt_rate(overall["parse_rate"])),
+        ("compile rate", fmt_rate(overall["compile_rate"])),
+        ("correct", fmt_rate(overall["correct_rate"])),
+        ("integrity violations", fmt_rate(overall["integrity_rate"])),
+    ]
+    for baseline in ("eager", "compile"):
+        for p in FAST_P:
+            rows.append(
+                (f"fast_{p:g} vs {baseline}", fmt_rate(overall["fast_p"][baseline][f"{p:g}"]))
+            )
+    for baseline in ("eager", "compile"):
+        rows.append(
+            (
+                f"geomean speedup vs {baseline} (correct)",
+                fmt_speedup(overall["geomean_speedup"][baseline]),
+            )
+        )
+    for k, estimate in overall["pass_at_k"].items():
+        rows.append((f"pass@{k}", fmt_pass(estimate)))
+    return rows
+
+
+def _group_table(groups: dict[str, dict[str, Any]], label: str) -> str:
+    rows = [
+        (
+            name,
+            s["tasks"],
+            fmt_rate(s["compile_rate"], counts=False),
+            fmt_rate(s["correct_rate"]),
+            fmt_rate(s["fast_p"]["eager"]["1"], counts=False),
+            fmt_rate(s["fast_p"]["compile"]["1"], counts=False),
+            fmt_speedup(s["geomean_speedup"]["eager"]),
+            fmt_pass(s["pass_at_k"].get("1")),
+        )
+        for name, s in groups.items()
+    ]
+    header = [label, "tasks", "compiled", "correct", "fast_1 eager", "fast_1 compile"]
+    return _table(header + ["geomean vs eager", "pass@1"], rows)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- building
+def stats_config(config: dict[str, Any]) -> StatsConfig:
+    samples = int(config.get("samples", 1))
+    pass_ks = sorted(set(config.get("pass_k") or [1, samples]))
+    return StatsConfig(
+        pass_ks=pass_ks,
+        confidence=float(config.get("confidence", 0.95)),
+        bootstrap_samples=int(config.get("bootstrap_samples", 2000)),
+        seed=int(config.get("seed", 0)),
+    )
+
+
+def load_run(folder: str | Path) -> tuple[dict[str, Any], list[SampleRecord]]:
+    folder = Path(folder)
+    samples = folder / SAMPLES_FILE
+    if not samples.exists():
+        raise ValueError(f"{folder} is not a sweep results folder (no {SAMPLES_FILE})")
+    config_path = folder / CONFIG_FILE
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    return config, read_records(samples)
+
+
+def run_metadata(
+    config: dict[str, Any], records: Sequence[SampleRecord], folder: Path
+) -> dict[str, Any]:
+    results = [r.result for r in records]
+    devices = Counter(r.device_name or r.device for r in results)
+    versions = next((r.versions for r in results if r.versions), {})
+    return {
+        "run_name": config.get("run_name") or folder.name,
+        "client": config.get("client", ""),
+        "model": config.get("model_name_or_path") or config.get("served_model_name") or "",
+        "fixed_solutions": config.get("fixed_solutions") or [],
+        "backend": config.get("backend", ""),
+        "benchmark": config.get("benchmark", ""),
+        "benchmark_path": config.get("benchmark_path", ""),
+        "tasks": len({r.task_id for r in records}),
+        "samples": config.get("samples"),
+        "turns": config.get("turns"),
+        "temperature": config.get("temperature"),
+        "max_tokens": config.get("max_tokens"),
+        "attempts": len(records),
+        "devices": dict(devices),
+        "timing_meaningful": any(r.timing_meaningful for r in results),
+        "versions": versions,
+        "generated_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def build_summary(folder: str | Path) -> tuple[dict[str, Any], list[SampleRecord], dict[str, Any]]:
+    folder = Path(folder)
+    config, records = load_run(folder)
+    summary = sweep_summary(records, stats_config(config))
+    summary["run"] = run_metadata(config, records, folder)
+    summary["examples"] = first_errors(records)
+    return summary, records, config
+
+
+def first_errors(records: Sequence[SampleRecord], width: int = 160) -> dict[str, dict[str, Any]]:
+    """One example per failure status (the first in task order), its error on one line."""
+    examples: dict[str, dict[str, Any]] = {}
+    for record in sorted(records, key=lambda r: (r.turn, r.task_id, r.sample)):
+        status = str(record.result.status)
+        if record.result.correct or status in examples:
+            continue
+        error = " ".join((record.result.error or record.result.feedback).split())
+        examples[status] = {
+            "task_id": record.task_id,
+            "sample": record.sample,
+            "turn": record.turn,
+            "error": error[:width].replace("`", "'") + ("..." if len(error) > width else ""),
+        }
+    return dict(sorted(examples.items()))
+
+
+def markdown(
+    summary: dict[str, Any], plots: dict[str, Path] | None = None, folder: Path | None = None
+) -> str:
+    run = summary["run"]
+    last, best = summary["views"]["last"], summary["views"]["best"]
+    multi_turn = summary["max_turns"] > 1
+    out = [f"# Evaluation sweep: {run['run_name']}", ""]
+    who = run["model"] or ", ".join(run["fixed_solutions"]) or "?"
+    out += [
+        _table(
+            ["setting", "value"],
+            [
+                ("generation", f"{run['client']}: {who}"),
+                ("benchmark", f"{run['benchmark']} {run['benchmark_path']}".strip()),
+                ("backend", run["backend"]),
+                ("tasks / attempts", f"{run['tasks']} / {run['attempts']}"),
+                ("samples per task, turns", f"{run['samples']}, {run['turns']}"),
+                ("temperature, max tokens", f"{run['temperature']}, {run['max_tokens']}"),
+                ("evaluated on", ", ".join(f"{k} ({v})" for k, v in run["devices"].items())),
+                ("versions", ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()))),
+                ("report written", run["generated_at"]),
+            ],
+        ),
+        "",
+    ]
+    if not run["timing_meaningful"]:
+        out += [
+            "> Timings are not meaningful on this device (CPU, Triton interpreter): fast_p for "
+            "p > 0 and speedups are n/a; fast_0 is the correctness rate.",
+            "",
+        ]
+    out += ["## Headline", ""]
+    head_last, head_best = headline_rows(last["overall"]), headline_rows(best["overall"])
+    if multi_turn:
+        rows = [(m, a, b) for (m, a), (_, b) in zip(head_last, head_best, strict=True)]
+        out += [_table(["metric", "last turn", "best turn"], rows), ""]
+    else:
+        out += [_table(["metric", "value"], head_last), ""]
+    out += [
+        "Rates are over attempts (tasks x samples) with Wilson intervals; pass@k uses the "
+        "unbiased estimator with a bootstrap over tasks; speedups are geometric means over "
+        "correct attempts with a bootstrap interval. fast_p = correct and speedup > p.",
+        "",
+    ]
+    view_name = "best turn" if multi_turn else "all attempts"
+    view = best if multi_turn else last
+    if view["levels"]:
+        out += [f"## Per level ({view_name})", "", _group_table(view["levels"], "level"), ""]
+    if view["categories"]:
+        out += [
+            f"## Per category ({view_name})",
+            "",
+            _group_table(view["categories"], "category"),
+            "",
+        ]
+    if multi_turn:
+        out += ["## Turn by turn", ""]
+        rows = [
+            (
+                p["turn"] + 1,
+                p["attempts"],
+                fmt_rate(p["correct_at_turn"]),
+                fmt_rate(p["best_so_far"]["compile_rate"], counts=False),
+                fmt_rate(p["best_so_far"]["correct_rate"]),
+                fmt_rate(p["best_so_far"]["fast_p"]["eager"]["1"], counts=False),
+                fmt_speedup(p["best_so_far"]["geomean_speedup"]["eager"]),
+            )
+            for p in summary["turns"]
+        ]
+        header = [
+            "turn",
+            "attempts",
+            "correct at turn",
+            "compiled (best so far)",
+            "correct (best so far)",
+            "fast_1 eager (best so far)",
+            "geomean vs eager (best so far)",
+        ]
+        out += [_table(header, rows), ""]
+    out += ["## Outcomes of every attempt", ""]
+    table = summary["outcomes"]
+    total = sum(c.get("all", 0) for c in table.values()) or 1
+    turns = [str(t + 1) for t in range(summary["max_turns"])]
+    if multi_turn:
+        rows = [
+            (k, *(c.get(t, 0) for t in turns), c["all"], f"{c['all'] / total:.1%}")
+            for k, c in table.items()
+        ]
+        out += [_table(["status", *(f"turn {t}" for t in turns), "all", "share"], rows), ""]
+    else:
+        rows = [(k, c["all"], f"{c['all'] / total:.1%}") for k, c in table.items()]
+        out += [_table(["status", "attempts", "share"], rows), ""]
+    examples = summary.get("examples") or {}
+    if examples:
+        out += ["First error of each kind:", ""]
+        for status, example in examples.items():
+            where = f"{example['task_id']} sample {example['sample']} turn {example['turn'] + 1}"
+            out.append(f"- `{status}` ({where}): {example['error']}")
+        out.append("")
+    generation = summary["generation"]
+    if generation["mean_completion_tokens"] is not None:
+        out += ["## Generation", ""]
+        reasons = ", ".join(f"{k} {v}" for k, v in generation["finish_reasons"].items())
+        out += [
+            _table(
+                ["", "value"],
+                [
+                    ("finish reasons", reasons),
+                    (
+                        "completion tokens (mean / max)",
+                        f"{generation['mean_completion_tokens']:.0f} / {generation['max_completion_tokens']}",
+                    ),
+                    (
+                        "prompt tokens (mean / max)",
+                        f"{generation['mean_prompt_tokens']:.0f} / {generation['max_prompt_tokens']}",
+                    ),
+                    (
+                        "generation seconds per attempt (mean)",
+                        _num(generation["mean_generation_s"], ".2f", " s"),
+                    ),
+                ],
+            ),
+            "",
+        ]
+        if generation["truncated"]:
+            out += [
+                f"{generation['truncated']} of {generation['attempts']} completions stopped at "
+                "max_tokens (finish reason `length`); a truncated answer usually has no complete "
+                "code block.",
+                "",
+            ]
+    out += [f"## Per task ({view_name})", ""]
+    rows = [
+        (
+            t["task_id"],
+            "-" if t["level"] is None else t["level"],
+            f"{t['correct']}/{t['samples']}",
+            _num(t["best_speedup_vs_eager"]),
+            _num(t["best_speedup_vs_compile"]),
+            ", ".join(f"{k} {v}" for k, v in t["statuses"].items()),
+        )
+        + ((("-" if t["best_turn"] is None else t["best_turn"] + 1),) if multi_turn else ())
+        for t in view["tasks"]
+    ]
+    header = ["task", "level", "correct", "best vs eager", "best vs compile", "statuses"]
+    out += [_table(header + (["first correct turn"] if multi_turn else []), rows), ""]
+    if plots:
+        out += ["## Plots", ""]
+        for title, path in plots.items():
+            target = path.relative_to(folder) if folder else path
+            out += [f"![{title}]({target.as_posix()})", ""]
+    return "\n".join(out)
+
+
+def write_report(folder: str | Path, plots: bool = True) -> dict[str, Any]:
+    """(Re)build summary.json, report.md and the plots of a results folder; returns the summary."""
+    folder = Path(folder)
+    summary, records, _ = build_summary(folder)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    plot_paths: dict[str, Path] = {}
+    if plots and records:
+        from kernelrl.eval.plots import write_plots
+
+        plot_paths = write_plots(records, summary, folder / "plots")
+    (folder / "report.md").write_text(markdown(summary, plot_paths, folder))
+    return summary
+
+
+def console_table(summary: dict[str, Any]) -> Table:
+    multi_turn = summary["max_turns"] > 1
+    table = Table(title=f"kernelrl eval: {summary['run']['run_name']}")
+    table.add_column("metric")
+    if multi_turn:
+        table.add_column("last turn", justify="right")
+        table.add_column("best turn", justify="right")
+        last = headline_rows(summary["views"]["last"]["overall"])
+        best = headline_rows(summary["views"]["best"]["overall"])
+        for (metric, a), (_, b) in zip(last, best, strict=True):
+            table.add_row(metric, a, b)
+    else:
+        table.add_column("value", justify="right")
+        for metric, value in headline_rows(summary["views"]["last"]["overall"]):
+            table.add_row(metric, value)
+    return table
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    console.print(console_table(summary))

@@ -1,0 +1,358 @@
+"""The sweep loop: prompts -> generation -> environment -> samples.jsonl, turn by turn.
+
+Generation and evaluation overlap: a batch of completions is handed to the pool (which returns
+futures at once) and the next batch is generated while the pool works; each result is written
+to ``samples.jsonl`` the moment it arrives. Turn t+1 of a sample needs the feedback of its turn
+t, so turns are sequential: every evaluation of turn t finishes before turn t+1 starts.
+
+Resuming: the store is read first and every (task, sample, turn) already there is skipped, so
+a killed sweep restarts where it stopped. The folder's ``config.json`` records the settings
+that define the samples; resuming with different ones is refused (their samples would not be
+comparable), ``overwrite`` starts over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from kernelrl.env.result import EvalResult
+from kernelrl.env.task import Task
+from kernelrl.eval.clients import Generation, GenerationClient, Request
+from kernelrl.eval.config import EvalSweepConfig
+from kernelrl.eval.prompts import PromptBuilder
+from kernelrl.eval.records import CONFIG_FILE, SAMPLES_FILE, Key, SampleRecord, SamplesFile
+
+OUTPUT_FILES = (SAMPLES_FILE, CONFIG_FILE, "summary.json", "report.md")
+
+
+def sample_seed(base: int, task_id: str, sample: int, turn: int) -> int:
+    digest = hashlib.sha256(f"{base}:{task_id}:{sample}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def check_resumable(config: EvalSweepConfig) -> None:
+    """Refuse to add samples to a folder whose sweep was made with different settings."""
+    folder = Path(config.output_dir)
+    config_path = folder / CONFIG_FILE
+    if config.overwrite or not (config_path.exists() and (folder / SAMPLES_FILE).exists()):
+        return
+    previous = json.loads(config_path.read_text())
+    identity = config.identity()
+    changed = sorted(k for k in identity if previous.get(k) != identity[k])
+    if changed:
+        raise ValueError(
+            f"{folder} holds a sweep made with different {', '.join(changed)}; "
+            "use another output_dir, or overwrite: true to start over"
+        )
+
+
+def prepare_output(config: EvalSweepConfig) -> Path:
+    """Create or reopen the results folder (``overwrite`` empties it first)."""
+    check_resumable(config)
+    folder = Path(config.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    if config.overwrite:
+        for name in OUTPUT_FILES:
+            (folder / name).unlink(missing_ok=True)
+        for plot in (folder / "plots").glob("*.png"):
+            plot.unlink()
+    (folder / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    return folder
+
+
+@dataclass
+class SweepOutcome:
+    records: list[SampleRecord]
+    folder: Path
+    new_records: int = 0
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Sweep:
+    def __init__(
+        self,
+        config: EvalSweepConfig,
+        tasks: Sequence[Task],
+        client: GenerationClient | None,
+        pool: Any,
+        console: Console | None = None,
+    ) -> None:
+        self.config = config
+        self.tasks = list(tasks)
+        self.client = client
+        self.pool = pool
+        self.console = console or Console(stderr=True)
+        self.prompts = PromptBuilder.from_file(
+            config.prompt_template,
+            backend=config.backend,
+            one_shot=config.one_shot,
+            system_prompt=config.system_prompt,
+            history_turns=config.history_turns,
+        )
+        samples_for = getattr(client, "samples_for", None)
+        self.samples = {
+            t.id: (samples_for(t.id) if callable(samples_for) else config.samples)
+            for t in self.tasks
+        }
+        self.skipped_tasks = [t.id for t in self.tasks if self.samples[t.id] == 0]
+        self.tasks = [t for t in self.tasks if self.samples[t.id] > 0]
+        self._lock = threading.Lock()
+        self.records: dict[Key, SampleRecord] = {}
+        self.failures: list[str] = []
+
+    # ------------------------------------------------------------------ planning
+    def _wants(self, task: Task, sample: int, turn: int) -> bool:
+        """Whether (task, sample, turn) should be generated now (and is not done)."""
+        if (task.id, sample, turn) in self.records:
+            return False
+        if turn > 0:
+            previous = self.records.get((task.id, sample, turn - 1))
+            if previous is None:
+                return False  # the sample ended earlier (or its evaluation failed)
+            if self.config.stop_on_correct and previous.result.correct:
+                return False
+        return self.client is None or self.client.available(task.id, sample, turn)
+
+    def _history(self, task: Task, sample: int, turn: int) -> list[tuple[str, str]]:
+        attempts = []
+        for t in range(turn):
+            record = self.records.get((task.id, sample, t))
+            if record is not None:  # present unless someone edited the store by hand
+                attempts.append((record.completion, record.result.feedback))
+        return attempts
+
+    def _planned(self, next_turn: int = 0) -> int:
+        """Attempts still expected, counting future turns of live samples (an upper bound).
+        Turns before ``next_turn`` are finished: an attempt missing there ended its sample."""
+        total = 0
+        for task in self.tasks:
+            for sample in range(self.samples[task.id]):
+                for turn in range(self.config.turns):
+                    key = (task.id, sample, turn)
+                    if key in self.records:
+                        continue
+                    if turn < next_turn:
+                        break
+                    previous = self.records.get((task.id, sample, turn - 1)) if turn else None
+                    if (
+                        previous is not None
+                        and self.config.stop_on_correct
+                        and previous.result.correct
+                    ):
+                        break
+                    if not self.client.available(task.id, sample, turn):
+                        break
+                    total += 1
+        return total
+
+    def pending(self) -> int:
+        """Attempts a run would generate now, from the results folder alone (no model needed):
+        a resumed sweep that is complete does not start an inference engine for nothing."""
+        check_resumable(self.config)
+        samples = Path(self.config.output_dir) / SAMPLES_FILE
+        if self.config.overwrite or not samples.exists():
+            self.records = {}
+        else:
+            known = {t.id for t in self.tasks}
+            self.records = {k: r for k, r in SamplesFile(samples).load().items() if k[0] in known}
+        return sum(
+            self._wants(task, sample, turn)
+            for turn in range(self.config.turns)
+            for task in self.tasks
+            for sample in range(self.samples[task.id])
+        )
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> SweepOutcome:
+        started = time.perf_counter()
+        folder = prepare_output(self.config)
+        store = SamplesFile(folder / SAMPLES_FILE)
+        known_tasks = {t.id for t in self.tasks}
+        self.records = {k: r for k, r in store.load().items() if k[0] in known_tasks}
+        resumed = len(self.records)
+        if resumed:
+            self.console.print(
+                f"resuming {folder}: {resumed} attempts already done", soft_wrap=True
+            )
+        if self.skipped_tasks:
+            self.console.print(
+                f"[yellow]{len(self.skipped_tasks)} tasks have no fixed solution and are skipped"
+                f"[/yellow]: {', '.join(self.skipped_tasks[:8])}"
+                + (" ..." if len(self.skipped_tasks) > 8 else "")
+            )
+        new = 0
+        columns = (
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            planned = self._planned()
+            generate_bar = progress.add_task("generate", total=planned)
+            evaluate_bar = progress.add_task("evaluate", total=planned)
+            for turn in range(self.config.turns):
+                pending = [
+                    (task, sample)
+                    for task in self.tasks
+                    for sample in range(self.samples[task.id])
+                    if self._wants(task, sample, turn)
+                ]
+                if not pending:
+                    continue
+                progress.update(generate_bar, description=f"generate (turn {turn + 1})")
+                progress.update(evaluate_bar, description=f"evaluate (turn {turn + 1})")
+                futures: list[Future[None]] = []
+                batch_size = max(1, self.config.generation_batch)
+                for start in range(0, len(pending), batch_size):
+                    batch = pending[start : start + batch_size]
+                    submitted = self._generate_and_submit(
+                        batch, turn, store, progress, evaluate_bar
+                    )
+                    progress.advance(generate_bar, len(batch))
+                    if not self.config.overlap:
+                        wait(submitted)  # the GPU is quiet while kernels are timed
+                    futures.extend(submitted)
+                wait(futures)
+                new += len(futures)
+                # Future turns of samples that stopped (correct, or no fixed completion) shrink
+                # the plan; keep the bars honest.
+                remaining = self._planned(turn + 1)
+                for bar in (generate_bar, evaluate_bar):
+                    done = progress.tasks[bar].completed
+                    progress.update(bar, total=done + remaining)
+        records = sorted(self.records.values(), key=lambda r: (r.task_id, r.sample, r.turn))
+        return SweepOutcome(
+            records, folder, new - len(self.failures), self.failures, time.perf_counter() - started
+        )
+
+    def _generate_and_submit(
+        self,
+        batch: Sequence[tuple[Task, int]],
+        turn: int,
+        store: SamplesFile,
+        progress: Progress,
+        bar: Any,
+    ) -> list[Future[None]]:
+        requests = [
+            Request(
+                task.id,
+                sample,
+                turn,
+                self.prompts.conversation(task, self._history(task, sample, turn)),
+                sample_seed(self.config.seed, task.id, sample, turn),
+            )
+            for task, sample in batch
+        ]
+        started = time.perf_counter()
+        generations = self.client.generate(requests)
+        if len(generations) != len(requests):
+            raise RuntimeError(
+                f"{self.client.name} returned {len(generations)} completions for {len(requests)} prompts"
+            )
+        seconds = (time.perf_counter() - started) / len(requests)
+        futures = self.pool.submit([task for task, _ in batch], [g.text for g in generations])
+        # Resolved once the record is written (a pool future resolves before its callbacks
+        # run): the next turn must see every record of this one.
+        written: list[Future[None]] = []
+        for future, (task, sample), generation in zip(futures, batch, generations, strict=True):
+            done: Future[None] = Future()
+            written.append(done)
+            future.add_done_callback(
+                lambda f, t=task, s=sample, g=generation, d=done: self._finished(
+                    f, t, s, turn, g, seconds, store, progress, bar, d
+                )
+            )
+        return written
+
+    def _finished(
+        self,
+        future: Future[EvalResult],
+        task: Task,
+        sample: int,
+        turn: int,
+        generation: Generation,
+        seconds: float,
+        store: SamplesFile,
+        progress: Progress,
+        bar: Any,
+        done: Future[None],
+    ) -> None:
+        """Pool callback thread: persist the attempt at once."""
+        try:
+            self._record(future, task, sample, turn, generation, seconds, store)
+        except Exception as exc:  # not evaluated (e.g. a broken task), or not written
+            with self._lock:
+                self.failures.append(f"{task.id} sample {sample} turn {turn}: {exc}")
+        finally:
+            progress.advance(bar)
+            done.set_result(None)
+
+    def _record(
+        self,
+        future: Future[EvalResult],
+        task: Task,
+        sample: int,
+        turn: int,
+        generation: Generation,
+        seconds: float,
+        store: SamplesFile,
+    ) -> None:
+        result = future.result()
+        record = SampleRecord(
+            task_id=task.id,
+            sample=sample,
+            turn=turn,
+            result=result,
+            completion=generation.text,
+            level=task.level,
+            category=task.category,
+            finish_reason=generation.finish_reason,
+            prompt_tokens=generation.prompt_tokens,
+            completion_tokens=generation.completion_tokens,
+            generation_s=round(seconds, 4),
+            extra=dict(generation.extra),
+        )
+        store.append(record)
+        with self._lock:
+            self.records[record.key] = record
+
+
+def make_pool(config: EvalSweepConfig) -> Any:
+    """The environment pool a sweep evaluates with: a LocalPool on this machine, behind the
+    shared results store when ``cache_db`` is set (a solution already evaluated on this device
+    with these library versions is not evaluated again)."""
+    from kernelrl.env.evaluator import EvalConfig
+    from kernelrl.env.pool import LocalPool
+
+    pool = LocalPool(
+        EvalConfig(device=config.device, timeout_s=config.eval_timeout_s),
+        workers=config.eval_workers or None,
+    )
+    if not config.cache_db:
+        return pool
+    from kernelrl.env.cached_pool import CachedPool
+    from kernelrl.env.store import ResultsStore
+
+    return CachedPool(pool, ResultsStore(config.cache_db))

@@ -1,0 +1,132 @@
+"""``kernelrl curate``: dataset curation from a recipe.
+
+    kernelrl curate --config recipes/curate/smoke_cpu.yaml [--key value ...]
+
+Recipes are flat YAML files parsed the TRL way (``trl.TrlParser`` over ``CurateConfig``):
+YAML keys set the defaults, ``--key value`` flags override them. The subparser takes every
+word after ``curate`` verbatim (prefix character ``+``) because only the recipe's dataclass
+knows the flags. A missing or malformed recipe, an unknown key or a bad value is one line on
+stderr and exit code 2 (``ValueError`` handled by ``kernelrl.launch.cli.main``).
+
+Model handling lives here, not in ``kernelrl.data`` (dependency arrows): with
+``pass_rate_model`` set, the model name is resolved (``launch.models``) and a generation
+client from ``kernelrl.eval.clients`` produces the k samples per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+USAGE = """usage: kernelrl curate --config RECIPE.yaml [--key value ...]
+
+Every recipe key can be given as a flag (--output_dir runs/x --steps normalize dedup);
+`kernelrl curate --help` lists them."""
+
+
+def add_subcommand(commands: Any) -> None:
+    parser = commands.add_parser(
+        "curate",
+        help="curate datasets: validate, dedup, decontaminate, tag, select SFT data",
+        description=USAGE,
+        prefix_chars="+",
+        add_help=False,
+    )
+    parser.add_argument("words", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=_curate)
+
+
+def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str) -> tuple[Any, ...]:
+    """Dataclasses from ``--config FILE`` plus flag overrides; ValueError with one line for a
+    missing or malformed file, an unknown key or a bad value."""
+    import yaml
+    from trl import TrlParser
+
+    parser = TrlParser(dataclass_types, prog=prog)
+    if "-h" in words or "--help" in words:
+        parser.print_help()
+        raise SystemExit(0)
+    if "--config" in words:
+        index = words.index("--config")
+        if index + 1 >= len(words):
+            raise ValueError("--config needs a recipe file")
+        path = Path(words[index + 1])
+        if not path.is_file():
+            raise ValueError(f"recipe {path} does not exist")
+    try:
+        return tuple(parser.parse_args_and_config(words))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"malformed YAML in recipe: {' '.join(str(exc).split())}") from exc
+    except OSError as exc:
+        raise ValueError(f"cannot read recipe: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(" ".join(str(exc).split())) from exc
+    except SystemExit as exc:  # argparse: a flag it cannot parse (message already printed)
+        if exc.code:
+            raise ValueError(
+                "bad command-line flags for the recipe (see the message above)"
+            ) from None
+        raise
+
+
+def make_generate(config: Any) -> tuple[Any, Any]:
+    """(generate(prompts, k) -> k completions per prompt, client) for the pass-rate model."""
+    from kernelrl.eval.clients import Request, Sampling, TransformersClient, VLLMClient
+    from kernelrl.launch.models import resolve_model
+
+    model = resolve_model(config.pass_rate_model)
+    sampling = Sampling(config.pass_rate_temperature, 1.0, config.pass_rate_max_new_tokens)
+    if config.pass_rate_client == "transformers":
+        client = TransformersClient(model, sampling)
+    elif config.pass_rate_client == "vllm":
+        client = VLLMClient(model, sampling, seed=config.seed)
+    else:
+        raise ValueError(
+            f"pass_rate_client must be transformers or vllm, got {config.pass_rate_client!r}"
+        )
+
+    def generate(prompts: Sequence[list[dict[str, str]]], k: int) -> list[list[str]]:
+        requests = [
+            Request(
+                task_id=str(i),
+                sample=j,
+                turn=0,
+                messages=list(prompt),
+                seed=config.seed * 1_000_003 + i * k + j,
+            )
+            for i, prompt in enumerate(prompts)
+            for j in range(k)
+        ]
+        texts = [g.text for g in client.generate(requests)]
+        return [texts[i * k : (i + 1) * k] for i in range(len(prompts))]
+
+    return generate, client
+
+
+def _curate(args: argparse.Namespace) -> int:
+    words = list(args.words)
+    if not words:
+        print(USAGE, file=sys.stderr)
+        return 2
+    import datasets
+    from rich.console import Console
+
+    from kernelrl.data.curate.pipeline import CurateConfig, run_curation
+
+    datasets.disable_progress_bars()  # the step tables say what happened
+
+    (config,) = parse_recipe(words, (CurateConfig,), "kernelrl curate")
+    console = Console()
+    generate, client = make_generate(config) if config.pass_rate_model else (None, None)
+    try:
+        result = run_curation(
+            config, generate=generate, console=console, command="kernelrl curate " + " ".join(words)
+        )
+    finally:
+        if client is not None:
+            client.close()
+    console.print(f"dataset card: {result.card}")
+    return 0

@@ -1,0 +1,226 @@
+"""``kernelrl eval``: evaluation sweeps, reports and comparisons.
+
+    kernelrl eval --config recipes/eval/smoke_cpu.yaml [--key value ...]
+    kernelrl eval compare RUN_A RUN_B [--view best|last] [--output FILE]
+    kernelrl eval report RUN [--no-plots]
+
+``eval`` has both a direct form (a sweep from a recipe) and subcommands, and a recipe's keys
+are overridden by ``--key value`` flags that only the recipe's dataclass knows. argparse
+cannot mix optional subcommands with free-form flags, so the ``eval`` subparser takes every
+word after ``eval`` verbatim (its prefix character is ``+``, so ``--config`` is not an option
+to it) and this module dispatches: ``compare`` and ``report`` get their own small parsers, and
+anything else is a recipe parsed the TRL way (``trl.TrlParser``: YAML defaults, flags on top).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+USAGE = """usage: kernelrl eval --config RECIPE.yaml [--key value ...]   run a sweep (resumable)
+       kernelrl eval compare RUN_A RUN_B [--view best|last] [--output FILE]
+       kernelrl eval report RUN [--no-plots]                       rebuild a run's report
+
+Every recipe key can be given as a flag (--samples 4 --turns 2); `kernelrl eval --config X
+--help` lists them."""
+
+
+def add_subcommand(commands: Any) -> None:
+    parser = commands.add_parser(
+        "eval",
+        help="evaluation sweeps (kernelrl eval --config X | compare A B | report RUN)",
+        description=USAGE,
+        prefix_chars="+",
+        add_help=False,
+    )
+    parser.add_argument("words", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=_eval)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    words = list(args.words)
+    if not words or words[0] in ("-h", "--help"):
+        print(USAGE, file=sys.stdout if words else sys.stderr)
+        return 0 if words else 2
+    if words[0] == "compare":
+        return _compare(words[1:])
+    if words[0] == "report":
+        return _report(words[1:])
+    return _sweep(words)
+
+
+# ---------------------------------------------------------------------------------- recipes
+def parse_recipe(words: list[str]) -> Any:
+    """EvalSweepConfig from ``--config FILE`` plus flag overrides; ValueError with one line for
+    a missing or malformed file, an unknown key or a bad value."""
+    import yaml
+    from trl import TrlParser
+
+    from kernelrl.eval.config import EvalSweepConfig
+
+    parser = TrlParser((EvalSweepConfig,), prog="kernelrl eval")
+    if "-h" in words or "--help" in words:
+        parser.print_help()
+        raise SystemExit(0)
+    if "--config" in words:
+        index = words.index("--config")
+        if index + 1 >= len(words):
+            raise ValueError("--config needs a recipe file")
+        path = Path(words[index + 1])
+        if not path.is_file():
+            raise ValueError(f"recipe {path} does not exist")
+    try:
+        (config,) = parser.parse_args_and_config(words)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"malformed YAML in recipe: {' '.join(str(exc).split())}") from exc
+    except OSError as exc:
+        raise ValueError(f"cannot read recipe: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(" ".join(str(exc).split())) from exc
+    return config
+
+
+def _fixed_sources(config: Any) -> list[str]:
+    """``bundled`` in fixed_solutions names kernelrl's own solutions for the sweep's backend."""
+    from kernelrl.data.bundled import SOLUTIONS_DIR
+
+    return [
+        str(SOLUTIONS_DIR / config.backend) if s == "bundled" else s for s in config.fixed_solutions
+    ]
+
+
+def make_client(config: Any, task_ids: list[str]) -> Any:
+    from kernelrl.eval.clients import OpenAIClient, Sampling, TransformersClient, VLLMClient
+
+    sampling = Sampling(config.temperature, config.top_p, config.max_tokens)
+    if config.client == "fixed":
+        from kernelrl.eval.fixed import FixedSolutions
+
+        return FixedSolutions(_fixed_sources(config), task_ids)
+    if config.client == "openai":
+        return OpenAIClient(
+            config.api_base,
+            config.served_model_name,
+            sampling,
+            api_key=os.environ.get(config.api_key_env),
+            concurrency=config.request_concurrency,
+            timeout_s=config.request_timeout_s,
+        )
+    from kernelrl.launch.models import resolve_model
+
+    model = resolve_model(config.model_name_or_path)
+    if config.client == "transformers":
+        return TransformersClient(model, sampling, dtype=config.dtype)
+    return VLLMClient(
+        model,
+        sampling,
+        dtype=config.dtype,
+        max_model_len=config.max_model_len,
+        enforce_eager=config.enforce_eager,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        tensor_parallel_size=config.tensor_parallel_size,
+        seed=config.seed,
+        cpu_kv_cache_gb=config.cpu_kv_cache_gb,
+    )
+
+
+def load_tasks(config: Any) -> list[Any]:
+    from kernelrl.eval.benchmarks import load_benchmark
+
+    path = config.benchmark_path
+    if config.benchmark == "bundled" and not path:
+        from kernelrl.data.bundled import TASKS_DIR
+
+        path = str(TASKS_DIR)
+    return load_benchmark(
+        config.benchmark,
+        path,
+        config.backend,
+        config.levels,
+        config.problem_ids,
+        config.task_regex,
+        config.max_tasks,
+    )
+
+
+# ---------------------------------------------------------------------------------- commands
+def _sweep(words: list[str]) -> int:
+    from kernelrl.eval.report import print_summary, write_report
+    from kernelrl.eval.sweep import Sweep, make_pool
+
+    config = parse_recipe(words)
+    console = Console(stderr=True)
+    tasks = load_tasks(config)
+    console.print(
+        f"kernelrl eval: {len(tasks)} tasks, {config.client} "
+        f"{config.model_name_or_path or config.served_model_name or ''}".rstrip()
+        + f" -> {config.output_dir}",
+        soft_wrap=True,
+    )
+    folder = Path(config.output_dir)
+    if config.client != "fixed" and Sweep(config, tasks, None, None, console).pending() == 0:
+        console.print(f"{folder}: every attempt is done; rebuilding the report", soft_wrap=True)
+        summary = write_report(folder, plots=config.plots)
+        print_summary(summary, console)
+        return 0
+    # The model first: vLLM starts its engine processes before the pool starts threads.
+    client = make_client(config, [t.id for t in tasks])
+    try:
+        pool = make_pool(config)
+        try:
+            outcome = Sweep(config, tasks, client, pool, console).run()
+        finally:
+            pool.close()
+    finally:
+        client.close()
+    summary = write_report(outcome.folder, plots=config.plots)
+    print_summary(summary, console)
+    console.print(
+        f"{outcome.new_records} new attempts in {outcome.seconds:.0f} s; "
+        f"report: {outcome.folder / 'report.md'}",
+        soft_wrap=True,
+    )
+    for failure in outcome.failures[:10]:
+        console.print(f"[red]not evaluated[/red]: {escape(failure)}", soft_wrap=True)
+    return 1 if outcome.failures else 0
+
+
+def _compare(words: list[str]) -> int:
+    from kernelrl.eval.compare import compare_markdown, compare_runs, print_comparison
+
+    parser = argparse.ArgumentParser(
+        prog="kernelrl eval compare", description="two sweeps side by side"
+    )
+    parser.add_argument("run_a", help="results folder of run A")
+    parser.add_argument("run_b", help="results folder of run B")
+    parser.add_argument(
+        "--view", choices=["best", "last"], default="best", help="which turn of each sample"
+    )
+    parser.add_argument("--output", default="", help="also write the comparison as markdown")
+    args = parser.parse_args(words)
+    comparison = compare_runs(args.run_a, args.run_b, args.view)
+    print_comparison(comparison, Console())
+    if args.output:
+        Path(args.output).write_text(compare_markdown(comparison))
+    return 0
+
+
+def _report(words: list[str]) -> int:
+    from kernelrl.eval.report import print_summary, write_report
+
+    parser = argparse.ArgumentParser(
+        prog="kernelrl eval report", description="rebuild a run's report"
+    )
+    parser.add_argument("run", help="results folder")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(words)
+    summary = write_report(args.run, plots=not args.no_plots)
+    print_summary(summary, Console())
+    print(Path(args.run) / "report.md")
+    return 0

@@ -1,0 +1,149 @@
+"""``kernelrl sft``: supervised warm start on a curated dataset, before RL.
+
+    kernelrl sft --config recipes/smollm2/sft/smoke_cpu.yaml [--key value ...]
+    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml \\
+        -m kernelrl.launch.cli sft --config recipes/qwen3-8b/sft/kernel_sft.yaml
+
+TRL's ``SFTTrainer`` does the work; the recipe is one flat YAML parsed by ``trl.TrlParser``
+into ``SFTScriptArguments`` (which data), ``trl.SFTConfig`` (how to train) and
+``trl.ModelConfig`` (which model, LoRA). The curated rows are conversational prompt-completion
+pairs (``kernelrl.data.schema.SFT_FEATURES``), so TRL applies the model's chat template and,
+by default, computes the loss on the completion only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.launch.curate_cli import parse_recipe
+
+USAGE = """usage: kernelrl sft --config RECIPE.yaml [--key value ...]
+
+Every SFTConfig / ModelConfig / script key can be given as a flag (--max_steps 10);
+`kernelrl sft --help` lists them."""
+
+
+@dataclass
+class SFTScriptArguments:
+    """Which data to train on (the model comes from ModelConfig, the training from SFTConfig)."""
+
+    dataset_path: str = field(
+        default="", metadata={"help": "curate output dir, Parquet, saved dataset or hub id"}
+    )
+    dataset_config: str = field(
+        default="sft", metadata={"help": "config of a curated dataset (sft)"}
+    )
+    eval_fraction: float = field(
+        default=0.0, metadata={"help": "share of rows held out for evaluation"}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "use at most this many rows"}
+    )
+
+
+def add_subcommand(commands: Any) -> None:
+    parser = commands.add_parser(
+        "sft",
+        help="SFT warm start on a curated dataset (TRL SFTTrainer)",
+        description=USAGE,
+        prefix_chars="+",
+        add_help=False,
+    )
+    parser.add_argument("words", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=_sft)
+
+
+def load_sft_data(script: SFTScriptArguments, seed: int) -> tuple[Any, Any]:
+    """(train, eval or None) with only the columns TRL trains on."""
+    from kernelrl.data.loaders import load_curated
+
+    if not script.dataset_path:
+        raise ValueError(
+            "dataset_path is required (a `kernelrl curate` output folder, for example)"
+        )
+    dataset = load_curated(script.dataset_path, script.dataset_config)
+    missing = {"prompt", "completion"} - set(dataset.column_names)
+    if missing:
+        raise ValueError(
+            f"{script.dataset_path} has no {sorted(missing)} column: not an SFT dataset"
+        )
+    if len(dataset) == 0:
+        raise ValueError(f"{script.dataset_path} holds no SFT example")
+    dataset = dataset.select_columns(["prompt", "completion"])
+    if script.max_train_samples is not None:
+        dataset = dataset.select(range(min(script.max_train_samples, len(dataset))))
+    if script.eval_fraction > 0 and len(dataset) > 1:
+        split = dataset.train_test_split(test_size=script.eval_fraction, seed=seed)
+        return split["train"], split["test"]
+    return dataset, None
+
+
+def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> dict[str, Any]:
+    """Train, save the model, and return the final metrics and the logged history."""
+    from trl import SFTTrainer, get_peft_config
+
+    from kernelrl.launch.models import resolve_model
+
+    train, held_out = load_sft_data(script, training_args.seed)
+    model_path = resolve_model(model_args.model_name_or_path)
+    init_kwargs = dict(training_args.model_init_kwargs or {})
+    if model_args.dtype not in (None, "auto"):
+        init_kwargs.setdefault("dtype", model_args.dtype)
+    if model_args.attn_implementation:
+        init_kwargs.setdefault("attn_implementation", model_args.attn_implementation)
+    training_args.model_init_kwargs = init_kwargs
+    if held_out is None and training_args.eval_strategy != "no":
+        training_args.eval_strategy = "no"
+    trainer = SFTTrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=held_out,
+        peft_config=get_peft_config(model_args),
+    )
+    output = trainer.train()
+    trainer.save_model(training_args.output_dir)
+    summary = {
+        "model": model_path,
+        "train_rows": len(train),
+        "eval_rows": len(held_out) if held_out is not None else 0,
+        "global_step": output.global_step,
+        "metrics": output.metrics,
+        "log_history": trainer.state.log_history,
+    }
+    if trainer.is_world_process_zero():
+        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(training_args.output_dir) / "sft_summary.json").write_text(
+            json.dumps(summary, indent=1, default=str)
+        )
+    return summary
+
+
+def _sft(args: argparse.Namespace) -> int:
+    words = list(args.words)
+    if not words:
+        print(USAGE, file=sys.stderr)
+        return 2
+    os.environ.setdefault("WANDB_MODE", "offline")  # never ask for a key; sync later if wanted
+    from trl import ModelConfig, SFTConfig
+
+    script, training_args, model_args = parse_recipe(
+        words, (SFTScriptArguments, SFTConfig, ModelConfig), "kernelrl sft"
+    )
+    summary = run_sft(script, training_args, model_args)
+    losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
+    print(
+        f"sft: {summary['global_step']} steps on {summary['train_rows']} examples; "
+        f"loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+        if losses
+        else f"sft: {summary['global_step']} steps",
+        f"; model saved to {training_args.output_dir}",
+        sep="",
+    )
+    return 0

@@ -1,0 +1,241 @@
+"""``kernelrl train`` (GRPO/TRLOO from a recipe) and ``kernelrl serve`` (vLLM for server mode).
+
+``kernelrl train --config recipes/<model>/<algo>/<name>.yaml [--key value ...]``: the recipe is
+one flat YAML parsed the TRL way (``trl.TrlParser``) into ``KernelGRPOConfig`` (GRPOConfig plus
+kernelrl's fields) and TRL's ``ModelConfig``; flags override YAML keys; a YAML ``env:`` mapping
+sets environment variables. Multi-GPU runs go through accelerate:
+``accelerate launch --config_file recipes/accelerate_configs/zero3.yaml -m kernelrl.launch.cli
+train --config ...``.
+
+``kernelrl serve --model NAME [trl vllm-serve flags]``: resolves kernelrl model names and runs
+``trl vllm-serve`` (vLLM's server with TRL's weight-transfer endpoints) for
+``vllm_mode: server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_subcommand", "build_task_dataset", "parse_recipe", "run_training"]
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used: missing file, malformed YAML, unknown key, bad value."""
+
+
+def add_subcommand(commands: argparse._SubParsersAction) -> None:
+    """Register ``train`` and ``serve`` (their flags are parsed by TRL's parser)."""
+    train = commands.add_parser(
+        "train",
+        help="RL training (GRPO/TRLOO) from a recipe: --config FILE [--key value ...]",
+        prefix_chars="+",  # every flag belongs to TRL's parser
+        add_help=False,
+    )
+    train.add_argument("args", nargs=argparse.REMAINDER)
+    train.set_defaults(handler=_train)
+    serve = commands.add_parser(
+        "serve",
+        help="serve the policy with vLLM for vllm_mode=server (wraps `trl vllm-serve`)",
+        prefix_chars="+",
+        add_help=False,
+    )
+    serve.add_argument("args", nargs=argparse.REMAINDER)
+    serve.set_defaults(handler=_serve)
+
+
+# ---------------------------------------------------------------------- recipes
+def parse_recipe(argv: list[str]) -> tuple[Any, Any]:
+    """(KernelGRPOConfig, ModelConfig) from ``--config FILE`` and ``--key value`` flags."""
+    import yaml
+    from trl import ModelConfig, TrlParser
+
+    from kernelrl.rl.config import KernelGRPOConfig
+
+    if "--config" in argv:
+        index = argv.index("--config")
+        if index + 1 >= len(argv):
+            raise RecipeError("--config needs a file")
+        path = Path(argv[index + 1])
+        if not path.is_file():
+            raise RecipeError(f"recipe {path} does not exist")
+    parser = TrlParser((KernelGRPOConfig, ModelConfig), prog="kernelrl train")
+    try:
+        training_args, model_args = parser.parse_args_and_config(args=list(argv))
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"malformed recipe YAML: {' '.join(str(exc).split())}") from exc
+    except (ValueError, TypeError, OSError) as exc:
+        raise RecipeError(" ".join(str(exc).split())) from exc
+    if model_args.model_name_or_path is None:
+        raise RecipeError("the recipe sets no model_name_or_path")
+    return training_args, model_args
+
+
+def _select(rows: list[dict[str, Any]], args: Any) -> list[dict[str, Any]]:
+    if args.task_filter:
+        patterns = [p for p in args.task_filter.split(",") if p]
+        rows = [r for r in rows if any(p in str(r["id"]) for p in patterns)]
+    if args.task_categories:
+        wanted = {c.strip() for c in args.task_categories.split(",") if c.strip()}
+        rows = [r for r in rows if r.get("category") in wanted]
+    if args.max_tasks is not None:
+        rows = rows[: args.max_tasks]
+    if not rows:
+        raise RecipeError("no task matches the recipe's task selection")
+    return rows
+
+
+def build_task_dataset(args: Any) -> Any:
+    """RL task rows (kernelrl's task schema) with their prompts, from the recipe's sources."""
+    from kernelrl.data.bundled import bundled_tasks
+    from kernelrl.data.loaders import load_tasks
+    from kernelrl.data.prompts import SYSTEM, read_template, task_prompt
+    from kernelrl.data.schema import make_dataset, task_row
+
+    rows: list[dict[str, Any]] = []
+    for source in args.tasks:
+        if source == "bundled":
+            rows += [task_row(t, origin="bundled") for t in bundled_tasks(args.task_backend)]
+        else:
+            rows += [dict(r) for r in load_tasks([source])]
+    rows = _select(rows, args)
+    template = read_template(args.prompt_template)
+    system = args.system_prompt
+    system = SYSTEM if system == "default" else (None if system in (None, "", "none") else system)
+    for row in rows:
+        if template is not None or not row.get("prompt"):
+            row["prompt"] = task_prompt(
+                row["source"], row.get("backend") or "triton", template, system
+            )
+    return make_dataset(rows, "tasks")
+
+
+# ---------------------------------------------------------------------- training
+def _prepare_environment(args: Any) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if "wandb" in (args.report_to or []):
+        if not os.environ.get("WANDB_API_KEY"):
+            os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_DIR", str(Path(args.output_dir).resolve()))
+        os.environ.setdefault("WANDB_PROJECT", "kernelrl")
+        Path(os.environ["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
+
+
+def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
+    """Train as the recipe says; returns the last logged metrics and where things went."""
+    from transformers import AutoTokenizer
+    from trl import get_peft_config
+    from trl.trainer.callbacks import RichProgressCallback
+
+    from kernelrl.launch.models import resolve_model
+    from kernelrl.rl.trainer import KernelGRPOTrainer
+
+    _prepare_environment(training_args)
+    model_path = resolve_model(model_args.model_name_or_path)
+    if training_args.model_init_kwargs is None:
+        training_args.model_init_kwargs = {
+            key: value
+            for key, value in {
+                "dtype": model_args.dtype,
+                "attn_implementation": model_args.attn_implementation,
+                "revision": model_args.model_revision,
+            }.items()
+            if value not in (None, "auto")
+        }
+    dataset = build_task_dataset(training_args)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # rich progress and metric tables instead of tqdm (on a pipe, rich prints the final view)
+    callbacks = [RichProgressCallback()]
+    training_args.disable_tqdm = True
+    trainer = KernelGRPOTrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=get_peft_config(model_args),
+    )
+    resume = training_args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "latest"):
+        resume = True
+    try:
+        trainer.train(resume_from_checkpoint=resume or None)
+        if training_args.save_strategy != "no":
+            trainer.save_model(training_args.output_dir)
+    finally:
+        trainer.close()
+    history = [entry for entry in trainer.state.log_history if "reward" in entry]
+    summary = {
+        "global_step": trainer.state.global_step,
+        "output_dir": str(Path(training_args.output_dir).resolve()),
+        "last_log": history[-1] if history else {},
+    }
+    wandb_run = _wandb_run_dir()
+    if wandb_run is not None:
+        summary["wandb_run_dir"] = wandb_run
+    return summary
+
+
+def _wandb_run_dir() -> str | None:
+    try:
+        import wandb
+    except ImportError:
+        return None
+    run = wandb.run
+    if run is None:
+        return None
+    directory = str(Path(run.dir).parent)
+    wandb.finish()
+    return directory
+
+
+def _train(args: argparse.Namespace) -> int:
+    argv = list(args.args)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        from trl import ModelConfig, TrlParser
+
+        from kernelrl.rl.config import KernelGRPOConfig
+
+        TrlParser((KernelGRPOConfig, ModelConfig), prog="kernelrl train").print_help()
+        return 0
+    try:
+        training_args, model_args = parse_recipe(argv)
+    except RecipeError as exc:
+        print(f"kernelrl train: error: {exc}", file=sys.stderr)
+        return 2
+    summary = run_training(training_args, model_args)
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+# ---------------------------------------------------------------------- serving
+def _serve(args: argparse.Namespace) -> int:
+    """Resolve the model name, then hand over to ``trl vllm-serve`` (replaces this process)."""
+    from trl.scripts.vllm_serve import build_command, main, make_parser
+
+    from kernelrl.launch.models import resolve_model
+
+    argv = list(args.args)
+    dry_run = "--dry_run" in argv
+    argv = [a for a in argv if a != "--dry_run"]
+    try:
+        script_args, extra = make_parser(prog="kernelrl serve").parse_args_and_config(
+            args=argv, return_remaining_strings=True
+        )
+    except (ValueError, OSError) as exc:
+        print(f"kernelrl serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    script_args.model = resolve_model(script_args.model)
+    if dry_run:
+        print(json.dumps(build_command(script_args, extra)))
+        return 0
+    main(script_args, extra)  # execs vLLM's server
+    return 0

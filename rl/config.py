@@ -1,0 +1,234 @@
+"""KernelGRPOConfig: TRL's GRPOConfig plus what kernel RL adds.
+
+One flat dataclass, so a recipe is one flat YAML parsed by ``trl.TrlParser`` and every key can be
+overridden with ``--key value``. The reward and rejection fields mirror
+``kernelrl.rewards.RewardConfig`` and ``kernelrl.rl.rejection.RejectionConfig`` (the rejection
+fields carry a ``rejection_`` prefix because their own names - ``mode``, ``weight`` - are too
+generic for a flat recipe); ``reward_config()`` and ``rejection_config()`` build those objects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from kernelrl.rewards import RewardConfig
+from kernelrl.rl.rejection import RejectionConfig
+
+ADVANTAGES = ("grpo", "trloo")
+TURN_RETURNS = ("own", "discounted")
+ENV_POOLS = ("local", "ray", "service")
+
+DEFAULT_FEEDBACK_TEMPLATE = (
+    "{feedback}\n\nRevise your solution: answer with the complete ModelNew in one ```python "
+    "code block."
+)
+
+
+@dataclass
+class KernelGRPOConfig(GRPOConfig):
+    """GRPOConfig for kernel-writing policies: environment rewards, multi-turn, TRLOO."""
+
+    # ------------------------------------------------------------------ algorithm
+    advantage: str = field(
+        default="trloo",
+        metadata={
+            "help": "'grpo' (group mean/std, as TRL) or 'trloo' (turn-level leave-one-out baseline)"
+        },
+    )
+    max_turns: int = field(
+        default=1,
+        metadata={"help": "turns per rollout: write, get the environment's feedback, revise"},
+    )
+    turn_return: str = field(
+        default="own",
+        metadata={
+            "help": "credit of a turn: 'own' (its reward) or 'discounted' (sum of later rewards)"
+        },
+    )
+    turn_gamma: float = field(
+        default=1.0,
+        metadata={"help": "discount of later turns' rewards when turn_return=discounted"},
+    )
+    stop_when_correct: bool = field(
+        default=True, metadata={"help": "end a rollout at its first correct turn"}
+    )
+    feedback_template: str = field(
+        default=DEFAULT_FEEDBACK_TEMPLATE,
+        metadata={"help": "next user message; {feedback} is the environment's feedback text"},
+    )
+    max_feedback_tokens: int = field(
+        default=512, metadata={"help": "feedback longer than this is cut (its middle is dropped)"}
+    )
+    max_context_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "context budget of a rollout (prompt + all turns); a turn gets at most what is "
+            "left, and no turn starts with less than min_turn_tokens left. Default: "
+            "vllm_max_model_length, else unlimited"
+        },
+    )
+    min_turn_tokens: int = field(
+        default=64, metadata={"help": "a turn that would get fewer tokens than this is not started"}
+    )
+    overlap_evaluation: bool = field(
+        default=False,
+        metadata={
+            "help": "one-step off-policy: the next batch is generated while this batch's last turn is "
+            "evaluated; its update then uses samples one step stale (logged as rollout/staleness)"
+        },
+    )
+    vllm_engine_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "extra keyword arguments of the colocated vLLM engine, e.g. "
+            '{"enforce_eager": true} (JSON on the command line)'
+        },
+    )
+    seeded_sampling: bool = field(
+        default=True,
+        metadata={
+            "help": "colocated vLLM: one seed per request derived from `seed` and the rollout "
+            "counter, so a resumed run samples exactly what the uninterrupted run would"
+        },
+    )
+
+    # ------------------------------------------------------------------ rewards
+    format_weight: float = field(default=0.1, metadata={"help": "weight of format_reward"})
+    correctness_weight: float = field(
+        default=1.0, metadata={"help": "weight of correctness_reward"}
+    )
+    speedup_weight: float = field(default=1.0, metadata={"help": "weight of speedup_reward"})
+    profiling_weight: float = field(default=0.5, metadata={"help": "weight of profiling_reward"})
+    integrity_weight: float = field(default=1.0, metadata={"help": "weight of integrity_penalty"})
+    speedup_baseline: str = field(
+        default="eager", metadata={"help": "speedup reference: 'eager' or 'compile'"}
+    )
+    speedup_clip_min: float = field(default=-1.0, metadata={"help": "lower clip of log2(speedup)"})
+    speedup_clip_max: float = field(default=3.0, metadata={"help": "upper clip of log2(speedup)"})
+    integrity_penalty_per_check: float = field(
+        default=1.0, metadata={"help": "penalty per failed integrity check"}
+    )
+    profiling_cpu_fallback: float = field(
+        default=1.0, metadata={"help": "profiling_reward of a correct CPU result (no profile)"}
+    )
+
+    # ------------------------------------------------------------------ rejection sampling
+    rejection_sampling: bool = field(
+        default=True,
+        metadata={"help": "drop or down-weight cheating and lazy (low own-kernel share) samples"},
+    )
+    rejection_min_own_kernel_share: float = field(
+        default=0.5, metadata={"help": "reject correct samples whose kernels did less of the work"}
+    )
+    rejection_drop_integrity_violations: bool = field(
+        default=True, metadata={"help": "reject integrity violations"}
+    )
+    rejection_mode: str = field(
+        default="drop", metadata={"help": "'drop' (weight 0) or 'downweight' (rejection_weight)"}
+    )
+    rejection_weight: float = field(
+        default=0.1, metadata={"help": "weight of a rejected sample in downweight mode"}
+    )
+
+    # ------------------------------------------------------------------ environment pool
+    env_pool: str = field(
+        default="local",
+        metadata={
+            "help": "'local' (subprocesses here), 'ray' (actors on the cluster's GPUs) or "
+            "'service' (a running `kernelrl env serve`)"
+        },
+    )
+    env_device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
+    env_workers: int | None = field(
+        default=None, metadata={"help": "CPU slots or GPUs of the pool (default: all)"}
+    )
+    env_per_gpu: int = field(default=2, metadata={"help": "evaluations in flight per GPU"})
+    env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
+    env_ray_address: str | None = field(
+        default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
+    )
+    env_service_name: str = field(
+        default="kernelrl-env", metadata={"help": "name of the environment service"}
+    )
+    env_store_path: str | None = field(
+        default=None, metadata={"help": "results store shared with sweeps and curation"}
+    )
+
+    # ------------------------------------------------------------------ tasks (read by launch)
+    tasks: list[str] = field(
+        default_factory=lambda: ["bundled"],
+        metadata={
+            "help": "task sources: 'bundled' or loader specs (kernelbench:DIR, jsonl:FILE, "
+            "parquet:..., disk:..., hub:ORG/NAME#SPLIT)"
+        },
+    )
+    task_filter: str = field(
+        default="", metadata={"help": "comma-separated substrings; keep tasks whose id has one"}
+    )
+    task_categories: str = field(
+        default="", metadata={"help": "comma-separated categories to keep (default: all)"}
+    )
+    max_tasks: int | None = field(default=None, metadata={"help": "keep the first N tasks"})
+    task_backend: str = field(default="triton", metadata={"help": "triton or cuda"})
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "file with a str.format template ({source}, {backend_name})"},
+    )
+    system_prompt: str | None = field(
+        default="default",
+        metadata={"help": "'default', a system message, or 'none' for no system message"},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _choice("advantage", self.advantage, ADVANTAGES)
+        _choice("turn_return", self.turn_return, TURN_RETURNS)
+        _choice("env_pool", self.env_pool, ENV_POOLS)
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if not 0.0 <= self.turn_gamma <= 1.0:
+            raise ValueError(f"turn_gamma must lie in [0, 1], got {self.turn_gamma}")
+        if "{feedback}" not in self.feedback_template:
+            raise ValueError("feedback_template must contain {feedback}")
+        if isinstance(self.vllm_engine_kwargs, str):
+            self.vllm_engine_kwargs = json.loads(self.vllm_engine_kwargs)
+        if self.max_context_tokens is None:
+            self.max_context_tokens = self.vllm_max_model_length
+        if self.reward_weights is not None:
+            raise ValueError(
+                "set the reward weights with format_weight, correctness_weight, speedup_weight, "
+                "profiling_weight and integrity_weight, not reward_weights"
+            )
+        # Build both once here so that a bad value fails when the recipe is parsed.
+        self.reward_config()
+        self.rejection_config()
+
+    def reward_config(self) -> RewardConfig:
+        return RewardConfig(
+            format_weight=self.format_weight,
+            correctness_weight=self.correctness_weight,
+            speedup_weight=self.speedup_weight,
+            profiling_weight=self.profiling_weight,
+            integrity_weight=self.integrity_weight,
+            speedup_baseline=self.speedup_baseline,
+            speedup_clip_min=self.speedup_clip_min,
+            speedup_clip_max=self.speedup_clip_max,
+            integrity_penalty_per_check=self.integrity_penalty_per_check,
+            profiling_cpu_fallback=self.profiling_cpu_fallback,
+        )
+
+    def rejection_config(self) -> RejectionConfig:
+        return RejectionConfig(
+            min_own_kernel_share=self.rejection_min_own_kernel_share,
+            drop_integrity_violations=self.rejection_drop_integrity_violations,
+            mode=self.rejection_mode,
+            weight=self.rejection_weight,
+        )
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")

@@ -1,0 +1,114 @@
+"""Profiling-based rejection sampling: drop or down-weight samples before the policy update.
+
+A sample is *rejected* when it
+
+- cheated: status ``integrity_violation`` (when ``drop_integrity_violations``), or
+- is correct but lazy: its own kernels did less than ``min_own_kernel_share`` of the GPU time,
+  leaving the real work to torch (its reward would teach wrapping a trivial kernel around
+  library calls).
+
+Rejected samples get weight 0 (``mode="drop"``) or ``weight`` (``mode="downweight"``); the
+others weight 1. Multiply the per-sample advantages (or the per-token loss mask) by the
+weights; to keep dropped samples out of the group baselines too, pass ``weights > 0`` as (part
+of) ``valid`` to ``trloo_advantages``.
+
+Honest and failed samples (incorrect, compile/runtime errors, timeouts, format errors) are kept:
+they are the negative examples the policy learns from, and they carry no profile to judge.
+On CPU a correct result has no profile (``own_kernel_share`` is None): its share cannot be
+judged, so it is not rejected on share; it is counted as ``share_unknown`` in the stats. (A
+correct CPU result has passed the ``no_kernel_executed`` and ``torch_fallback_runtime``
+dynamic checks, the CPU-side evidence that its kernels did the work.)
+
+``rejection_weights(results, config) -> (weights[N] float32, stats)``; stats hold ``rate``
+(rejected / N, to log), ``rejected``, ``integrity``, ``low_kernel_share``, ``share_unknown``
+and ``total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from kernelrl.env.result import EvalResult, Status
+from kernelrl.rewards import as_eval_result
+
+RejectionMode = Literal["drop", "downweight"]
+
+
+@dataclass
+class RejectionConfig:
+    """Which samples are rejected and what weight they keep."""
+
+    min_own_kernel_share: float = field(
+        default=0.5,
+        metadata={
+            "help": "reject correct samples whose own kernels did less of the GPU time; 0 disables"
+        },
+    )
+    drop_integrity_violations: bool = field(
+        default=True, metadata={"help": "reject samples with status integrity_violation"}
+    )
+    mode: str = field(
+        default="drop", metadata={"help": "'drop' (weight 0) or 'downweight' (weight)"}
+    )
+    weight: float = field(
+        default=0.1, metadata={"help": "weight of a rejected sample in downweight mode"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("drop", "downweight"):
+            raise ValueError(f"mode must be 'drop' or 'downweight', got {self.mode!r}")
+        if not 0.0 <= self.min_own_kernel_share <= 1.0:
+            raise ValueError(
+                f"min_own_kernel_share must lie in [0, 1], got {self.min_own_kernel_share}"
+            )
+        if not 0.0 <= self.weight <= 1.0:
+            raise ValueError(f"weight must lie in [0, 1], got {self.weight}")
+
+    @property
+    def rejected_weight(self) -> float:
+        return 0.0 if self.mode == "drop" else self.weight
+
+
+def rejection_reason(result: EvalResult | dict[str, Any], config: RejectionConfig) -> str | None:
+    """``"integrity"``, ``"low_kernel_share"`` or None (kept)."""
+    result = as_eval_result(result)
+    status = Status(result.status)
+    if status is Status.INTEGRITY_VIOLATION:
+        return "integrity" if config.drop_integrity_violations else None
+    share = result.own_kernel_share
+    if status is Status.CORRECT and share is not None and share < config.min_own_kernel_share:
+        return "low_kernel_share"
+    return None
+
+
+def rejection_weights(
+    results: Sequence[EvalResult | dict[str, Any]], config: RejectionConfig | None = None
+) -> tuple[Tensor, dict[str, float]]:
+    """Per-sample weights (1 kept, 0 or ``weight`` rejected) and stats with the rejection rate.
+
+    ``results`` are EvalResults or their ``to_dict`` form, one per sample.
+    """
+    config = config or RejectionConfig()
+    results = [as_eval_result(r) for r in results]
+    weights = torch.ones(len(results), dtype=torch.float32)
+    counts = {"integrity": 0, "low_kernel_share": 0, "share_unknown": 0}
+    for index, result in enumerate(results):
+        reason = rejection_reason(result, config)
+        if reason is not None:
+            weights[index] = config.rejected_weight
+            counts[reason] += 1
+        elif Status(result.status) is Status.CORRECT and result.own_kernel_share is None:
+            counts["share_unknown"] += 1
+    rejected = counts["integrity"] + counts["low_kernel_share"]
+    stats: dict[str, float] = {
+        "rate": rejected / len(results) if results else 0.0,
+        "rejected": float(rejected),
+        "total": float(len(results)),
+        **{key: float(value) for key, value in counts.items()},
+    }
+    return weights, stats

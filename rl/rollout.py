@@ -1,0 +1,349 @@
+"""Multi-turn rollouts: the model writes a kernel, the environment answers, the model revises.
+
+A rollout is kept as ONE token sequence per sample, the way TRL trains tool-calling rollouts:
+``prompt_ids`` is the task prompt and ``completion_ids`` is every turn of the model with the
+environment's feedback messages in between. ``env_mask`` marks the model's tokens (1) against
+the feedback tokens (0, never trained on) and ``turn_index`` says which turn each model token
+belongs to, so turn-level advantages can be laid over the tokens. Because the sequence the
+model is trained on is exactly the context it generated from, multi-turn samples stay on-policy.
+
+Context budget: with ``max_context_tokens`` set, a turn may generate at most what is left of
+the budget (a longer completion is cut there, exactly as if it had been generated with that
+limit), no turn starts with fewer than ``min_turn_tokens`` left (the rollout ends with reason
+``context``), and feedback longer than ``max_feedback_tokens`` loses its middle.
+
+Deferred last turn: with ``defer_last=True`` the evaluation of the last turn is submitted to
+the pool but not waited for; the trainer collects it later, so evaluation overlaps with the
+generation of the next batch (one-step off-policy).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kernelrl.env.result import EvalResult
+from kernelrl.env.task import Task
+
+# (prompt token ids, max new tokens, one seed per prompt or None) -> (completion ids, logprobs)
+GenerateFn = Callable[
+    [list[list[int]], int, list[int] | None], tuple[list[list[int]], list[list[float]] | None]
+]
+
+
+class Pool(Protocol):
+    """The environment's pool contract (LocalPool, RayPool, ServiceClient)."""
+
+    def submit(self, tasks: Sequence[Task], solutions: Sequence[str]) -> list[Future]: ...
+
+
+@dataclass
+class RolloutConfig:
+    max_turns: int = 1
+    max_completion_length: int = 512  # per turn
+    stop_when_correct: bool = True
+    feedback_template: str = "{feedback}"
+    max_feedback_tokens: int = 512
+    max_context_tokens: int | None = None
+    min_turn_tokens: int = 64
+
+
+@dataclass
+class Turn:
+    completion_ids: list[int]
+    text: str
+    truncated: bool  # hit its token limit without an end-of-turn token
+    result: EvalResult | Future | None = None
+    error: str = ""  # why the result is missing (infrastructure failure)
+
+    def resolve(self, timeout: float | None = None) -> EvalResult | None:
+        """The EvalResult, waiting for a deferred evaluation; None if evaluation itself failed."""
+        if isinstance(self.result, Future):
+            try:
+                self.result = self.result.result(timeout=timeout)
+            except Exception as exc:  # the pool reports a broken task or a lost worker
+                self.result, self.error = None, f"{type(exc).__name__}: {exc}"
+        return self.result
+
+
+@dataclass
+class Trajectory:
+    task: Task
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    turn_index: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    stop_reason: str = ""  # correct | max_turns | context | env_error
+    policy_step: int = 0  # optimizer step of the weights that generated it
+
+    def _append(
+        self, ids: Sequence[int], logprobs: Sequence[float | None] | None, turn: int
+    ) -> None:
+        self.completion_ids.extend(ids)
+        self.logprobs.extend(logprobs if logprobs is not None else [None] * len(ids))
+        self.env_mask.extend([1 if turn >= 0 else 0] * len(ids))
+        self.turn_index.extend([turn] * len(ids))
+
+    def results(self) -> list[EvalResult | None]:
+        return [turn.resolve() for turn in self.turns]
+
+    def to_record(self) -> dict[str, Any]:
+        """Plain data (no futures): for checkpoints and the trajectories dataset schema."""
+        results = self.results()
+        return {
+            "task": {
+                "id": self.task.id,
+                "source": self.task.source,
+                "backend": self.task.backend,
+                "category": self.task.category,
+                "atol": self.task.atol,
+                "rtol": self.task.rtol,
+                "sizes": {k: dict(v) for k, v in self.task.sizes.items()},
+                "level": self.task.level,
+            },
+            "prompt_ids": self.prompt_ids,
+            "completion_ids": self.completion_ids,
+            "logprobs": self.logprobs,
+            "env_mask": self.env_mask,
+            "turn_index": self.turn_index,
+            "turns": [
+                {
+                    "completion_ids": t.completion_ids,
+                    "text": t.text,
+                    "truncated": t.truncated,
+                    "result": None if r is None else r.to_dict(),
+                    "error": t.error,
+                }
+                for t, r in zip(self.turns, results, strict=True)
+            ],
+            "stop_reason": self.stop_reason,
+            "policy_step": self.policy_step,
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Trajectory:
+        task = Task(**record["task"])
+        turns = [
+            Turn(
+                completion_ids=list(t["completion_ids"]),
+                text=t["text"],
+                truncated=t["truncated"],
+                result=None if t["result"] is None else EvalResult.from_dict(t["result"]),
+                error=t["error"],
+            )
+            for t in record["turns"]
+        ]
+        return cls(
+            task=task,
+            prompt_ids=list(record["prompt_ids"]),
+            completion_ids=list(record["completion_ids"]),
+            logprobs=list(record["logprobs"]),
+            env_mask=list(record["env_mask"]),
+            turn_index=list(record["turn_index"]),
+            turns=turns,
+            stop_reason=record["stop_reason"],
+            policy_step=record["policy_step"],
+        )
+
+
+@dataclass
+class RolloutStats:
+    generation_s: float = 0.0
+    evaluation_wait_s: float = 0.0  # time blocked on the pool between turns
+    turns_generated: int = 0
+
+
+def task_from_row(row: Mapping[str, Any]) -> Task:
+    """The environment's Task for a dataset row (kernelrl's task schema: id, source, backend,
+    category, atol, rtol, sizes as JSON text or mapping, level)."""
+    sizes = row.get("sizes") or {}
+    if isinstance(sizes, str):
+        sizes = json.loads(sizes) if sizes else {}
+    if "source" not in row or "id" not in row:
+        raise ValueError(f"a task row needs 'id' and 'source' columns, got {sorted(row)}")
+    return Task(
+        id=str(row["id"]),
+        source=row["source"],
+        backend=row.get("backend") or "triton",
+        category=row.get("category") or "uncategorized",
+        atol=row.get("atol"),
+        rtol=row.get("rtol"),
+        sizes=sizes,
+        level=row.get("level"),
+    )
+
+
+class MultiTurnRollout:
+    """Runs rollouts of a batch of prompts against the environment pool."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        pool: Pool,
+        config: RolloutConfig,
+        eos_token_ids: Sequence[int],
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.config = config
+        self.eos_token_ids = list(eos_token_ids)
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._suffix_cache: dict[str, list[int]] = {}
+
+    # ------------------------------------------------------------------ token plumbing
+    def _chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages,
+            tokenize=True,
+            add_generation_prompt=add_generation_prompt,
+            return_dict=False,
+            **self.chat_template_kwargs,
+        )
+        return list(ids)
+
+    def feedback_ids(self, feedback: str) -> list[int]:
+        """Tokens that follow a finished assistant turn: the user message carrying the
+        feedback and the generation prompt of the next assistant turn.
+
+        Found by rendering a dummy conversation with and without the extra message (as TRL does
+        for tool results), so any chat template works without knowing its markup.
+        """
+        message = self.config.feedback_template.format(feedback=self._cut_feedback(feedback))
+        if message in self._suffix_cache:
+            return self._suffix_cache[message]
+        dummy = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "answer"}]
+        prefix = self._chat_ids(dummy, add_generation_prompt=False)
+        full = self._chat_ids(dummy + [{"role": "user", "content": message}], True)
+        # Templates render "<end-of-turn>\n" after an assistant turn; the model's own turn ends
+        # at the end-of-turn token, so cut the prefix there.
+        ends = [i for i, token in enumerate(prefix) if token in self.eos_token_ids]
+        if ends:
+            prefix = prefix[: ends[-1] + 1]
+        if full[: len(prefix)] != prefix:
+            raise ValueError(
+                "the chat template does not render a conversation as a prefix of its extension"
+            )
+        suffix = full[len(prefix) :]
+        self._suffix_cache[message] = suffix
+        return suffix
+
+    def _cut_feedback(self, feedback: str) -> str:
+        limit = self.config.max_feedback_tokens
+        ids = self.tokenizer.encode(feedback, add_special_tokens=False)
+        if len(ids) <= limit:
+            return feedback
+        head = limit // 4
+        tail = limit - head
+        return (
+            self.tokenizer.decode(ids[:head])
+            + "\n[... feedback shortened ...]\n"
+            + self.tokenizer.decode(ids[-tail:])
+        )
+
+    def _ends_turn(self, ids: Sequence[int]) -> bool:
+        return bool(ids) and ids[-1] in self.eos_token_ids
+
+    # ------------------------------------------------------------------ the loop
+    def run(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        tasks: Sequence[Task],
+        generate: GenerateFn,
+        *,
+        defer_last: bool = False,
+        seeds: Sequence[int] | None = None,
+        policy_step: int = 0,
+        first_turn_generate: GenerateFn | None = None,
+    ) -> tuple[list[Trajectory], RolloutStats]:
+        """Roll out every prompt for up to ``max_turns`` turns.
+
+        ``seeds``: one base seed per prompt; turn t of prompt i samples with ``seeds[i] + t``.
+        ``first_turn_generate``: used for turn 0 instead of ``generate`` (a server can then
+        sample a whole group of identical prompts in one request).
+        """
+        if len(prompt_ids) != len(tasks):
+            raise ValueError(f"{len(prompt_ids)} prompts but {len(tasks)} tasks")
+        cfg = self.config
+        stats = RolloutStats()
+        trajectories = [
+            Trajectory(task=task, prompt_ids=list(ids), policy_step=policy_step)
+            for ids, task in zip(prompt_ids, tasks, strict=True)
+        ]
+        active = list(range(len(trajectories)))
+        for turn in range(cfg.max_turns):
+            limits = {}
+            for i in active:
+                limit = cfg.max_completion_length
+                if cfg.max_context_tokens is not None:
+                    used = len(trajectories[i].prompt_ids) + len(trajectories[i].completion_ids)
+                    limit = min(limit, cfg.max_context_tokens - used)
+                limits[i] = max(limit, 1) if turn == 0 else limit
+            for i in [i for i in active if turn > 0 and limits[i] < cfg.min_turn_tokens]:
+                trajectories[i].stop_reason = "context"
+            active = [i for i in active if turn == 0 or limits[i] >= cfg.min_turn_tokens]
+            if not active:
+                break
+            contexts = [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in active]
+            turn_seeds = None if seeds is None else [seeds[i] + turn for i in active]
+            started = time.perf_counter()
+            fn = (
+                first_turn_generate if (turn == 0 and first_turn_generate is not None) else generate
+            )
+            completions, logprobs = fn(contexts, max(limits[i] for i in active), turn_seeds)
+            stats.generation_s += time.perf_counter() - started
+            stats.turns_generated += len(active)
+
+            texts = []
+            for row, i in enumerate(active):
+                ids = list(completions[row])[: limits[i]]
+                lps = None if logprobs is None else list(logprobs[row])[: len(ids)]
+                trajectory = trajectories[i]
+                trajectory._append(ids, lps, turn)
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                trajectory.turns.append(Turn(ids, text, truncated=not self._ends_turn(ids)))
+                texts.append(text)
+            futures = self.pool.submit([trajectories[i].task for i in active], texts)
+            for i, future in zip(active, futures, strict=True):
+                trajectories[i].turns[-1].result = future
+
+            last = turn == cfg.max_turns - 1
+            if last and defer_last:
+                for i in active:
+                    trajectories[i].stop_reason = "max_turns"
+                break
+            waited = time.perf_counter()
+            results = {i: trajectories[i].turns[-1].resolve() for i in active}
+            stats.evaluation_wait_s += time.perf_counter() - waited
+
+            still = []
+            for i in active:
+                trajectory, result = trajectories[i], results[i]
+                if result is None:
+                    trajectory.stop_reason = "env_error"
+                elif cfg.stop_when_correct and result.correct:
+                    trajectory.stop_reason = "correct"
+                elif last:
+                    trajectory.stop_reason = "max_turns"
+                else:
+                    suffix = self.feedback_ids(result.feedback)
+                    if trajectory.turns[-1].truncated and self.eos_token_ids:
+                        suffix = [self.eos_token_ids[0], *suffix]  # close the unfinished turn
+                    used = len(trajectory.prompt_ids) + len(trajectory.completion_ids) + len(suffix)
+                    budget = cfg.max_context_tokens
+                    if budget is not None and budget - used < cfg.min_turn_tokens:
+                        trajectory.stop_reason = "context"
+                        continue
+                    trajectory._append(suffix, None, -1)
+                    still.append(i)
+            active = still
+        for trajectory in trajectories:
+            if not trajectory.stop_reason:
+                trajectory.stop_reason = "max_turns"
+        return trajectories, stats

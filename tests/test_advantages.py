@@ -1,0 +1,251 @@
+"""GRPO and TRLOO advantage estimators against hand-computed numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernelrl.rl.advantages import (
+    grpo_advantages,
+    leave_one_out_advantages,
+    pack_turns,
+    trloo_advantages,
+    turn_returns,
+    unpack_turns,
+)
+
+T, F = True, False
+
+
+def close(actual: torch.Tensor, expected: list) -> None:
+    torch.testing.assert_close(
+        actual, torch.tensor(expected, dtype=actual.dtype), rtol=1e-6, atol=1e-6
+    )
+
+
+# --------------------------------------------------------------------------- GRPO
+def test_grpo_hand_computed() -> None:
+    rewards = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0])
+    # Group 1: mean 2.5, deviations [-1.5, -0.5, 0.5, 1.5];
+    # unbiased var = (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3, std = 1.2909944.
+    # Group 2: all equal, deviations 0, std 0 -> advantages 0.
+    std = math.sqrt(5 / 3) + 1e-4
+    close(grpo_advantages(rewards, 4), [-1.5 / std, -0.5 / std, 0.5 / std, 1.5 / std, 0, 0, 0, 0])
+    close(grpo_advantages(rewards, 4, scale=False), [-1.5, -0.5, 0.5, 1.5, 0, 0, 0, 0])
+    # Groups of 2: [1, 2] mean 1.5, std sqrt(0.5); [3, 4] likewise.
+    s2 = math.sqrt(0.5) + 1e-4
+    close(grpo_advantages(rewards[:4], 2), [-0.5 / s2, 0.5 / s2, -0.5 / s2, 0.5 / s2])
+
+
+def test_grpo_nan_rewards_left_out() -> None:
+    # [1, NaN, 3]: the NaN is unscorable; stats over [1, 3]: mean 2, unbiased std sqrt(2).
+    std = math.sqrt(2) + 1e-4
+    close(grpo_advantages(torch.tensor([1.0, float("nan"), 3.0]), 3), [-1 / std, 0.0, 1 / std])
+    # A group of one scored sample has no spread: advantage 0 whatever the scaling.
+    close(grpo_advantages(torch.tensor([5.0, float("nan")]), 2), [0.0, 0.0])
+
+
+def test_grpo_matches_trl() -> None:
+    from trl.trainer.utils import nanstd
+
+    generator = torch.Generator().manual_seed(0)
+    rewards = torch.randn(6 * 8, generator=generator)
+    rewards[[3, 17, 40]] = float("nan")
+    # TRL's GRPOTrainer, scale_rewards="group" (grpo_trainer.py, sum_then_normalize):
+    grouped = rewards.view(-1, 8)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(8)
+    std = nanstd(grouped, dim=1).repeat_interleave(8)
+    expected = (rewards - mean) / (std + 1e-4)
+    expected[torch.isnan(rewards)] = 0.0  # TRL forces unscorable advantages to 0
+    torch.testing.assert_close(grpo_advantages(rewards, 8), expected)
+    expected_unscaled = torch.nan_to_num(rewards - mean, nan=0.0)
+    torch.testing.assert_close(grpo_advantages(rewards, 8, scale=False), expected_unscaled)
+
+
+def test_grpo_errors() -> None:
+    with pytest.raises(ValueError, match="groups of 4"):
+        grpo_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="1-D"):
+        grpo_advantages(torch.zeros(2, 4), 4)
+
+
+# --------------------------------------------------------------------------- TRLOO
+def test_trloo_single_turn_hand_computed() -> None:
+    rewards = torch.tensor([[[1.0], [2.0], [3.0], [6.0]]])  # G=1, K=4, T=1
+    valid = torch.ones_like(rewards, dtype=torch.bool)
+    # baseline of k = mean of the other three:
+    # k0: (2+3+6)/3 = 11/3 -> 1 - 11/3 = -8/3;  k1: (1+3+6)/3 = 10/3 -> 2 - 10/3 = -4/3
+    # k2: (1+2+6)/3 = 3    -> 0;                k3: (1+2+3)/3 = 2     -> 6 - 2 = 4
+    close(trloo_advantages(rewards, valid), [[[-8 / 3], [-4 / 3], [0.0], [4.0]]])
+
+
+def test_trloo_equals_rescaled_unscaled_grpo_when_all_valid() -> None:
+    # r_k - mean_{j != k} r_j = K/(K-1) * (r_k - mean_j r_j): GRPO's own-inclusive mean shrinks
+    # every advantage by (K-1)/K.
+    rewards = torch.randn(3, 5, 1, generator=torch.Generator().manual_seed(1))
+    valid = torch.ones_like(rewards, dtype=torch.bool)
+    expected = 5 / 4 * grpo_advantages(rewards.view(-1), 5, scale=False)
+    torch.testing.assert_close(trloo_advantages(rewards, valid).view(-1), expected)
+
+
+def multi_turn_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    nan = float("nan")
+    rewards = torch.tensor(
+        [
+            # group 0, turns 0..2
+            [
+                [0.1, 1.0, 2.0],  # sample 0: all three turns
+                [0.5, 1.5, nan],  # sample 1: stopped after turn 1 (turn 2 never reached)
+                [9.0, 9.0, 9.0],  # sample 2: failed/truncated -> excluded everywhere
+            ],
+            # group 1: single-turn episodes
+            [
+                [3.0, nan, nan],
+                [0.0, nan, nan],
+                [0.0, nan, nan],
+            ],
+        ]
+    )
+    valid = torch.tensor(
+        [
+            [[T, T, T], [T, T, F], [F, F, F]],
+            [[T, F, F], [T, F, F], [T, F, F]],
+        ]
+    )
+    return rewards, valid
+
+
+def test_trloo_failed_and_truncated_samples() -> None:
+    rewards, valid = multi_turn_batch()
+    # Group 0, turn 0: valid samples 0 and 1 -> each one's baseline is the other's reward:
+    #   s0: 0.1 - 0.5 = -0.4;  s1: 0.5 - 0.1 = 0.4;  s2 excluded (its 9.0 never enters) -> 0
+    # Group 0, turn 1: s0: 1.0 - 1.5 = -0.5;  s1: 1.5 - 1.0 = 0.5
+    # Group 0, turn 2: only s0 valid -> no other sample, no baseline -> 0
+    # Group 1, turn 0: s0: 3 - (0+0)/2 = 3;  s1: 0 - (3+0)/2 = -1.5;  s2: -1.5
+    # Groups never mix: group 1's 3.0 is in no baseline of group 0.
+    expected = [
+        [[-0.4, -0.5, 0.0], [0.4, 0.5, 0.0], [0.0, 0.0, 0.0]],
+        [[3.0, 0.0, 0.0], [-1.5, 0.0, 0.0], [-1.5, 0.0, 0.0]],
+    ]
+    close(trloo_advantages(rewards, valid), expected)
+
+
+def test_trloo_own_reward_never_in_own_baseline() -> None:
+    rewards, valid = multi_turn_batch()
+    before = trloo_advantages(rewards, valid)
+    baseline_before = rewards - before
+    bumped = rewards.clone()
+    bumped[1, 1, 0] += 10.0  # group 1, sample 1, turn 0: 0 -> 10
+    after = trloo_advantages(bumped, valid)
+    baseline_after = bumped - after
+    # Its own baseline (1.5) is unchanged; its advantage moves by the full +10.
+    assert baseline_after[1, 1, 0] == pytest.approx(baseline_before[1, 1, 0].item())
+    assert after[1, 1, 0] - before[1, 1, 0] == pytest.approx(10.0)
+    # The other two valid samples of that group/turn see it in their baseline: +10/2 each.
+    assert (baseline_after[1, [0, 2], 0] - baseline_before[1, [0, 2], 0]).tolist() == pytest.approx(
+        [5.0, 5.0]
+    )
+    # Nothing else moves.
+    untouched = torch.ones_like(valid)
+    untouched[1, :, 0] = False
+    torch.testing.assert_close(after[untouched], before[untouched])
+
+
+def test_trloo_invalid_rewards_do_not_matter() -> None:
+    rewards, valid = multi_turn_batch()
+    scrambled = torch.where(valid, rewards, torch.full_like(rewards, -1e6))
+    torch.testing.assert_close(trloo_advantages(scrambled, valid), trloo_advantages(rewards, valid))
+
+
+def test_trloo_errors() -> None:
+    rewards, valid = multi_turn_batch()
+    with pytest.raises(ValueError, match="NaN"):
+        trloo_advantages(rewards, torch.ones_like(valid))
+    with pytest.raises(TypeError, match="bool"):
+        trloo_advantages(rewards, valid.float())
+    with pytest.raises(ValueError, match="shape"):
+        trloo_advantages(rewards, valid[:, :, :2])
+    with pytest.raises(ValueError, match=r"\[G, K, T\]"):
+        trloo_advantages(rewards[0], valid[0])
+
+
+# --------------------------------------------------------------------------- turn returns
+def test_turn_returns_own() -> None:
+    rewards, valid = multi_turn_batch()
+    own = turn_returns(rewards, valid, "own")
+    close(own[0], [[0.1, 1.0, 2.0], [0.5, 1.5, 0.0], [0.0, 0.0, 0.0]])
+    close(own[1], [[3.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_turn_returns_discounted() -> None:
+    rewards, valid = multi_turn_batch()
+    returns = turn_returns(rewards, valid, "discounted", gamma=0.5)
+    # s0: R2 = 2.0;  R1 = 1.0 + 0.5 * 2.0 = 2.0;  R0 = 0.1 + 0.5 * 2.0 = 1.1
+    # s1: R2 = 0 (not reached);  R1 = 1.5;  R0 = 0.5 + 0.5 * 1.5 = 1.25
+    # s2: excluded -> 0 everywhere
+    close(returns[0], [[1.1, 2.0, 2.0], [1.25, 1.5, 0.0], [0.0, 0.0, 0.0]])
+    close(returns[1], [[3.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    # gamma 0 is the own reward; gamma 1 the plain sum of the turn and later ones.
+    torch.testing.assert_close(
+        turn_returns(rewards, valid, "discounted", 0.0), turn_returns(rewards, valid)
+    )
+    close(turn_returns(rewards, valid, "discounted", 1.0)[0, 0], [3.1, 3.0, 2.0])
+
+
+def test_turn_returns_gap_counts_in_discount() -> None:
+    rewards = torch.tensor([[[1.0, 5.0, 4.0]]])
+    valid = torch.tensor([[[T, F, T]]])
+    # R2 = 4;  R1 = 0 (invalid, and its 5.0 is never counted);  R0 = 1 + 0.5 * 0 + 0.25 * 4 = 2
+    close(turn_returns(rewards, valid, "discounted", 0.5), [[[2.0, 0.0, 4.0]]])
+
+
+def test_trloo_on_discounted_returns() -> None:
+    rewards, valid = multi_turn_batch()
+    advantages = trloo_advantages(turn_returns(rewards, valid, "discounted", 0.5), valid)
+    # Group 0 returns: s0 [1.1, 2.0, 2.0], s1 [1.25, 1.5, -]
+    # turn 0: s0 1.1 - 1.25 = -0.15, s1 +0.15;  turn 1: s0 2.0 - 1.5 = 0.5, s1 -0.5;  turn 2: 0
+    close(advantages[0], [[-0.15, 0.5, 0.0], [0.15, -0.5, 0.0], [0.0, 0.0, 0.0]])
+
+
+def test_turn_returns_errors() -> None:
+    rewards, valid = multi_turn_batch()
+    with pytest.raises(ValueError, match="mode"):
+        turn_returns(rewards, valid, "monte_carlo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gamma"):
+        turn_returns(rewards, valid, "discounted", gamma=1.5)
+
+
+# --------------------------------------------------------------------------- flat and ragged
+def test_leave_one_out_flat_layout() -> None:
+    close(
+        leave_one_out_advantages(torch.tensor([1.0, 2.0, 3.0, 6.0]), 4), [-8 / 3, -4 / 3, 0.0, 4.0]
+    )
+    # [1, NaN, 3, 5]: the NaN is invalid; others: 1 - (3+5)/2 = -3, 3 - (1+5)/2 = 0, 5 - 2 = 3.
+    rewards = torch.tensor([1.0, float("nan"), 3.0, 5.0, 7.0, 1.0])
+    close(leave_one_out_advantages(rewards[:4], 4), [-3.0, 0.0, 0.0, 3.0])
+    # Groups of 2 with the last sample excluded: [1, NaN] -> no other valid -> 0, 0;
+    # [3, 5] -> -2, 2; [7, 1 excluded] -> 0, 0.
+    valid = torch.tensor([T, T, T, T, T, F])
+    close(leave_one_out_advantages(rewards, 2, valid), [0.0, 0.0, -2.0, 2.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="groups of 4"):
+        leave_one_out_advantages(rewards, 4)
+
+
+def test_pack_and_unpack_turns() -> None:
+    samples = [[0.1, 1.0, 2.0], [0.5, 1.5], None, [3.0], [0.0], [0.0]]
+    rewards, valid = pack_turns(samples, group_size=3)
+    expected_rewards, expected_valid = multi_turn_batch()
+    assert torch.equal(valid, expected_valid)
+    torch.testing.assert_close(rewards, torch.where(valid, expected_rewards, torch.zeros(())))
+    advantages = unpack_turns(trloo_advantages(rewards, valid), valid)
+    expected = [[-0.4, -0.5, 0.0], [0.4, 0.5], [], [3.0], [-1.5], [-1.5]]
+    for got, want in zip(advantages, expected, strict=True):
+        assert got == pytest.approx(want)
+    padded, padded_valid = pack_turns(samples, group_size=3, max_turns=4)
+    assert padded.shape == (2, 3, 4) and not padded_valid[..., 3].any()
+    with pytest.raises(ValueError, match="max_turns"):
+        pack_turns(samples, group_size=3, max_turns=2)
+    with pytest.raises(ValueError, match="groups of 4"):
+        pack_turns(samples, group_size=4)

@@ -1,0 +1,135 @@
+"""Reference validation in the environment's sandbox: every way a reference can be unusable."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from kernelrl.data.curate.normalize import normalize_tasks
+from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
+from kernelrl.data.schema import make_dataset
+
+RAW = Path(__file__).parent / "data" / "curate" / "raw_tasks"
+GELU = (RAW / "01_gelu_tanh.py").read_text()
+
+TEMPLATE = """
+import torch
+import torch.nn as nn
+{imports}
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+{body}
+
+
+def get_inputs():
+    return [torch.randn(4, 33)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def reference(body: str, imports: str = "") -> str:
+    return TEMPLATE.format(
+        imports=imports, body="\n".join("        " + line for line in body.splitlines())
+    )
+
+
+@pytest.fixture(scope="module")
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.setblocking(False)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def validated(listener, tmp_path_factory):
+    marker = tmp_path_factory.mktemp("hostile") / "pid.txt"
+    port = listener.getsockname()[1]
+    hostile = reference(
+        "return x * 2",
+        imports=(
+            "import os, socket\n"
+            f"open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=3).sendall(b'stolen')\n"
+        ),
+    )
+    records = {
+        "good_gelu": GELU,
+        "crashes": (RAW / "04_crashing_reference.py").read_text(),
+        "nan_outputs": (RAW / "06_log_of_inputs.py").read_text(),
+        "nondeterministic": (RAW / "07_random_channel_drop.py").read_text(),
+        "constant": reference("return torch.ones_like(x)"),
+        "mutates_input": reference("x.mul_(2.0)\nreturn x.sum(dim=1)"),
+        "import_error": reference("return x", imports="import a_module_that_does_not_exist"),
+        "hangs": reference("while True:\n    pass"),
+        "hostile": hostile,
+    }
+    rows = [{"id": key, "source": source, "origin": "test"} for key, source in records.items()]
+    tasks, _ = normalize_tasks(make_dataset(rows, "tasks"))
+    config = ValidateConfig(device="cpu", timeout_s=12, workers=2)
+    kept, report = validate_tasks(tasks, config)
+    return kept, {r.id: r for r in report.removed}, marker
+
+
+def test_good_reference_is_kept_with_runtime_and_ops(validated) -> None:
+    kept, _, _ = validated
+    assert kept["id"] == ["good_gelu"]
+    row = kept[0]
+    assert row["validated"] is True and row["ref_runtime_ms"] > 0
+    assert row["aten_ops"] == ["aten::gelu"]
+    details = json.loads(row["validation"])
+    assert details["runs"] == 2 and details["max_abs_diff_between_runs"] == 0.0
+    assert details["device"] == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("record", "reason", "detail"),
+    [
+        ("crashes", "reference_crashes", "shapes cannot be multiplied"),
+        ("nan_outputs", "non_finite_output", "NaN or Inf"),
+        ("nondeterministic", "nondeterministic", "two runs with equal seeds disagree"),
+        ("constant", "constant_output", "does not depend on the inputs"),
+        ("mutates_input", "mutates_inputs", "changed its inputs"),
+        ("import_error", "reference_does_not_load", "a_module_that_does_not_exist"),
+        ("hangs", "reference_timeout", "time limit"),
+        ("hostile", "reference_does_not_load", "Network is unreachable"),
+    ],
+)
+def test_bad_reference_is_removed_with_reason(
+    validated, record: str, reason: str, detail: str
+) -> None:
+    _, removed, _ = validated
+    assert removed[record].reason == reason
+    assert detail in removed[record].detail
+
+
+def test_records_run_in_a_sandboxed_child_without_network(validated, listener) -> None:
+    """The untrusted record ran in another process, and its connection attempt went nowhere."""
+    _, _, marker = validated
+    assert marker.exists() and int(marker.read_text()) != os.getpid()
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+
+
+def test_runtime_budget() -> None:
+    tasks, _ = normalize_tasks(make_dataset([{"id": "gelu", "source": GELU}], "tasks"))
+    kept, report = validate_tasks(
+        tasks, ValidateConfig(device="cpu", max_runtime_ms=1e-6, workers=2)
+    )
+    assert len(kept) == 0
+    assert (
+        report.removed[0].reason == "too_slow" and "exceeds the budget" in report.removed[0].detail
+    )

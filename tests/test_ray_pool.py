@@ -1,0 +1,244 @@
+"""RayPool on a local Ray cluster with logical GPUs (CPU workers, Triton interpreter).
+
+One pool (2 workers x 2 slots, one pre-check CPU actor) is shared by the whole module: Ray and
+worker start-up cost seconds each. Static checks are off in this pool (as in the sandbox tests)
+so that solutions which attack the worker itself reach the sandbox: that is what the fault
+tolerance must survive. The tests run in file order and leave the pool usable for the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import wait
+from pathlib import Path
+
+import pytest
+
+from kernelrl.env.cached_pool import CachedPool
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.ray_pool import RayPool
+from kernelrl.env.result import EvalResult, Status
+from kernelrl.env.store import POOL_ERROR_KEY, ResultsStore
+from kernelrl.env.task import TaskError, load_task, task_from_source
+
+ray = pytest.importorskip("ray")
+
+ROOT = Path(__file__).resolve().parent.parent
+DYNAMIC = Path(__file__).parent / "solutions" / "dynamic"
+RELU = load_task(ROOT / "data" / "tasks" / "01_relu.py")
+GOOD = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+HANG = (DYNAMIC / "timeout__infinite_loop.py").read_text()
+SEGFAULT = (DYNAMIC / "runtime_error__segfault.py").read_text()
+OS_EXIT = (DYNAMIC / "runtime_error__os_exit.py").read_text()
+# Kills the process that started its sandbox child: the worker actor itself.
+KILLER = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + GOOD
+TIMEOUT_S = 20.0
+
+
+def variant(source: str, tag: str) -> str:
+    """Same code, another text: another cache key, so nothing is served from a cache."""
+    return f"{source}\n# {tag}\n"
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("ray_pool") / "results.db")
+
+
+@pytest.fixture(scope="module")
+def pool(store_path: str) -> RayPool:
+    config = EvalConfig(device="cpu", timeout_s=TIMEOUT_S, static_checks=False)
+    with RayPool(
+        config,
+        workers=2,
+        per_gpu=2,
+        precheck_workers=1,
+        max_retries=1,
+        store_path=store_path,
+        eval_margin_s=60,
+    ) as pool:
+        yield pool
+
+
+def worker_states(pool: RayPool) -> list[dict]:
+    return [w for w in pool.stats()["workers"] if w["kind"] == "gpu"]
+
+
+def wait_until(predicate, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_local_pool_interface_and_parallel_workers(pool: RayPool) -> None:
+    assert pool.num_slots == 4 and pool.device == "cpu"
+    assert ray.cluster_resources()["GPU"] == 2  # logical GPUs, one actor each
+    before = [w["completed"] for w in worker_states(pool)]
+    solutions = [variant(GOOD, f"parallel {i}") for i in range(4)]
+    futures = pool.submit([RELU] * 4, solutions)
+    results = [f.result(timeout=300) for f in futures]
+    assert [r.status for r in results] == [Status.CORRECT] * 4
+    assert all(r.versions["triton"] and r.device_name for r in results)
+    after = [w["completed"] for w in worker_states(pool)]
+    assert all(a > b for a, b in zip(after, before, strict=True)), "one worker did all the work"
+    # The evaluations ran at the same time, not one after another.
+    spans = sorted((r.timestamp, r.timestamp + r.phase_seconds["total"]) for r in results)
+    assert any(spans[i + 1][0] < spans[i][1] for i in range(len(spans) - 1))
+
+    completion = "Here is my kernel:\n```python\n" + GOOD + "```\n"
+    (result,) = asyncio.run(pool.aevaluate([RELU], [completion]))
+    assert isinstance(result, EvalResult) and result.status is Status.CORRECT
+
+    with pytest.raises(ValueError, match="2 tasks but 1 solutions"):
+        pool.submit([RELU, RELU], [GOOD])
+    broken = task_from_source(RELU.source.replace("torch.relu(x)", "torch.relu(y)"), "broken")
+    futures = pool.submit([broken, RELU], [GOOD, variant(GOOD, "next to broken")])
+    with pytest.raises(TaskError, match="reference fails to run"):
+        futures[0].result(timeout=300)
+    assert futures[1].result(timeout=300).status is Status.CORRECT
+
+
+def test_format_errors_never_reach_a_gpu_worker(pool: RayPool) -> None:
+    rejected = pool.stats()["precheck_rejected"]
+    (result,) = pool.evaluate([RELU], ["I could not write a kernel for this, sorry."])
+    assert result.status is Status.FORMAT_ERROR and result.feedback
+    assert pool.stats()["precheck_rejected"] == rejected + 1
+
+
+def test_precheck_worker_runs_the_static_checks(pool: RayPool) -> None:
+    from kernelrl.env.ray_pool import PrecheckWorker
+
+    checker = ray.remote(PrecheckWorker).options(num_cpus=0).remote()
+    fallback = GOOD.replace("return relu(x)", "return torch.relu(x)")
+    verdict = ray.get(checker.check.remote("triton", RELU.source, fallback, True))
+    assert verdict is not None and verdict[0] == "integrity_violation"
+    assert "torch_fallback" in verdict[2]
+    assert ray.get(checker.check.remote("triton", RELU.source, GOOD, True)) is None
+    ray.kill(checker)
+
+
+def test_hanging_and_crashing_solutions_do_not_stall_the_batch(pool: RayPool) -> None:
+    goods = [variant(GOOD, f"mixed {i}") for i in range(3)]
+    solutions = [HANG, goods[0], SEGFAULT, goods[1], OS_EXIT, goods[2]]
+    started = time.monotonic()
+    futures = pool.submit([RELU] * len(solutions), solutions)
+    finished: dict[int, float] = {}
+    for index, future in enumerate(futures):
+        future.add_done_callback(lambda _, i=index: finished.setdefault(i, time.monotonic()))
+    # A batch deadline answers what is left at the deadline, and leaves the rest alone.
+    (deadline_future,) = pool.submit([RELU], [variant(HANG, "deadline")], timeout_s=3)
+    deadline_result = deadline_future.result(timeout=60)
+    assert deadline_result.status is Status.TIMEOUT
+    assert deadline_result.sandbox[POOL_ERROR_KEY] == "batch_timeout"
+    assert time.monotonic() - started < 20
+
+    results = [f.result(timeout=300) for f in futures]
+    elapsed = time.monotonic() - started
+    statuses = [r.status for r in results]
+    assert statuses == [
+        Status.TIMEOUT,
+        Status.CORRECT,
+        Status.RUNTIME_ERROR,
+        Status.CORRECT,
+        Status.RUNTIME_ERROR,
+        Status.CORRECT,
+    ]
+    assert "SIGSEGV" in results[2].error
+    # The good ones did not wait for the hanging one, and the batch ended with its timeout.
+    assert max(finished[i] for i in (1, 3, 5)) < finished[0]
+    assert elapsed < TIMEOUT_S + 40, f"batch took {elapsed:.0f} s"
+    assert all(w["state"] == "ok" for w in worker_states(pool))  # no worker was lost
+
+
+def test_killed_workers_lose_no_evaluation_and_count_none_twice(
+    pool: RayPool, store_path: str
+) -> None:
+    store = ResultsStore(store_path)
+    cached = CachedPool(pool, store)
+    rows_before = store.count()
+    stats_before = pool.stats()
+    pids_before = [w["pid"] for w in worker_states(pool)]
+    solutions = [variant(GOOD, f"kill {i}") for i in range(6)]
+    futures = cached.submit([RELU] * len(solutions), solutions)
+
+    # Mid-batch: worker 0 is killed and restarted by Ray, worker 1 is killed for good
+    # (no_restart) and replaced by the pool.
+    wait_until(lambda: worker_states(pool)[0]["in_flight"] > 0)
+    ray.kill(pool.actor(0), no_restart=False)
+    wait_until(lambda: worker_states(pool)[1]["in_flight"] > 0)
+    ray.kill(pool.actor(1), no_restart=True)
+
+    done, not_done = wait(futures, timeout=300)
+    assert not not_done
+    results = [f.result() for f in futures]
+    assert [r.status for r in results] == [Status.CORRECT] * 6
+    stats = pool.stats()
+    assert stats["worker_deaths"] - stats_before["worker_deaths"] == 2
+    assert stats["retried"] > stats_before["retried"]
+    assert stats["completed"] - stats_before["completed"] == 6
+    assert store.count() - rows_before == 6  # every evaluation exactly once
+    assert {r["solution"] for r in list(store.rows())[rows_before:]} == set(solutions)
+    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)))
+    pids_after = [w["pid"] for w in worker_states(pool)]
+    assert all(a != b for a, b in zip(pids_after, pids_before, strict=True))
+    store.close()
+
+
+def test_a_solution_that_kills_its_worker_is_a_runtime_error(pool: RayPool) -> None:
+    deaths = pool.stats()["worker_deaths"]
+    goods = [variant(GOOD, f"beside killer {i}") for i in range(2)]
+    results = pool.evaluate([RELU] * 3, [goods[0], KILLER, goods[1]])
+    assert [r.status for r in results] == [Status.CORRECT, Status.RUNTIME_ERROR, Status.CORRECT]
+    killer = results[1]
+    assert killer.sandbox[POOL_ERROR_KEY] == "worker_failed" and killer.sandbox["attempts"] == 2
+    assert "worker was lost 2 times" in killer.error and "kills" in killer.error
+    assert killer.error.count(") died: ") == 2  # each death with Ray's own cause
+    assert pool.stats()["worker_deaths"] - deaths == 2
+
+
+def test_results_store_serves_repeats_and_shares_reference_timings(
+    pool: RayPool, store_path: str
+) -> None:
+    from datasets import Dataset
+
+    store = ResultsStore(store_path)
+    cached = CachedPool(pool, store)
+    submitted = pool.stats()["submitted"]
+    repeat = variant(GOOD, "kill 0")  # evaluated in the kill test
+    fresh = variant(GOOD, "cache fresh")
+    results = cached.evaluate([RELU] * 4, [repeat, fresh, fresh, repeat])
+    assert [r.status for r in results] == [Status.CORRECT] * 4
+    assert pool.stats()["submitted"] - submitted == 1  # one new evaluation, shared in flight
+    assert (cached.hits, cached.misses) == (3, 1)
+    # A verdict of the pool itself (worker lost) is stored but never served again.
+    assert store.get(RELU, KILLER, pool.device_name) is None
+
+    dataset = store.to_dataset()
+    assert isinstance(dataset, Dataset)
+    row = dataset.filter(lambda r: r["solution"] == fresh)[0]
+    assert row["task_id"] == "01_relu" and row["device"] == "cpu" and row["status"] == "correct"
+    assert '"triton"' in row["versions"] and row["timestamp"] > 0
+    # The workers timed the reference once, through the store, for all of them.
+    assert any(key.startswith(RELU.hash) for key in store.timing_keys())
+    store.close()
+
+
+def test_status_snapshot_and_close(pool: RayPool) -> None:
+    stats = pool.stats()
+    assert stats["queued"] == 0 and stats["in_flight"] == 0
+    assert stats["completed"] == stats["submitted"]
+    assert stats["throughput_per_s"] > 0 and stats["device_name"] == pool.device_name
+    goods = pool.submit([RELU] * 2, [variant(GOOD, f"close {i}") for i in range(2)])
+    (hung,) = pool.submit([RELU], [variant(HANG, "close")])
+    wait_until(lambda: pool.stats()["in_flight"] == 3)
+    started = time.monotonic()
+    pool.close(timeout_s=TIMEOUT_S - 5)  # lets running work finish until then
+    assert time.monotonic() - started < TIMEOUT_S + 10
+    assert all(f.done() and f.result().status is Status.CORRECT for f in goods)
+    closed = hung.result(timeout=0)
+    assert closed.status is Status.RUNTIME_ERROR and closed.sandbox[POOL_ERROR_KEY] == "closed"
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit([RELU], [GOOD])
+    assert not ray.is_initialized()  # the pool started this Ray instance, and stopped it

@@ -1,0 +1,130 @@
+"""Profiling-based rejection sampling over hand-built EvalResults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelrl.env.result import EvalResult, Status
+from kernelrl.rl.advantages import trloo_advantages
+from kernelrl.rl.rejection import RejectionConfig, rejection_reason, rejection_weights
+
+
+def result(status: Status, **fields) -> EvalResult:
+    return EvalResult(task_id="t", backend="triton", status=status, **fields)
+
+
+BATCH = [
+    result(Status.CORRECT, device="cuda", own_kernel_share=0.9, custom_kernel_launches=1),  # kept
+    result(Status.CORRECT, device="cuda", own_kernel_share=0.2, custom_kernel_launches=1),  # lazy
+    result(Status.INTEGRITY_VIOLATION, checks_failed=["side_stream"]),  # cheat
+    result(Status.INCORRECT),  # honest failure: kept
+    result(Status.CORRECT, device="cpu", custom_kernel_launches=1),  # CPU: share unknown, kept
+    result(Status.COMPILE_ERROR),  # kept
+]
+
+
+def test_drop_mode() -> None:
+    weights, stats = rejection_weights(BATCH, RejectionConfig())
+    torch.testing.assert_close(weights, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]))
+    assert stats == {
+        "rate": pytest.approx(2 / 6),
+        "rejected": 2.0,
+        "total": 6.0,
+        "integrity": 1.0,
+        "low_kernel_share": 1.0,
+        "share_unknown": 1.0,
+    }
+
+
+def test_dict_form_accepted() -> None:
+    weights, stats = rejection_weights([r.to_dict() for r in BATCH])
+    torch.testing.assert_close(weights, torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]))
+    assert stats["rate"] == pytest.approx(2 / 6)
+
+
+def test_downweight_mode() -> None:
+    weights, stats = rejection_weights(BATCH, RejectionConfig(mode="downweight", weight=0.25))
+    torch.testing.assert_close(weights, torch.tensor([1.0, 0.25, 0.25, 1.0, 1.0, 1.0]))
+    assert stats["rate"] == pytest.approx(2 / 6)
+
+
+def test_switches() -> None:
+    weights, stats = rejection_weights(BATCH, RejectionConfig(drop_integrity_violations=False))
+    torch.testing.assert_close(weights, torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0]))
+    assert stats["rate"] == pytest.approx(1 / 6) and stats["integrity"] == 0.0
+    weights, stats = rejection_weights(BATCH, RejectionConfig(min_own_kernel_share=0.0))
+    torch.testing.assert_close(weights, torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0, 1.0]))
+    # A stricter threshold also rejects the 0.9 sample.
+    weights, _ = rejection_weights(BATCH, RejectionConfig(min_own_kernel_share=0.95))
+    torch.testing.assert_close(weights, torch.tensor([0.0, 0.0, 0.0, 1.0, 1.0, 1.0]))
+
+
+def test_threshold_is_strict() -> None:
+    at = result(Status.CORRECT, own_kernel_share=0.5)
+    below = result(Status.CORRECT, own_kernel_share=0.4999)
+    config = RejectionConfig(min_own_kernel_share=0.5)
+    assert rejection_reason(at, config) is None
+    assert rejection_reason(below, config) == "low_kernel_share"
+    assert rejection_reason(result("integrity_violation"), config) == "integrity"  # type: ignore[arg-type]
+
+
+def test_empty_batch() -> None:
+    weights, stats = rejection_weights([], RejectionConfig())
+    assert weights.shape == (0,) and stats["rate"] == 0.0
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        RejectionConfig(mode="filter")
+    with pytest.raises(ValueError):
+        RejectionConfig(min_own_kernel_share=1.5)
+    with pytest.raises(ValueError):
+        RejectionConfig(weight=-0.1)
+
+
+def test_dropped_samples_leave_the_trloo_baseline() -> None:
+    # One group of 3 single-turn samples: rewards 2 (kept), 3 (lazy, dropped), 0 (kept).
+    results = [BATCH[0], BATCH[1], BATCH[3]]
+    weights, _ = rejection_weights(results)
+    rewards = torch.tensor([[[2.0], [3.0], [0.0]]])
+    valid = (weights > 0).view(1, 3, 1)
+    # s0: 2 - 0 = 2;  s1 dropped -> 0;  s2: 0 - 2 = -2 (the lazy 3.0 enters no baseline)
+    torch.testing.assert_close(
+        trloo_advantages(rewards, valid), torch.tensor([[[2.0], [0.0], [-2.0]]])
+    )
+
+
+def test_config_fields_sit_beside_grpo_config() -> None:
+    # Recipes parse GRPOConfig, RewardConfig and RejectionConfig with one flat TrlParser:
+    # their field names must not collide.
+    import dataclasses
+
+    from trl import GRPOConfig, TrlParser
+
+    from kernelrl.rewards import RewardConfig
+
+    names = [
+        {f.name for f in dataclasses.fields(c)} for c in (GRPOConfig, RewardConfig, RejectionConfig)
+    ]
+    assert not (names[0] & names[1]) and not (names[0] & names[2]) and not (names[1] & names[2])
+    reward, rejection = TrlParser((RewardConfig, RejectionConfig)).parse_args_into_dataclasses(
+        ["--mode", "downweight", "--weight", "0.3", "--speedup_baseline", "compile"]
+    )
+    assert rejection == RejectionConfig(mode="downweight", weight=0.3)
+    assert reward.speedup_baseline == "compile"
+
+
+def test_real_h100_results_lazy_and_cheat_rejected() -> None:
+    # Real EvalResults from an H100; see tests/test_rewards.py for what they are.
+    path = Path(__file__).parent / "data" / "rewards_h100_eval_results.jsonl"
+    results = [EvalResult.from_dict(json.loads(line)) for line in path.read_text().splitlines()]
+    weights, stats = rejection_weights(results)
+    # Eight honest bundled solutions kept; the torch-matmul cheat and the lazy ReLU
+    # (own kernel share 0.05) rejected.
+    torch.testing.assert_close(weights, torch.tensor([1.0] * 8 + [0.0, 0.0]))
+    assert stats["integrity"] == 1.0 and stats["low_kernel_share"] == 1.0
+    assert stats["rate"] == pytest.approx(0.2)
