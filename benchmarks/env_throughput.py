@@ -22,7 +22,16 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pool import LocalPool
 from kernelrl.env.result import EvalResult
 
-PHASES = ("child_wait", "child_load", "child_first_call", "child_correctness", "reference", "child_timing", "child_profile", "reference_timing")
+PHASES = (
+    "child_wait",
+    "child_load",
+    "child_first_call",
+    "child_correctness",
+    "reference",
+    "child_timing",
+    "child_profile",
+    "reference_timing",
+)
 
 
 def run_pass(pool: LocalPool, pairs, repeats: int) -> tuple[list[EvalResult], float]:
@@ -46,8 +55,12 @@ def main() -> None:
         cold, cold_s = run_pass(pool, pairs, 1)
         warm, warm_s = run_pass(pool, pairs, args.repeats)
     print(f"device: {warm[0].device_name}; slots: {pool.num_slots}; versions: {warm[0].versions}")
-    print(f"pass 1 (cold reference cache): {len(cold)} evaluations in {cold_s:.1f} s = {len(cold) / cold_s * 60:.1f}/min")
-    print(f"pass 2 (warm cache): {len(warm)} evaluations in {warm_s:.1f} s = {len(warm) / warm_s * 60:.1f}/min")
+    print(
+        f"pass 1 (cold reference cache): {len(cold)} evaluations in {cold_s:.1f} s = {len(cold) / cold_s * 60:.1f}/min"
+    )
+    print(
+        f"pass 2 (warm cache): {len(warm)} evaluations in {warm_s:.1f} s = {len(warm) / warm_s * 60:.1f}/min"
+    )
     statuses = defaultdict(int)
     for r in warm:
         statuses[str(r.status)] += 1
@@ -56,8 +69,12 @@ def main() -> None:
     totals = [r.phase_seconds["total"] for r in warm]
     timed = [r.phase_seconds.get("child_timing", 0.0) for r in warm]
     overhead = [t - w for t, w in zip(totals, timed, strict=True)]
-    print(f"per evaluation: median total {statistics.median(totals):.2f} s, median timed work {statistics.median(timed):.2f} s, median harness overhead {statistics.median(overhead):.2f} s")
-    print("median seconds per phase (inside one evaluation; child start and CUDA context run ahead, in the background):")
+    print(
+        f"per evaluation: median total {statistics.median(totals):.2f} s, median timed work {statistics.median(timed):.2f} s, median harness overhead {statistics.median(overhead):.2f} s"
+    )
+    print(
+        "median seconds per phase (inside one evaluation; child start and CUDA context run ahead, in the background):"
+    )
     for phase in PHASES:
         values = [r.phase_seconds.get(phase, 0.0) for r in warm]
         print(f"  {phase:20s} {statistics.median(values):7.3f}")
@@ -74,7 +91,9 @@ def main() -> None:
     for task_id, values in by_task.items():
         spread = max(values) / min(values)
         spreads.append(spread)
-        print(f"  {task_id:28s} median {statistics.median(values):6.2f}x  spread {spread:.3f}  (n={len(values)})")
+        print(
+            f"  {task_id:28s} median {statistics.median(values):6.2f}x  spread {spread:.3f}  (n={len(values)})"
+        )
     if spreads:
         print(f"speedup spread: median {statistics.median(spreads):.3f}, max {max(spreads):.3f}")
     if args.json_out:

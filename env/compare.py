@@ -27,7 +27,9 @@ def compare_outputs(task: Task, got: list[Any], expected: list[Any], set_index: 
     result = Comparison(correct=True)
     where = f"input set {set_index}"
     if len(got) != len(expected):
-        return Comparison(False, problems=[f"{where}: returned {len(got)} outputs, expected {len(expected)}"])
+        return Comparison(
+            False, problems=[f"{where}: returned {len(got)} outputs, expected {len(expected)}"]
+        )
     for k, (out, ref) in enumerate(zip(got, expected, strict=True)):
         name = f"{where}, output {k}" if len(expected) > 1 else where
         if not isinstance(ref, torch.Tensor):
@@ -41,7 +43,9 @@ def compare_outputs(task: Task, got: list[Any], expected: list[Any], set_index: 
             result.problems.append(f"{name}: shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
             continue
         if out.dtype != ref.dtype:
-            result.problems.append(f"{name}: dtype {_dtype_name(out.dtype)}, expected {_dtype_name(ref.dtype)}")
+            result.problems.append(
+                f"{name}: dtype {_dtype_name(out.dtype)}, expected {_dtype_name(ref.dtype)}"
+            )
             continue
         out = out.to(ref.device)
         out_f, ref_f = out.double(), ref.double()
@@ -52,7 +56,9 @@ def compare_outputs(task: Task, got: list[Any], expected: list[Any], set_index: 
             continue
         atol, rtol = task.tolerances(_dtype_name(ref.dtype))
         diff = (out_f - ref_f).abs()
-        diff = torch.where(torch.isfinite(ref_f), diff, torch.where(out_f == ref_f, 0.0, float("inf")))
+        diff = torch.where(
+            torch.isfinite(ref_f), diff, torch.where(out_f == ref_f, 0.0, float("inf"))
+        )
         limit = atol + rtol * ref_f.abs()
         mismatched = diff > limit
         if diff.numel():

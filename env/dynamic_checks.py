@@ -26,11 +26,16 @@ MIN_EVENT_TO_KERNEL_RATIO = 0.7
 
 def check_correctness_run(report: dict[str, Any], backend: str) -> list[tuple[str, str]]:
     """Violations visible from the correctness calls (both devices)."""
-    violations = [(flag, DYNAMIC_CHECKS[flag]) for flag in report["flags"] if flag in DYNAMIC_CHECKS]
+    violations = [
+        (flag, DYNAMIC_CHECKS[flag]) for flag in report["flags"] if flag in DYNAMIC_CHECKS
+    ]
     if backend == "triton" and any(n == 0 for n in report["launches"]):
         calls = ", ".join(str(n) for n in report["launches"])
         violations.append(
-            ("no_kernel_executed", f"own Triton kernel launches per forward call were [{calls}]; every call must launch one")
+            (
+                "no_kernel_executed",
+                f"own Triton kernel launches per forward call were [{calls}]; every call must launch one",
+            )
         )
     violations.extend(_aten_fallback(report["aten_ops"]))
     return violations
@@ -47,7 +52,11 @@ def _aten_fallback(aten_ops: dict[str, int]) -> list[tuple[str, str]]:
 def is_own_kernel(kernel_name: str, own_names: list[str]) -> bool:
     """Triton kernels appear under their function name; CUDA ones demangled, 'name(args)'."""
     for name in own_names:
-        if kernel_name == name or kernel_name.startswith(name + "(") or kernel_name.startswith(name + "<"):
+        if (
+            kernel_name == name
+            or kernel_name.startswith(name + "(")
+            or kernel_name.startswith(name + "<")
+        ):
             return True
         if f" {name}(" in kernel_name or f"::{name}(" in kernel_name or f" {name}<" in kernel_name:
             return True
@@ -62,7 +71,9 @@ def summarize_profile(profile: dict[str, Any], own_names: list[str]) -> dict[str
     own_launches = 0
     for kernel in profile["kernels"]:
         own = is_own_kernel(kernel["name"], own_names)
-        entry = per_kernel.setdefault(kernel["name"], {"name": kernel["name"], "calls": 0, "total_us": 0.0, "own": own})
+        entry = per_kernel.setdefault(
+            kernel["name"], {"name": kernel["name"], "calls": 0, "total_us": 0.0, "own": own}
+        )
         entry["calls"] += 1
         entry["total_us"] += kernel["us"]
         total_us += kernel["us"]
@@ -84,12 +95,20 @@ def check_gpu_profile(
     if summary["own_launches_per_call"] < 1:
         names = ", ".join(k["name"][:60] for k in summary["kernels"][:5]) or "none"
         violations.append(
-            ("no_kernel_executed", f"the profiler saw no kernel of the solution's own in {profile['calls']} calls (kernels seen: {names})")
+            (
+                "no_kernel_executed",
+                f"the profiler saw no kernel of the solution's own in {profile['calls']} calls (kernels seen: {names})",
+            )
         )
     current = profile["current_stream"]
     streams = sorted({k["stream"] for k in profile["kernels"] if k["stream"] != current})
     if streams:
-        violations.append(("side_stream", f"kernels ran on streams {streams}, not on the current stream {current}"))
+        violations.append(
+            (
+                "side_stream",
+                f"kernels ran on streams {streams}, not on the current stream {current}",
+            )
+        )
     kernel_ms = summary["kernel_ms_per_call"]
     if kernel_ms > 0 and runtime_median_ms < MIN_EVENT_TO_KERNEL_RATIO * kernel_ms:
         violations.append(

@@ -65,11 +65,22 @@ class Evaluator:
     """Evaluates solutions on one device. Thread-safe: several evaluations may be in flight,
     but GPU timing and profiling take a per-device lock so measurements never overlap."""
 
-    def __init__(self, config: EvalConfig | None = None, gpu_index: int = 0, timing_cache: ReferenceTimingCache | None = None) -> None:
+    def __init__(
+        self,
+        config: EvalConfig | None = None,
+        gpu_index: int = 0,
+        timing_cache: ReferenceTimingCache | None = None,
+    ) -> None:
         self.config = config or EvalConfig()
         self.device_kind = self.config.resolved_device()
-        self.device = torch.device("cuda", gpu_index) if self.device_kind == "cuda" else torch.device("cpu")
-        self.children = ChildPool(self.device_kind, gpu_index if self.device_kind == "cuda" else None, self.config.spare_children)
+        self.device = (
+            torch.device("cuda", gpu_index) if self.device_kind == "cuda" else torch.device("cpu")
+        )
+        self.children = ChildPool(
+            self.device_kind,
+            gpu_index if self.device_kind == "cuda" else None,
+            self.config.spare_children,
+        )
         self.references = ReferenceRunner(self.device)
         self.timing_cache = timing_cache or ReferenceTimingCache()
         self.gpu_lock = threading.Lock()
@@ -109,7 +120,11 @@ class Evaluator:
         except FormatError as exc:
             result.status, result.error = Status.FORMAT_ERROR, str(exc)
             return
-        failures = run_static_checks(source, task.backend, task.source) if self.config.static_checks else []
+        failures = (
+            run_static_checks(source, task.backend, task.source)
+            if self.config.static_checks
+            else []
+        )
         if failures:
             result.status = Status.INTEGRITY_VIOLATION
             result.checks_failed = sorted({f.name for f in failures})
@@ -121,7 +136,8 @@ class Evaluator:
         child = self.children.acquire()
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
         result.sandbox = {
-            key: child.ready_info.get(key) for key in ("network", "import_seconds", "cuda_init_seconds")
+            key: child.ready_info.get(key)
+            for key in ("network", "import_seconds", "cuda_init_seconds")
         }
         try:
             self._run_in_child(task, source, own_names, child, result)
@@ -140,7 +156,9 @@ class Evaluator:
         finally:
             child.close()
 
-    def _run_in_child(self, task: Task, source: str, own_names: list[str], child: Child, result: EvalResult) -> None:
+    def _run_in_child(
+        self, task: Task, source: str, own_names: list[str], child: Child, result: EvalResult
+    ) -> None:
         config = self.config
         deadline = time.monotonic() + config.timeout_s
         model_seed = secrets.randbits(31)
@@ -177,7 +195,9 @@ class Evaluator:
 
         for index, expected in enumerate(references):
             # Only files inside the child's own scratch are read, whatever paths it reported.
-            got = torch.load(child.scratch / f"outputs_{index}.pt", weights_only=True, map_location=self.device)
+            got = torch.load(
+                child.scratch / f"outputs_{index}.pt", weights_only=True, map_location=self.device
+            )
             comparison = compare_outputs(task, got, expected, index)
             result.input_sets_checked = index + 1
             result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
@@ -187,7 +207,9 @@ class Evaluator:
                 result.error = "\n".join(comparison.problems[:3])
                 break
         launches = report["launches"]
-        result.custom_kernel_launches = min(launches) if launches and task.backend == "triton" else None
+        result.custom_kernel_launches = (
+            min(launches) if launches and task.backend == "triton" else None
+        )
         violations = dynamic_checks.check_correctness_run(report, task.backend)
         if violations:
             self._violate(result, violations)
@@ -198,7 +220,9 @@ class Evaluator:
         with self.gpu_lock if self.device_kind == "cuda" else contextlib.nullcontext():
             child.send({"type": "time"})
             timing = child.receive(deadline, config.host_memory_bytes)
-            result.phase_seconds.update({f"child_{k}": v for k, v in timing.get("phase", {}).items()})
+            result.phase_seconds.update(
+                {f"child_{k}": v for k, v in timing.get("phase", {}).items()}
+            )
             if self._stopped_early(timing, result):
                 return
             result.runtime = TimingStats(**timing["runtime"])
@@ -214,7 +238,9 @@ class Evaluator:
             result.kernels = summary["kernels"]
             result.own_kernel_share = summary["own_share"]
             result.custom_kernel_launches = round(summary["own_launches_per_call"])
-            violations = dynamic_checks.check_gpu_profile(timing["profile"], summary, result.runtime.median_ms)
+            violations = dynamic_checks.check_gpu_profile(
+                timing["profile"], summary, result.runtime.median_ms
+            )
             if violations:
                 self._violate(result, violations)
                 return

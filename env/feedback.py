@@ -39,15 +39,21 @@ def _timing_lines(result: EvalResult) -> list[str]:
         return []
     runtime = result.runtime
     if not result.timing_meaningful:
-        return [f"Timing on {result.device_name} (Triton interpreter) is not meaningful; correctness only."]
+        return [
+            f"Timing on {result.device_name} (Triton interpreter) is not meaningful; correctness only."
+        ]
     lines = [
         f"Runtime {runtime.median_ms:.4f} ms (median of {runtime.reps}, IQR {runtime.spread:.1%}) on {result.device_name}."
     ]
     parts = []
     if result.ref_eager is not None and result.speedup_vs_eager is not None:
-        parts.append(f"{result.speedup_vs_eager:.2f}x vs PyTorch eager ({result.ref_eager.median_ms:.4f} ms)")
+        parts.append(
+            f"{result.speedup_vs_eager:.2f}x vs PyTorch eager ({result.ref_eager.median_ms:.4f} ms)"
+        )
     if result.ref_compile is not None and result.speedup_vs_compile is not None:
-        parts.append(f"{result.speedup_vs_compile:.2f}x vs torch.compile ({result.ref_compile.median_ms:.4f} ms)")
+        parts.append(
+            f"{result.speedup_vs_compile:.2f}x vs torch.compile ({result.ref_compile.median_ms:.4f} ms)"
+        )
     if parts:
         lines.append("Speedup: " + "; ".join(parts) + ".")
     if result.own_kernel_share is not None:

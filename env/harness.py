@@ -21,7 +21,9 @@ import torch
 _RNG_LOCK = threading.RLock()
 
 
-def load_module(source: str, name: str, overrides: Mapping[str, Any] | None = None) -> types.ModuleType:
+def load_module(
+    source: str, name: str, overrides: Mapping[str, Any] | None = None
+) -> types.ModuleType:
     """Execute ``source`` as a fresh module registered under ``name``.
 
     Registration in ``sys.modules`` matters: Triton's JIT and ``inspect.getsource`` look kernels
@@ -32,7 +34,12 @@ def load_module(source: str, name: str, overrides: Mapping[str, Any] | None = No
     module.__file__ = f"<{name}>"
     sys.modules[name] = module
     # Triton's JIT reads kernel source through inspect/linecache: serve it from memory.
-    linecache.cache[module.__file__] = (len(source), None, source.splitlines(keepends=True), module.__file__)
+    linecache.cache[module.__file__] = (
+        len(source),
+        None,
+        source.splitlines(keepends=True),
+        module.__file__,
+    )
     code = compile(source, module.__file__, "exec")
     exec(code, module.__dict__)  # noqa: S102 - trusted task code, or untrusted code in the sandbox
     for key, value in (overrides or {}).items():
@@ -42,7 +49,9 @@ def load_module(source: str, name: str, overrides: Mapping[str, Any] | None = No
     return module
 
 
-def build_model(model_class: type, task: types.ModuleType, seed: int, device: torch.device) -> torch.nn.Module:
+def build_model(
+    model_class: type, task: types.ModuleType, seed: int, device: torch.device
+) -> torch.nn.Module:
     """Construct a model under ``seed`` so Model and ModelNew get identical parameters.
 
     Constructor arguments always come from the task's ``get_init_inputs``.

@@ -68,7 +68,9 @@ def _fenced_blocks(text: str) -> Iterator[tuple[str, str]]:
             return
         fence = opening.group("fence")
         body_start = opening.end() + 1
-        closing = re.compile(rf"^[ \t]{{0,3}}{re.escape(fence)}[ \t]*$", re.M).search(text, body_start)
+        closing = re.compile(rf"^[ \t]{{0,3}}{re.escape(fence)}[ \t]*$", re.M).search(
+            text, body_start
+        )
         body_end = closing.start() if closing else len(text)
         yield opening.group("tag").lower(), text[body_start:body_end]
         if closing is None:
@@ -268,7 +270,13 @@ def module_string_constants(tree: ast.Module) -> dict[str, list[ast.expr]]:
             for target in node.targets:
                 if isinstance(target, ast.Name):
                     values.setdefault(target.id, []).append(node.value)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value or isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.value
+            or isinstance(node, ast.AugAssign)
+            and isinstance(node.target, ast.Name)
+        ):
             values.setdefault(node.target.id, []).append(node.value)
     return values
 
@@ -336,7 +344,9 @@ def strip_c_comments(source: str) -> str:
 
     source = re.sub(r"/\*.*?\*/", blank, source, flags=re.S)
     source = re.sub(r"//[^\n]*", "", source)
-    return re.sub(r"^[ \t]*#[ \t]*if[ \t]+0\b.*?^[ \t]*#[ \t]*endif\b", blank, source, flags=re.S | re.M)
+    return re.sub(
+        r"^[ \t]*#[ \t]*if[ \t]+0\b.*?^[ \t]*#[ \t]*endif\b", blank, source, flags=re.S | re.M
+    )
 
 
 _GLOBAL_FUNCTION = re.compile(r"__global__\s+(?:[^(;{}]*?\s)?[*&\s]*(\w+)\s*(?:<[^>(]*>\s*)?\(")

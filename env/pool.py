@@ -38,7 +38,11 @@ class LocalPool:
         self.config = config or EvalConfig()
         kind = self.config.resolved_device()
         if kind == "cuda":
-            gpus = torch.cuda.device_count() if workers is None else min(workers, torch.cuda.device_count())
+            gpus = (
+                torch.cuda.device_count()
+                if workers is None
+                else min(workers, torch.cuda.device_count())
+            )
             # A child needs ~4 s to import torch and make its context, an evaluation ~2 s:
             # keep two spares per slot warming so that no slot waits for one.
             self.config.spare_children = max(self.config.spare_children, 2 * per_gpu)

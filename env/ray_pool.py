@@ -191,6 +191,7 @@ class _Worker:
     info: dict[str, Any] = field(default_factory=dict)
     completed: int = 0
     deaths: int = 0
+    incarnation: int = 0  # bumped at each counted death: older calls' failures are that death
     load: float = 0.0  # expected seconds of work in flight
 
     def free(self) -> int:
@@ -208,6 +209,7 @@ class _Call:
     item: _Item
     kind: str  # "eval" or "check"
     started: float
+    incarnation: int  # of its worker when it was sent
     collateral: bool = False  # its worker was restarted by the pool for another item
 
 
@@ -480,7 +482,10 @@ class RayPool:
             self._started_ray = False
 
     def _worker_failed(self, worker: _Worker, cause: str) -> None:
-        """Stop sending work to it and ping it until Ray has restarted it (or it is gone)."""
+        """Stop sending work to it and ping it until Ray has restarted it (or it is gone).
+        Called once per death: the failures of the other calls it had in flight (and of calls
+        sent before the pool knew) belong to the same incarnation and are not counted again."""
+        worker.incarnation += 1
         if worker.healthy:
             worker.deaths += 1
             self._stats["worker_deaths"] += 1
@@ -623,7 +628,9 @@ class RayPool:
                     )
                 worker.in_flight[ref] = item
                 worker.load += item.cost
-                self._calls[ref] = _Call(worker, item, "eval" if kind == "gpu" else "check", now)
+                self._calls[ref] = _Call(
+                    worker, item, "eval" if kind == "gpu" else "check", now, worker.incarnation
+                )
 
     def _answered(self, ref: Any, call: _Call) -> None:
         import ray
@@ -635,7 +642,8 @@ class RayPool:
         try:
             value = ray.get(ref)
         except RayError as exc:  # the actor died or is unreachable: not the item's verdict
-            self._worker_failed(worker, str(exc))
+            if call.incarnation == worker.incarnation:  # else: a death already counted
+                self._worker_failed(worker, str(exc))
             if call.kind == "check":
                 self._requeue(item, gpu=True)  # the GPU worker repeats the checks
                 return

@@ -64,10 +64,14 @@ class ReferenceRunner:
             if key not in self._modules:
                 try:
                     self._modules[key] = harness.load_module(
-                        task.source, f"kernelrl_reference_{task.hash}_{kind}", task.size_overrides(kind)
+                        task.source,
+                        f"kernelrl_reference_{task.hash}_{kind}",
+                        task.size_overrides(kind),
                     )
                 except Exception as exc:
-                    raise TaskError(f"task {task.id}: reference does not load: {type(exc).__name__}: {exc}") from exc
+                    raise TaskError(
+                        f"task {task.id}: reference does not load: {type(exc).__name__}: {exc}"
+                    ) from exc
             return self._modules[key]
 
     def outputs(self, task: Task, model_seed: int, input_seeds: list[int]) -> list[list[Any]]:
@@ -80,7 +84,9 @@ class ReferenceRunner:
                 with torch.no_grad():
                     results.append(harness.as_output_list(model(*inputs)))
         except Exception as exc:
-            raise TaskError(f"task {task.id}: reference fails to run: {type(exc).__name__}: {exc}") from exc
+            raise TaskError(
+                f"task {task.id}: reference fails to run: {type(exc).__name__}: {exc}"
+            ) from exc
         return results
 
     def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
@@ -115,7 +121,14 @@ class ReferenceTimingCache:
     def key(task: Task, device: torch.device, kind: str) -> str:
         versions = library_versions()
         return "|".join(
-            [task.hash, harness.device_kind(device), device_name(device), versions["torch"], versions["triton"], kind]
+            [
+                task.hash,
+                harness.device_kind(device),
+                device_name(device),
+                versions["torch"],
+                versions["triton"],
+                kind,
+            ]
         )
 
     def _load(self) -> dict[str, Any]:

@@ -24,7 +24,9 @@ from kernelrl.env.task import Task
 
 def print_result(result: EvalResult, console: Console) -> None:
     style = "green" if result.correct else "red"
-    console.print(f"[bold]{result.task_id}[/bold] ({result.backend}, {result.device_name}): [{style}]{result.status}[/{style}]")
+    console.print(
+        f"[bold]{result.task_id}[/bold] ({result.backend}, {result.device_name}): [{style}]{result.status}[/{style}]"
+    )
     if result.checks_failed:
         console.print(f"checks failed: {', '.join(result.checks_failed)}")
     console.print(result.feedback, markup=False)
@@ -34,7 +36,9 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "-" if value is None else format(value, pattern)
 
 
-def run_suite(pool, pairs: list[tuple[Task, str]], console: Console, repeats: int = 1) -> list[EvalResult]:
+def run_suite(
+    pool, pairs: list[tuple[Task, str]], console: Console, repeats: int = 1
+) -> list[EvalResult]:
     """Evaluate every (task, solution) pair through ``pool`` with a progress bar, then a table."""
     tasks = [t for t, _ in pairs for _ in range(repeats)]
     solutions = [s for _, s in pairs for _ in range(repeats)]
@@ -68,8 +72,19 @@ def run_suite(pool, pairs: list[tuple[Task, str]], console: Console, repeats: in
 
 def summary_table(results: list[EvalResult]) -> Table:
     table = Table(title="kernelrl env check-suite")
-    for column in ("task", "status", "checks", "runtime ms", "vs eager", "vs compile", "own share", "eval s"):
-        table.add_column(column, justify="right" if column not in ("task", "status", "checks") else "left")
+    for column in (
+        "task",
+        "status",
+        "checks",
+        "runtime ms",
+        "vs eager",
+        "vs compile",
+        "own share",
+        "eval s",
+    ):
+        table.add_column(
+            column, justify="right" if column not in ("task", "status", "checks") else "left"
+        )
     by_task: dict[str, list[EvalResult]] = {}
     for result in results:
         by_task.setdefault(result.task_id, []).append(result)
@@ -81,7 +96,9 @@ def summary_table(results: list[EvalResult]) -> Table:
             task_id,
             f"[{style}]{last.status}[/{style}]" + (f" x{len(runs)}" if len(runs) > 1 else ""),
             ", ".join(last.checks_failed),
-            _fmt(last.runtime.median_ms if last.runtime and last.timing_meaningful else None, ".4f"),
+            _fmt(
+                last.runtime.median_ms if last.runtime and last.timing_meaningful else None, ".4f"
+            ),
             _fmt(statistics.median(speedups) if speedups else None, ".2f"),
             _fmt(last.speedup_vs_compile, ".2f"),
             _fmt(last.own_kernel_share, ".0%"),

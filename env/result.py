@@ -99,7 +99,9 @@ class EvalResult:
         data.pop("correct", None)
         version = data.get("schema_version", SCHEMA_VERSION)
         if version > SCHEMA_VERSION:
-            raise ValueError(f"EvalResult schema {version} is newer than this kernelrl ({SCHEMA_VERSION})")
+            raise ValueError(
+                f"EvalResult schema {version} is newer than this kernelrl ({SCHEMA_VERSION})"
+            )
         data["status"] = Status(data["status"])
         for name in ("runtime", "ref_eager", "ref_compile"):
             if data.get(name) is not None:

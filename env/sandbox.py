@@ -25,7 +25,15 @@ from typing import Any
 from kernelrl.env.protocol import ProtocolError, recv_message, send_message
 
 # Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
-_PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "TRITON_PTXAS_PATH")
+_PASSED_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LD_LIBRARY_PATH",
+    "TRITON_PTXAS_PATH",
+)
 
 
 def _scratch_root() -> str | None:
@@ -79,7 +87,9 @@ class Child:
                 raise ChildDied(self.describe_exit())
             if max_rss_bytes and self.rss_bytes() > max_rss_bytes:
                 self.kill("memory")
-                raise ChildDied(f"exceeded the host memory limit of {max_rss_bytes / 2**30:.1f} GiB")
+                raise ChildDied(
+                    f"exceeded the host memory limit of {max_rss_bytes / 2**30:.1f} GiB"
+                )
 
     def rss_bytes(self) -> int:
         try:
@@ -178,7 +188,13 @@ def spawn_child(device: str, gpu_index: int | None) -> Child:
 class ChildPool:
     """Keeps ``spare`` children warming up so that evaluations rarely wait for one."""
 
-    def __init__(self, device: str, gpu_index: int | None = None, spare: int = 1, ready_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self,
+        device: str,
+        gpu_index: int | None = None,
+        spare: int = 1,
+        ready_timeout_s: float = 180.0,
+    ) -> None:
         self.device = device
         self.gpu_index = gpu_index
         self.spare = max(spare, 0)
@@ -197,7 +213,11 @@ class ChildPool:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("child pool is closed")
-                child = self._warming.pop(0) if self._warming else spawn_child(self.device, self.gpu_index)
+                child = (
+                    self._warming.pop(0)
+                    if self._warming
+                    else spawn_child(self.device, self.gpu_index)
+                )
                 self._top_up()
             try:
                 message = child.receive(time.monotonic() + self.ready_timeout_s)

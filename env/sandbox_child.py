@@ -51,7 +51,108 @@ TASK_MODULE = "kernelrl_task"
 # aten ops that do a task's real computation; a solution's forward must leave them to its kernels.
 ATEN_COMPUTE_OPS = frozenset(
     "aten::" + op
-    for op in ["mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "dot", "mv", "addmv", "convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution", "mkldnn_convolution", "conv_transpose2d", "softmax", "_softmax", "log_softmax", "_log_softmax", "layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm", "group_norm", "native_group_norm", "rms_norm", "_fused_rms_norm", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod", "prod", "var", "std", "norm", "linalg_vector_norm", "logsumexp", "relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "pow", "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "where", "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "abs", "neg", "reciprocal", "sort", "topk", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss", "nll_loss_forward", "nll_loss2d_forward", "cross_entropy_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_similarity", "_scaled_dot_product_attention", "scaled_dot_product_attention", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "hardtanh", "leaky_relu", "elu", "softplus", "mish", "hardswish", "erf"]
+    for op in [
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "matmul",
+        "linear",
+        "einsum",
+        "dot",
+        "mv",
+        "addmv",
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "conv_transpose2d",
+        "softmax",
+        "_softmax",
+        "log_softmax",
+        "_log_softmax",
+        "layer_norm",
+        "native_layer_norm",
+        "batch_norm",
+        "native_batch_norm",
+        "group_norm",
+        "native_group_norm",
+        "rms_norm",
+        "_fused_rms_norm",
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "argmax",
+        "argmin",
+        "cumsum",
+        "cumprod",
+        "prod",
+        "var",
+        "std",
+        "norm",
+        "linalg_vector_norm",
+        "logsumexp",
+        "relu",
+        "relu_",
+        "gelu",
+        "silu",
+        "sigmoid",
+        "tanh",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "pow",
+        "add",
+        "add_",
+        "sub",
+        "sub_",
+        "mul",
+        "mul_",
+        "div",
+        "div_",
+        "where",
+        "clamp",
+        "clamp_min",
+        "clamp_max",
+        "maximum",
+        "minimum",
+        "abs",
+        "neg",
+        "reciprocal",
+        "sort",
+        "topk",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "nll_loss",
+        "nll_loss_forward",
+        "nll_loss2d_forward",
+        "cross_entropy_loss",
+        "kl_div",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "cosine_similarity",
+        "_scaled_dot_product_attention",
+        "scaled_dot_product_attention",
+        "max_pool2d",
+        "avg_pool2d",
+        "adaptive_avg_pool2d",
+        "hardtanh",
+        "leaky_relu",
+        "elu",
+        "softplus",
+        "mish",
+        "hardswish",
+        "erf",
+    ]
 )
 
 
@@ -99,7 +200,10 @@ class LaunchCounter:
             original = cls.run
 
             def counted_run(self, *args, _original=original, **kwargs):
-                if not kwargs.get("warmup", False) and getattr(self.fn, "__module__", "") == SOLUTION_MODULE:
+                if (
+                    not kwargs.get("warmup", False)
+                    and getattr(self.fn, "__module__", "") == SOLUTION_MODULE
+                ):
                     self.counts_owner.counts[self.fn.__name__] += 1
                 return _original(self, *args, **kwargs)
 
@@ -138,7 +242,15 @@ def is_compile_error(exc: BaseException) -> bool:
     (shape, type and API misuse: what the compiler would have rejected; true memory faults
     crash the process instead)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(names & {"CompilationError", "CompileTimeAssertionFailure", "MLIRCompilationError", "InterpreterError"})
+    return bool(
+        names
+        & {
+            "CompilationError",
+            "CompileTimeAssertionFailure",
+            "MLIRCompilationError",
+            "InterpreterError",
+        }
+    )
 
 
 def stub_load_inline_for_cpu(scratch: str) -> None:
@@ -166,7 +278,10 @@ def stub_load_inline_for_cpu(scratch: str) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-            raise RuntimeError(f"Error building extension '{name}':\n" + "\n".join(errors[:20] or [proc.stderr[-3000:]]))
+            raise RuntimeError(
+                f"Error building extension '{name}':\n"
+                + "\n".join(errors[:20] or [proc.stderr[-3000:]])
+            )
         raise CompiledOnly("CUDA source compiled with nvcc; executing it needs a GPU")
 
     cpp_extension.load_inline = compile_only
@@ -177,7 +292,9 @@ def run_job(sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) ->
     phase: dict[str, float] = {}
 
     def fail(stage: str, exc: BaseException) -> None:
-        send_message(sock, {"type": "error", "stage": stage, "error": short_traceback(exc), "phase": phase})
+        send_message(
+            sock, {"type": "error", "stage": stage, "error": short_traceback(exc), "phase": phase}
+        )
 
     task = harness.load_module(job["task_source"], TASK_MODULE, job["size_overrides"])
     if job["backend"] == "cuda" and device.type == "cpu":
@@ -229,18 +346,29 @@ def run_job(sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) ->
         launches.append(counter.total())
         outputs = harness.as_output_list(output)
         tensors = harness.tensors_in(outputs)
-        if any(not torch.equal(a, b) for a, b in zip(harness.tensors_in(inputs), before, strict=True)):
+        if any(
+            not torch.equal(a, b) for a, b in zip(harness.tensors_in(inputs), before, strict=True)
+        ):
             flags.append("input_mutated")
         if any(harness.storages_overlap(o, i) for o in tensors for i in harness.tensors_in(inputs)):
             flags.append("output_aliases_input")
-        if any(harness.storages_overlap(o, k) for o in tensors for prev, _ in kept_outputs for k in prev):
+        if any(
+            harness.storages_overlap(o, k)
+            for o in tensors
+            for prev, _ in kept_outputs
+            for k in prev
+        ):
             flags.append("output_reused")
         kept_outputs.append((tensors, [t.clone() for t in tensors]))
         path = os.path.join(os.getcwd(), f"outputs_{index}.pt")
         torch.save([o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in outputs], path)
         paths.append(path)
     # An output overwritten by a later call was handed out twice: results reused across calls.
-    if any(not torch.equal(t, c) for prev, clones in kept_outputs for t, c in zip(prev, clones, strict=True)):
+    if any(
+        not torch.equal(t, c)
+        for prev, clones in kept_outputs
+        for t, c in zip(prev, clones, strict=True)
+    ):
         flags.append("output_reused")
     phase["correctness"] = time.perf_counter() - start
     send_message(
@@ -268,15 +396,23 @@ def run_job(sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) ->
         stats = time_fn(call, device, TimingConfig(**job["timing"]))
         phase["timing"] = time.perf_counter() - start
         start = time.perf_counter()
-        profile = profile_kernels(call, device, job["profile_calls"], counter) if device.type == "cuda" else {}
+        profile = (
+            profile_kernels(call, device, job["profile_calls"], counter)
+            if device.type == "cuda"
+            else {}
+        )
         phase["profile"] = time.perf_counter() - start
     except Exception as exc:
         fail("runtime", exc)
         return
-    send_message(sock, {"type": "timing", "runtime": stats.__dict__, "profile": profile, "phase": phase})
+    send_message(
+        sock, {"type": "timing", "runtime": stats.__dict__, "profile": profile, "phase": phase}
+    )
 
 
-def profile_kernels(call, device: torch.device, calls: int, counter: LaunchCounter) -> dict[str, Any]:
+def profile_kernels(
+    call, device: torch.device, calls: int, counter: LaunchCounter
+) -> dict[str, Any]:
     """GPU kernels of ``calls`` forward calls under CUPTI: names, time, stream.
 
     A marker kernel launched on the caller's current stream first tells which stream id the
@@ -297,7 +433,10 @@ def profile_kernels(call, device: torch.device, calls: int, counter: LaunchCount
     marker_stream = None
     aten_ops: Counter[str] = Counter()
     for event in prof.profiler.kineto_results.events():
-        if event.device_type() == torch.autograd.DeviceType.CPU and event.name() in ATEN_COMPUTE_OPS:
+        if (
+            event.device_type() == torch.autograd.DeviceType.CPU
+            and event.name() in ATEN_COMPUTE_OPS
+        ):
             aten_ops[event.name()] += 1
         if event.device_type() != torch.autograd.DeviceType.CUDA or event.is_user_annotation():
             continue

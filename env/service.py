@@ -251,7 +251,7 @@ def stop_service(
 
 
 def start_http(
-    name: str = SERVICE_NAME, namespace: str = NAMESPACE, host: str = "127.0.0.1", port: int = 8000
+    name: str = SERVICE_NAME, namespace: str = NAMESPACE, host: str = "127.0.0.1", port: int = 8100
 ) -> str:
     """Ray Serve in front of the service actor: ``POST /evaluate`` and ``GET /status``.
 

@@ -56,15 +56,180 @@ class CheckFailure:
 # ----------------------------------------------------------------------------- op vocabulary
 # Calls that allocate, reshape or describe tensors: never "the computation".
 ALLOWED_TORCH_OPS = frozenset(
-    ["empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "arange", "tensor", "as_tensor", "as_strided", "contiguous", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "t", "expand", "expand_as", "narrow", "select", "unbind", "split", "chunk", "stride", "size", "numel", "dim", "element_size", "data_ptr", "is_contiguous", "to", "float", "half", "bfloat16", "double", "int", "long", "bool", "type", "cuda", "cpu", "detach", "requires_grad_", "new_empty", "new_zeros", "new_ones", "new_full", "new_tensor", "get_device", "is_floating_point", "device", "Size", "finfo", "iinfo", "dtype", "manual_seed", "is_tensor", "result_type", "promote_types", "broadcast_shapes", "storage_offset", "untyped_storage", "movedim", "swapaxes", "swapdims", "item", "tolist"]
+    [
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "zeros",
+        "zeros_like",
+        "ones",
+        "ones_like",
+        "full",
+        "full_like",
+        "arange",
+        "tensor",
+        "as_tensor",
+        "as_strided",
+        "contiguous",
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "flatten",
+        "unflatten",
+        "squeeze",
+        "unsqueeze",
+        "permute",
+        "transpose",
+        "t",
+        "expand",
+        "expand_as",
+        "narrow",
+        "select",
+        "unbind",
+        "split",
+        "chunk",
+        "stride",
+        "size",
+        "numel",
+        "dim",
+        "element_size",
+        "data_ptr",
+        "is_contiguous",
+        "to",
+        "float",
+        "half",
+        "bfloat16",
+        "double",
+        "int",
+        "long",
+        "bool",
+        "type",
+        "cuda",
+        "cpu",
+        "detach",
+        "requires_grad_",
+        "new_empty",
+        "new_zeros",
+        "new_ones",
+        "new_full",
+        "new_tensor",
+        "get_device",
+        "is_floating_point",
+        "device",
+        "Size",
+        "finfo",
+        "iinfo",
+        "dtype",
+        "manual_seed",
+        "is_tensor",
+        "result_type",
+        "promote_types",
+        "broadcast_shapes",
+        "storage_offset",
+        "untyped_storage",
+        "movedim",
+        "swapaxes",
+        "swapdims",
+        "item",
+        "tolist",
+    ]
 )
 # Ops that do real work in any task, whether or not the reference names them.
 HEAVY_TORCH_OPS = frozenset(
-    ["matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm", "addmv", "mv", "dot", "einsum", "tensordot", "linear", "bilinear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution", "softmax", "log_softmax", "softmin", "layer_norm", "group_norm", "batch_norm", "instance_norm", "rms_norm", "local_response_norm", "normalize", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits", "cosine_similarity", "scaled_dot_product_attention", "multi_head_attention_forward", "cumsum", "cumprod", "logcumsumexp", "sort", "argsort", "topk", "kthvalue", "fft", "ifft", "rfft", "irfft", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d", "adaptive_max_pool2d", "interpolate", "embedding", "unfold", "fold", "pad", "logsumexp", "cdist"]
+    [
+        "matmul",
+        "mm",
+        "bmm",
+        "addmm",
+        "addbmm",
+        "baddbmm",
+        "addmv",
+        "mv",
+        "dot",
+        "einsum",
+        "tensordot",
+        "linear",
+        "bilinear",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "convolution",
+        "softmax",
+        "log_softmax",
+        "softmin",
+        "layer_norm",
+        "group_norm",
+        "batch_norm",
+        "instance_norm",
+        "rms_norm",
+        "local_response_norm",
+        "normalize",
+        "cross_entropy",
+        "nll_loss",
+        "mse_loss",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "kl_div",
+        "binary_cross_entropy",
+        "binary_cross_entropy_with_logits",
+        "cosine_similarity",
+        "scaled_dot_product_attention",
+        "multi_head_attention_forward",
+        "cumsum",
+        "cumprod",
+        "logcumsumexp",
+        "sort",
+        "argsort",
+        "topk",
+        "kthvalue",
+        "fft",
+        "ifft",
+        "rfft",
+        "irfft",
+        "max_pool1d",
+        "max_pool2d",
+        "max_pool3d",
+        "avg_pool1d",
+        "avg_pool2d",
+        "avg_pool3d",
+        "adaptive_avg_pool2d",
+        "adaptive_max_pool2d",
+        "interpolate",
+        "embedding",
+        "unfold",
+        "fold",
+        "pad",
+        "logsumexp",
+        "cdist",
+    ]
 )
 # nn layers that hold no computation worth a kernel.
-PASSIVE_LAYERS = frozenset({"Identity", "Dropout", "Flatten", "Unflatten", "ModuleList", "ModuleDict", "Sequential", "ParameterList", "ParameterDict"})
-TORCH_NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.", "torch.linalg.", "torch.fft.", "torch.ops.aten.")
+PASSIVE_LAYERS = frozenset(
+    {
+        "Identity",
+        "Dropout",
+        "Flatten",
+        "Unflatten",
+        "ModuleList",
+        "ModuleDict",
+        "Sequential",
+        "ParameterList",
+        "ParameterDict",
+    }
+)
+TORCH_NAMESPACES = (
+    "torch.",
+    "torch.nn.functional.",
+    "torch.special.",
+    "torch.linalg.",
+    "torch.fft.",
+    "torch.ops.aten.",
+)
 
 OTHER_COMPILER_PREFIXES = (
     "torch.compile",
@@ -77,10 +242,83 @@ OTHER_COMPILER_PREFIXES = (
     "torch._C._jit",
 )
 OTHER_COMPILER_MODULES = frozenset(
-    ["numba", "cupy", "jax", "jaxlib", "tvm", "tensorflow", "pycuda", "taichi", "tilelang", "tensorrt", "torch_tensorrt", "onnxruntime", "iree", "hidet", "cuda", "cutlass", "thunder", "mlir", "nvrtc"]
+    [
+        "numba",
+        "cupy",
+        "jax",
+        "jaxlib",
+        "tvm",
+        "tensorflow",
+        "pycuda",
+        "taichi",
+        "tilelang",
+        "tensorrt",
+        "torch_tensorrt",
+        "onnxruntime",
+        "iree",
+        "hidet",
+        "cuda",
+        "cutlass",
+        "thunder",
+        "mlir",
+        "nvrtc",
+    ]
 )
 FORBIDDEN_MODULES = frozenset(
-    ["threading", "_thread", "multiprocessing", "concurrent", "subprocess", "ctypes", "cffi", "socket", "ssl", "http", "urllib", "urllib3", "requests", "httpx", "aiohttp", "ftplib", "smtplib", "asyncio", "signal", "gc", "inspect", "sys", "shutil", "tempfile", "pickle", "dill", "cloudpickle", "marshal", "shelve", "importlib", "builtins", "time", "timeit", "resource", "mmap", "faulthandler", "atexit", "traceback", "pty", "select", "selectors", "sqlite3", "kernelrl", "pathlib", "glob", "fcntl", "psutil", "code", "pdb", "runpy", "io", "posix"]
+    [
+        "threading",
+        "_thread",
+        "multiprocessing",
+        "concurrent",
+        "subprocess",
+        "ctypes",
+        "cffi",
+        "socket",
+        "ssl",
+        "http",
+        "urllib",
+        "urllib3",
+        "requests",
+        "httpx",
+        "aiohttp",
+        "ftplib",
+        "smtplib",
+        "asyncio",
+        "signal",
+        "gc",
+        "inspect",
+        "sys",
+        "shutil",
+        "tempfile",
+        "pickle",
+        "dill",
+        "cloudpickle",
+        "marshal",
+        "shelve",
+        "importlib",
+        "builtins",
+        "time",
+        "timeit",
+        "resource",
+        "mmap",
+        "faulthandler",
+        "atexit",
+        "traceback",
+        "pty",
+        "select",
+        "selectors",
+        "sqlite3",
+        "kernelrl",
+        "pathlib",
+        "glob",
+        "fcntl",
+        "psutil",
+        "code",
+        "pdb",
+        "runpy",
+        "io",
+        "posix",
+    ]
 )
 FORBIDDEN_TORCH_APIS = (
     "torch.profiler",
@@ -98,10 +336,43 @@ FORBIDDEN_TORCH_APIS = (
 )
 OS_ALLOWED = frozenset({"os.environ", "os.getenv"})
 FORBIDDEN_BUILTINS = frozenset(
-    ["open", "exec", "eval", "compile", "__import__", "globals", "locals", "vars", "breakpoint", "input"]
+    [
+        "open",
+        "exec",
+        "eval",
+        "compile",
+        "__import__",
+        "globals",
+        "locals",
+        "vars",
+        "breakpoint",
+        "input",
+    ]
 )
 INTROSPECTION_ATTRIBUTES = frozenset(
-    ["__dict__", "__globals__", "__code__", "__closure__", "__subclasses__", "__bases__", "__mro__", "__builtins__", "__getattribute__", "__loader__", "__spec__", "f_back", "f_globals", "f_locals", "f_code", "gi_frame", "cr_frame", "tb_frame", "__self__", "__func__", "__wrapped__"]
+    [
+        "__dict__",
+        "__globals__",
+        "__code__",
+        "__closure__",
+        "__subclasses__",
+        "__bases__",
+        "__mro__",
+        "__builtins__",
+        "__getattribute__",
+        "__loader__",
+        "__spec__",
+        "f_back",
+        "f_globals",
+        "f_locals",
+        "f_code",
+        "gi_frame",
+        "cr_frame",
+        "tb_frame",
+        "__self__",
+        "__func__",
+        "__wrapped__",
+    ]
 )
 NAME_TAKING_BUILTINS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
 SIDE_STREAM_CALLS = frozenset(
@@ -192,7 +463,11 @@ class SolutionAnalysis:
             for node in ast.walk(self.tree)
             if isinstance(node, ast.FunctionDef) and node.name in set(self.kernels.values())
         }
-        self.functions = {n.name: n for n in self.tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        self.functions = {
+            n.name: n
+            for n in self.tree.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
         self.classes = {n.name: n for n in self.tree.body if isinstance(n, ast.ClassDef)}
         self.methods: dict[str, list[ast.FunctionDef]] = {}
         for cls in self.classes.values():
@@ -225,7 +500,11 @@ class SolutionAnalysis:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 callee = node.value.func
-                name = callee.id if isinstance(callee, ast.Name) and callee.id in self.classes else self.resolve(callee)
+                name = (
+                    callee.id
+                    if isinstance(callee, ast.Name) and callee.id in self.classes
+                    else self.resolve(callee)
+                )
                 for target in node.targets:
                     if _is_self_attribute(target) and name:
                         types[target.attr] = name  # type: ignore[union-attr]
@@ -238,7 +517,11 @@ class SolutionAnalysis:
         loaders: set[str] = set()
         for fn in self.functions.values():
             for node in ast.walk(fn):
-                if isinstance(node, ast.Return) and node.value is not None and is_cpp_extension_call(node.value, self.aliases):
+                if (
+                    isinstance(node, ast.Return)
+                    and node.value is not None
+                    and is_cpp_extension_call(node.value, self.aliases)
+                ):
                     loaders.add(fn.name)
         changed = True
         while changed:
@@ -247,13 +530,25 @@ class SolutionAnalysis:
                 if not isinstance(node, ast.Assign):
                     continue
                 value = node.value
-                bound = is_cpp_extension_call(value, self.aliases) or (
-                    isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in loaders
-                ) or (isinstance(value, ast.Name) and value.id in names)
+                bound = (
+                    is_cpp_extension_call(value, self.aliases)
+                    or (
+                        isinstance(value, ast.Call)
+                        and isinstance(value.func, ast.Name)
+                        and value.func.id in loaders
+                    )
+                    or (isinstance(value, ast.Name) and value.id in names)
+                )
                 if not bound:
                     continue
                 for target in node.targets:
-                    key = target.id if isinstance(target, ast.Name) else target.attr if _is_self_attribute(target) else None
+                    key = (
+                        target.id
+                        if isinstance(target, ast.Name)
+                        else target.attr
+                        if _is_self_attribute(target)
+                        else None
+                    )
                     if key and key not in names:
                         names.add(key)
                         changed = True
@@ -261,7 +556,11 @@ class SolutionAnalysis:
                 if fn.name in loaders:
                     continue
                 for node in ast.walk(fn):
-                    if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id in names:
+                    if (
+                        isinstance(node, ast.Return)
+                        and isinstance(node.value, ast.Name)
+                        and node.value.id in names
+                    ):
                         loaders.add(fn.name)
                         changed = True
                         break
@@ -274,7 +573,11 @@ class SolutionAnalysis:
             return owner.id in self.extension_names
         if _is_self_attribute(owner):
             return owner.attr in self.extension_names  # type: ignore[union-attr]
-        return isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id in self.loader_functions
+        return (
+            isinstance(owner, ast.Call)
+            and isinstance(owner.func, ast.Name)
+            and owner.func.id in self.loader_functions
+        )
 
     def _callees(self, call: ast.Call) -> Iterator[ast.FunctionDef]:
         func = call.func
@@ -292,7 +595,11 @@ class SolutionAnalysis:
                     found = self._method(self.attribute_types[func.attr], method)
                     if found:
                         yield found
-            if func.attr == "apply" and isinstance(func.value, ast.Name) and func.value.id in self.classes:
+            if (
+                func.attr == "apply"
+                and isinstance(func.value, ast.Name)
+                and func.value.id in self.classes
+            ):
                 found = self._method(func.value.id, "forward")
                 if found:
                     yield found
@@ -329,7 +636,11 @@ def walk_skipping(root: ast.AST, skip: set[ast.FunctionDef]) -> Iterator[ast.AST
 
 
 def _is_self_attribute(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    )
 
 
 def _root_name(node: ast.AST) -> ast.Name | None:
@@ -348,7 +659,9 @@ def reference_ops(reference_source: str | None) -> set[str]:
     if not reference_source:
         return set()
     try:
-        analysis = SolutionAnalysis(reference_source.replace("class Model(", "class ModelNew(", 1), "triton")
+        analysis = SolutionAnalysis(
+            reference_source.replace("class Model(", "class ModelNew(", 1), "triton"
+        )
     except SyntaxError:
         return set()
     ops: set[str] = set()
@@ -389,17 +702,36 @@ Check = Callable[[SolutionAnalysis, set[str]], list[CheckFailure]]
 
 def check_no_custom_kernel(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
     if analysis.forward is None:
-        return [CheckFailure("no_custom_kernel", "ModelNew has no forward method, so no kernel can run.")]
+        return [
+            CheckFailure(
+                "no_custom_kernel", "ModelNew has no forward method, so no kernel can run."
+            )
+        ]
     if analysis.backend == "triton":
         if not analysis.kernels:
-            return [CheckFailure("no_custom_kernel", "No @triton.jit kernel is defined: write the computation as a Triton kernel.")]
+            return [
+                CheckFailure(
+                    "no_custom_kernel",
+                    "No @triton.jit kernel is defined: write the computation as a Triton kernel.",
+                )
+            ]
         launched = False
         for node in analysis.forward_nodes():
             if isinstance(node, ast.Call):
-                target = node.func.value if isinstance(node.func, ast.Subscript | ast.Attribute) else None
+                target = (
+                    node.func.value
+                    if isinstance(node.func, ast.Subscript | ast.Attribute)
+                    else None
+                )
                 if isinstance(node.func, ast.Attribute) and node.func.attr not in ("run", "warmup"):
                     target = None
-                name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else None
+                name = (
+                    target.id
+                    if isinstance(target, ast.Name)
+                    else target.attr
+                    if isinstance(target, ast.Attribute)
+                    else None
+                )
                 launched |= name in analysis.kernels
         if not launched:
             return [
@@ -419,9 +751,18 @@ def check_no_custom_kernel(analysis: SolutionAnalysis, ref_ops: set[str]) -> lis
         for name in cuda_global_functions(text)
     ]
     if not kernels:
-        return [CheckFailure("no_custom_kernel", "No __global__ CUDA kernel is passed to load_inline: write the computation as a CUDA kernel.")]
+        return [
+            CheckFailure(
+                "no_custom_kernel",
+                "No __global__ CUDA kernel is passed to load_inline: write the computation as a CUDA kernel.",
+            )
+        ]
     for node in analysis.forward_nodes():
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and analysis.is_extension(node.func.value):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and analysis.is_extension(node.func.value)
+        ):
             return []
     return [
         CheckFailure(
@@ -439,13 +780,32 @@ def check_torch_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
         if isinstance(node, ast.Call):
             resolved = analysis.resolve(node.func)
             if resolved and _module_of(resolved) == "numpy":
-                failures.append(CheckFailure("torch_fallback", f"forward computes with numpy ({resolved}) instead of a kernel.", node.lineno))
+                failures.append(
+                    CheckFailure(
+                        "torch_fallback",
+                        f"forward computes with numpy ({resolved}) instead of a kernel.",
+                        node.lineno,
+                    )
+                )
                 continue
-            if isinstance(node.func, ast.Name) and node.func.id == "Model" or (
-                isinstance(node.func, ast.Attribute) and node.func.attr == "forward" and isinstance(node.func.value, ast.Call)
-                and isinstance(node.func.value.func, ast.Name) and node.func.value.func.id == "super"
+            if (
+                isinstance(node.func, ast.Name)
+                and node.func.id == "Model"
+                or (
+                    isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "forward"
+                    and isinstance(node.func.value, ast.Call)
+                    and isinstance(node.func.value.func, ast.Name)
+                    and node.func.value.func.id == "super"
+                )
             ):
-                failures.append(CheckFailure("torch_fallback", "forward runs the reference Model instead of a kernel.", node.lineno))
+                failures.append(
+                    CheckFailure(
+                        "torch_fallback",
+                        "forward runs the reference Model instead of a kernel.",
+                        node.lineno,
+                    )
+                )
                 continue
             if _is_self_attribute(node.func) and node.func.attr in analysis.attribute_types:  # type: ignore[union-attr]
                 layer = analysis.attribute_types[node.func.attr]  # type: ignore[union-attr]
@@ -481,7 +841,8 @@ def check_try_except_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> 
                 computes = any(op not in ALLOWED_TORCH_OPS for op in _ops_of(inner, analysis))
                 resolved = analysis.resolve(inner.func) if isinstance(inner, ast.Call) else None
                 if isinstance(inner, ast.Call) and (
-                    _module_of(resolved) == "numpy" or (isinstance(inner.func, ast.Name) and inner.func.id == "Model")
+                    _module_of(resolved) == "numpy"
+                    or (isinstance(inner.func, ast.Name) and inner.func.id == "Model")
                 ):
                     computes = True
                 if computes and not (isinstance(inner, ast.Call) and _is_raise_helper(inner)):
@@ -498,7 +859,15 @@ def check_try_except_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> 
 
 
 def _is_raise_helper(call: ast.Call) -> bool:
-    return isinstance(call.func, ast.Name) and call.func.id in {"RuntimeError", "ValueError", "TypeError", "str", "repr", "print", "format"}
+    return isinstance(call.func, ast.Name) and call.func.id in {
+        "RuntimeError",
+        "ValueError",
+        "TypeError",
+        "str",
+        "repr",
+        "print",
+        "format",
+    }
 
 
 def check_other_compiler(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
@@ -509,17 +878,39 @@ def check_other_compiler(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
             names = [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names = [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
-        elif isinstance(node, ast.Attribute | ast.Name) and isinstance(getattr(node, "ctx", None), ast.Load):
+        elif isinstance(node, ast.Attribute | ast.Name) and isinstance(
+            getattr(node, "ctx", None), ast.Load
+        ):
             resolved = analysis.resolve(node)
-            if resolved and any(resolved == p or resolved.startswith(p + ".") for p in OTHER_COMPILER_PREFIXES):
+            if resolved and any(
+                resolved == p or resolved.startswith(p + ".") for p in OTHER_COMPILER_PREFIXES
+            ):
                 names = [(resolved, node.lineno)]
         for name, lineno in names:
-            if _module_of(name) in OTHER_COMPILER_MODULES or any(name == p or name.startswith(p + ".") for p in OTHER_COMPILER_PREFIXES):
-                failures.append(CheckFailure("other_compiler", f"{name} stands in for a hand-written kernel; write the kernel yourself.", lineno))
+            if _module_of(name) in OTHER_COMPILER_MODULES or any(
+                name == p or name.startswith(p + ".") for p in OTHER_COMPILER_PREFIXES
+            ):
+                failures.append(
+                    CheckFailure(
+                        "other_compiler",
+                        f"{name} stands in for a hand-written kernel; write the kernel yourself.",
+                        lineno,
+                    )
+                )
     if analysis.backend == "triton" and cpp_extension_sources(analysis.tree, analysis.aliases):
-        failures.append(CheckFailure("other_compiler", "this task asks for Triton kernels, but the solution compiles C++/CUDA with torch.utils.cpp_extension."))
+        failures.append(
+            CheckFailure(
+                "other_compiler",
+                "this task asks for Triton kernels, but the solution compiles C++/CUDA with torch.utils.cpp_extension.",
+            )
+        )
     if analysis.backend == "cuda" and analysis.kernels:
-        failures.append(CheckFailure("other_compiler", "this task asks for CUDA C++ kernels (load_inline), but the solution defines Triton kernels."))
+        failures.append(
+            CheckFailure(
+                "other_compiler",
+                "this task asks for CUDA C++ kernels (load_inline), but the solution defines Triton kernels.",
+            )
+        )
     return _dedup(failures)
 
 
@@ -530,8 +921,10 @@ def check_monkeypatch(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[Che
         if isinstance(target, ast.Name):
             return target.id in ("__builtins__", "Model")
         root = _root_name(target)
-        return root is not None and isinstance(target, ast.Attribute | ast.Subscript) and (
-            root.id in analysis.aliases or root.id in ("Model", "__builtins__")
+        return (
+            root is not None
+            and isinstance(target, ast.Attribute | ast.Subscript)
+            and (root.id in analysis.aliases or root.id in ("Model", "__builtins__"))
         )
 
     for node in ast.walk(analysis.tree):
@@ -542,24 +935,56 @@ def check_monkeypatch(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[Che
             targets = [node.target]
         elif isinstance(node, ast.Delete):
             targets = list(node.targets)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") and node.args:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and node.args
+        ):
             targets = [ast.Attribute(value=node.args[0], attr="?", ctx=ast.Store())]
         for target in _flatten_targets(targets):
             if patched(target):
                 what = ast.unparse(target).replace(".?", "")
-                failures.append(CheckFailure("monkeypatch", f"the solution modifies {what}; it must not patch torch, builtins, timers or the harness.", node.lineno))
+                failures.append(
+                    CheckFailure(
+                        "monkeypatch",
+                        f"the solution modifies {what}; it must not patch torch, builtins, timers or the harness.",
+                        node.lineno,
+                    )
+                )
         if isinstance(node, ast.Call):
             resolved = analysis.resolve(node.func) or ""
             if resolved.startswith("torch.library") and any(
-                isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("aten") for c in ast.walk(node)
+                isinstance(c, ast.Constant)
+                and isinstance(c.value, str)
+                and c.value.startswith("aten")
+                for c in ast.walk(node)
             ):
-                failures.append(CheckFailure("monkeypatch", "torch.library is used to override an aten operator.", node.lineno))
+                failures.append(
+                    CheckFailure(
+                        "monkeypatch",
+                        "torch.library is used to override an aten operator.",
+                        node.lineno,
+                    )
+                )
         if isinstance(node, ast.FunctionDef) and node.name in DISPATCH_HOOKS:
-            failures.append(CheckFailure("monkeypatch", f"{node.name} intercepts torch calls; it is not allowed.", node.lineno))
+            failures.append(
+                CheckFailure(
+                    "monkeypatch",
+                    f"{node.name} intercepts torch calls; it is not allowed.",
+                    node.lineno,
+                )
+            )
         if isinstance(node, ast.Attribute | ast.Name):
             resolved = analysis.resolve(node)
             if resolved and resolved.startswith(DISPATCH_MODULES):
-                failures.append(CheckFailure("monkeypatch", f"{resolved} intercepts torch calls; it is not allowed.", node.lineno))
+                failures.append(
+                    CheckFailure(
+                        "monkeypatch",
+                        f"{resolved} intercepts torch calls; it is not allowed.",
+                        node.lineno,
+                    )
+                )
     return _dedup(failures)
 
 
@@ -584,50 +1009,111 @@ def check_forbidden_module(analysis: SolutionAnalysis, ref_ops: set[str]) -> lis
             if node.module == "os" and not node.level:
                 modules = [f"os.{alias.name}" for alias in node.names]
         for module in modules:
-            if module.startswith(".") or _module_of(module) in FORBIDDEN_MODULES or (
-                module.startswith("os.") and module not in OS_ALLOWED
-            ) or module.startswith(FORBIDDEN_TORCH_APIS):
-                failures.append(CheckFailure("forbidden_module", f"import of {module.lstrip('.') or 'a relative module'} is not allowed in a solution (threads, processes, I/O, timers, introspection).", node.lineno))
-        if isinstance(node, ast.Attribute | ast.Name) and isinstance(getattr(node, "ctx", None), ast.Load):
+            if (
+                module.startswith(".")
+                or _module_of(module) in FORBIDDEN_MODULES
+                or (module.startswith("os.") and module not in OS_ALLOWED)
+                or module.startswith(FORBIDDEN_TORCH_APIS)
+            ):
+                failures.append(
+                    CheckFailure(
+                        "forbidden_module",
+                        f"import of {module.lstrip('.') or 'a relative module'} is not allowed in a solution (threads, processes, I/O, timers, introspection).",
+                        node.lineno,
+                    )
+                )
+        if isinstance(node, ast.Attribute | ast.Name) and isinstance(
+            getattr(node, "ctx", None), ast.Load
+        ):
             resolved = analysis.resolve(node)
             if not resolved or isinstance(node, ast.Name):
                 continue
-            if (_module_of(resolved) == "os" and resolved.count(".") == 1 and resolved not in OS_ALLOWED) or (
-                resolved.startswith(FORBIDDEN_TORCH_APIS) and resolved.count(".") <= 3
-            ):
-                failures.append(CheckFailure("forbidden_module", f"{resolved} (process, file or profiler access) is not allowed in a solution.", node.lineno))
+            if (
+                _module_of(resolved) == "os"
+                and resolved.count(".") == 1
+                and resolved not in OS_ALLOWED
+            ) or (resolved.startswith(FORBIDDEN_TORCH_APIS) and resolved.count(".") <= 3):
+                failures.append(
+                    CheckFailure(
+                        "forbidden_module",
+                        f"{resolved} (process, file or profiler access) is not allowed in a solution.",
+                        node.lineno,
+                    )
+                )
     return _dedup(failures)
 
 
 def check_forbidden_builtin(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
     failures = []
     for node in ast.walk(analysis.tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id not in analysis.aliases:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id not in analysis.aliases
+        ):
             name = node.func.id
             if name in FORBIDDEN_BUILTINS and name not in analysis.functions:
-                failures.append(CheckFailure("forbidden_builtin", f"the builtin {name}() is not allowed in a solution.", node.lineno))
-            elif name in NAME_TAKING_BUILTINS and (len(node.args) < 2 or not isinstance(node.args[1], ast.Constant)):
-                failures.append(CheckFailure("forbidden_builtin", f"{name}() with a computed attribute name hides what is accessed; use plain attribute access.", node.lineno))
+                failures.append(
+                    CheckFailure(
+                        "forbidden_builtin",
+                        f"the builtin {name}() is not allowed in a solution.",
+                        node.lineno,
+                    )
+                )
+            elif name in NAME_TAKING_BUILTINS and (
+                len(node.args) < 2 or not isinstance(node.args[1], ast.Constant)
+            ):
+                failures.append(
+                    CheckFailure(
+                        "forbidden_builtin",
+                        f"{name}() with a computed attribute name hides what is accessed; use plain attribute access.",
+                        node.lineno,
+                    )
+                )
         elif isinstance(node, ast.Attribute) and node.attr in INTROSPECTION_ATTRIBUTES:
-            failures.append(CheckFailure("forbidden_builtin", f"introspection through .{node.attr} is not allowed in a solution.", node.lineno))
+            failures.append(
+                CheckFailure(
+                    "forbidden_builtin",
+                    f"introspection through .{node.attr} is not allowed in a solution.",
+                    node.lineno,
+                )
+            )
         elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__"):
-            failures.append(CheckFailure("forbidden_builtin", f"{node.id} is not allowed in a solution.", node.lineno))
+            failures.append(
+                CheckFailure(
+                    "forbidden_builtin", f"{node.id} is not allowed in a solution.", node.lineno
+                )
+            )
     return _dedup(failures)
 
 
 def check_side_stream(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
     failures = []
     for node in ast.walk(analysis.tree):
-        if isinstance(node, ast.Attribute | ast.Name) and isinstance(getattr(node, "ctx", None), ast.Load):
+        if isinstance(node, ast.Attribute | ast.Name) and isinstance(
+            getattr(node, "ctx", None), ast.Load
+        ):
             resolved = analysis.resolve(node)
             if resolved in SIDE_STREAM_CALLS:
-                failures.append(CheckFailure("side_stream", f"{resolved}: work must run on the current stream, where the harness times it.", node.lineno))
+                failures.append(
+                    CheckFailure(
+                        "side_stream",
+                        f"{resolved}: work must run on the current stream, where the harness times it.",
+                        node.lineno,
+                    )
+                )
     for _, sources in cpp_extension_sources(analysis.tree, analysis.aliases):
         for fragments in sources.values():
             for text, lineno in fragments:
                 match = SIDE_STREAM_CUDA.search(strip_c_comments(text))
                 if match:
-                    failures.append(CheckFailure("side_stream", f"{match.group(1)} in the CUDA source: launch on at::cuda::getCurrentCUDAStream().", lineno))
+                    failures.append(
+                        CheckFailure(
+                            "side_stream",
+                            f"{match.group(1)} in the CUDA source: launch on at::cuda::getCurrentCUDAStream().",
+                            lineno,
+                        )
+                    )
     return _dedup(failures)
 
 
@@ -637,25 +1123,56 @@ def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
         target.id
         for node in analysis.tree.body
         if isinstance(node, ast.Assign | ast.AnnAssign)
-        for target in _flatten_targets(list(node.targets) if isinstance(node, ast.Assign) else [node.target])
+        for target in _flatten_targets(
+            list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+        )
         if isinstance(target, ast.Name)
     }
     for fn in analysis.forward_path:
         for decorator in fn.decorator_list:
-            name = analysis.resolve(decorator.func if isinstance(decorator, ast.Call) else decorator)
+            name = analysis.resolve(
+                decorator.func if isinstance(decorator, ast.Call) else decorator
+            )
             if name in MEMO_DECORATORS:
-                failures.append(CheckFailure("output_caching", f"{fn.name} is memoised with {name}: every call must compute its result.", fn.lineno))
+                failures.append(
+                    CheckFailure(
+                        "output_caching",
+                        f"{fn.name} is memoised with {name}: every call must compute its result.",
+                        fn.lineno,
+                    )
+                )
         tainted = _tainted_names(fn)
-        declared_global = {name for node in ast.walk(fn) if isinstance(node, ast.Global | ast.Nonlocal) for name in node.names}
-        defaults = {arg.arg for arg, default in zip(fn.args.args[::-1], fn.args.defaults[::-1], strict=False) if isinstance(default, ast.Dict | ast.List | ast.Set)}
+        declared_global = {
+            name
+            for node in ast.walk(fn)
+            if isinstance(node, ast.Global | ast.Nonlocal)
+            for name in node.names
+        }
+        defaults = {
+            arg.arg
+            for arg, default in zip(fn.args.args[::-1], fn.args.defaults[::-1], strict=False)
+            if isinstance(default, ast.Dict | ast.List | ast.Set)
+        }
         for node in walk_skipping(fn, analysis.kernel_defs):
             stores: list[tuple[ast.AST, ast.AST]] = []
             if isinstance(node, ast.Assign):
                 stores = [(t, node.value) for t in _flatten_targets(list(node.targets))]
             elif isinstance(node, ast.AugAssign | ast.AnnAssign) and node.value is not None:
                 stores = [(node.target, node.value)]
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
-                "append", "extend", "update", "setdefault", "__setitem__", "insert", "add", "copy_"
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr
+                in (
+                    "append",
+                    "extend",
+                    "update",
+                    "setdefault",
+                    "__setitem__",
+                    "insert",
+                    "add",
+                    "copy_",
+                )
             ):
                 stores = [(node.func.value, ast.Tuple(elts=list(node.args), ctx=ast.Load()))]
             for target, value in stores:
@@ -666,7 +1183,11 @@ def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
                     _is_self_attribute(target)
                     or (root is not None and root.id == "self" and not isinstance(target, ast.Name))
                     or (isinstance(target, ast.Name) and target.id in declared_global)
-                    or (root is not None and not isinstance(target, ast.Name) and (root.id in module_names or root.id in defaults))
+                    or (
+                        root is not None
+                        and not isinstance(target, ast.Name)
+                        and (root.id in module_names or root.id in defaults)
+                    )
                 )
                 if persistent:
                     failures.append(
@@ -683,17 +1204,38 @@ def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
 def _tainted_names(fn: ast.FunctionDef) -> set[str]:
     """Parameters (except ``self``) and every local assigned from an expression using them."""
     arguments = fn.args
-    tainted = {a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs if a.arg != "self"}
+    tainted = {
+        a.arg
+        for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+        if a.arg != "self"
+    }
     tainted |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
     for _ in range(3):  # assignments out of order (loops) converge in a few passes
         for node in ast.walk(fn):
-            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.For | ast.withitem | ast.NamedExpr):
-                value = getattr(node, "value", None) or getattr(node, "iter", None) or getattr(node, "context_expr", None)
+            if isinstance(
+                node,
+                ast.Assign | ast.AugAssign | ast.AnnAssign | ast.For | ast.withitem | ast.NamedExpr,
+            ):
+                value = (
+                    getattr(node, "value", None)
+                    or getattr(node, "iter", None)
+                    or getattr(node, "context_expr", None)
+                )
                 target = getattr(node, "target", None) or getattr(node, "optional_vars", None)
-                targets = list(node.targets) if isinstance(node, ast.Assign) else [target] if target is not None else []
+                targets = (
+                    list(node.targets)
+                    if isinstance(node, ast.Assign)
+                    else [target]
+                    if target is not None
+                    else []
+                )
                 if value is not None and _mentions(value, tainted):
                     tainted |= {t.id for t in _flatten_targets(targets) if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) is False and _mentions(node, tainted):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name) is False
+                and _mentions(node, tainted)
+            ):
                 # out-parameter kernels: kernel[grid](x, out) writes into `out`
                 for argument in node.args:
                     if isinstance(argument, ast.Name):
@@ -728,7 +1270,9 @@ STATIC_CHECKS: dict[str, Check] = {
 }
 
 
-def run_static_checks(solution_source: str, backend: str, reference_source: str | None = None) -> list[CheckFailure]:
+def run_static_checks(
+    solution_source: str, backend: str, reference_source: str | None = None
+) -> list[CheckFailure]:
     """Every static check on one solution; ``[]`` means it may run.
 
     ``reference_source`` (the task's PyTorch code) tells ``torch_fallback`` which ops are the

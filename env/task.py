@@ -50,7 +50,9 @@ class Task:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise TaskError(f"task {self.id}: backend must be one of {BACKENDS}, got {self.backend!r}")
+            raise TaskError(
+                f"task {self.id}: backend must be one of {BACKENDS}, got {self.backend!r}"
+            )
 
     @property
     def hash(self) -> str:
@@ -69,7 +71,16 @@ class Task:
         )
 
     def with_backend(self, backend: str) -> Task:
-        return Task(self.id, self.source, backend, self.category, self.atol, self.rtol, self.sizes, self.level)
+        return Task(
+            self.id,
+            self.source,
+            backend,
+            self.category,
+            self.atol,
+            self.rtol,
+            self.sizes,
+            self.level,
+        )
 
 
 def _read_metadata(source: str, origin: str) -> dict[str, Any]:
@@ -77,7 +88,9 @@ def _read_metadata(source: str, origin: str) -> dict[str, Any]:
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
-        raise TaskError(f"{origin}: task source does not parse: line {exc.lineno}: {exc.msg}") from exc
+        raise TaskError(
+            f"{origin}: task source does not parse: line {exc.lineno}: {exc.msg}"
+        ) from exc
     defined = set()
     metadata: dict[str, Any] = {}
     for node in tree.body:
@@ -152,7 +165,10 @@ def task_from_record(
     if source_field not in record:
         raise TaskError(f"record has no field {source_field!r} (fields: {sorted(record)})")
     level = record.get(level_field) if level_field else None
-    task_id = str(record.get(id_field) or f"task_{hashlib.sha256(record[source_field].encode()).hexdigest()[:8]}")
+    task_id = str(
+        record.get(id_field)
+        or f"task_{hashlib.sha256(record[source_field].encode()).hexdigest()[:8]}"
+    )
     return task_from_source(record[source_field], task_id, backend, level)
 
 

@@ -54,7 +54,9 @@ def summarize(samples_ms: list[float]) -> TimingStats:
 
 def time_cuda(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -> TimingStats:
     flush = (
-        torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if config.flush_l2 else None
+        torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+        if config.flush_l2
+        else None
     )
     fn()
     torch.cuda.synchronize()
@@ -100,5 +102,7 @@ def time_cpu(fn: Callable[[], object], config: TimingConfig = TimingConfig()) ->
     return summarize(samples)
 
 
-def time_fn(fn: Callable[[], object], device: torch.device, config: TimingConfig = TimingConfig()) -> TimingStats:
+def time_fn(
+    fn: Callable[[], object], device: torch.device, config: TimingConfig = TimingConfig()
+) -> TimingStats:
     return time_cuda(fn, config) if device.type == "cuda" else time_cpu(fn, config)

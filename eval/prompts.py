@@ -1,8 +1,9 @@
 """Prompts in the KernelBench style: the task's PyTorch reference, a one-shot example for the
 backend, and the instruction to answer with a ``ModelNew`` in one code block.
 
-Why KernelBench's wording: numbers from a sweep are only comparable with published KernelBench
-numbers when the model sees the same kind of prompt. A template file can replace it
+Why KernelBench's structure (reference, one-shot pair, one-code-block answer; the wording is our
+own): numbers from a sweep are only comparable with published KernelBench numbers when the model
+sees the same kind of prompt. A template file can replace it
 (``string.Template`` placeholders, because kernel code is full of ``{}``):
 
 - ``$reference``: the task's source (kernelrl metadata removed),
@@ -222,9 +223,13 @@ class PromptBuilder:
             template = Path(path).read_text()
         except OSError as exc:
             raise ValueError(f"cannot read prompt template {path}: {exc.strerror or exc}") from exc
-        return cls(template=template, **kwargs)  # type: ignore[arg-type]
+        if not re.search(r"\$(reference\b|\{reference\})", template):
+            raise ValueError(f"prompt template {path} has no $reference placeholder")
+        builder = cls(template=template, **kwargs)  # type: ignore[arg-type]
+        builder.render(EXAMPLE_REFERENCE)  # a bad placeholder fails now, not mid-run
+        return builder
 
-    def _values(self, task: Task) -> dict[str, str]:
+    def _values(self, source: str) -> dict[str, str]:
         name = BACKEND_NAMES[self.backend]
         example_solution = EXAMPLE_SOLUTIONS[self.backend].strip()
         values = {
@@ -232,28 +237,37 @@ class PromptBuilder:
             "how": _HOW[self.backend],
             "example_reference": EXAMPLE_REFERENCE.strip(),
             "example_solution": example_solution,
-            "reference": strip_metadata(task.source).strip(),
+            "reference": strip_metadata(source).strip(),
         }
         values["example"] = (
             string.Template(EXAMPLE_PARAGRAPH).substitute(values) if self.one_shot else ""
         )
         return values
 
-    def first_prompt(self, task: Task) -> str:
+    def render(self, source: str) -> str:
+        """The first user message for a task given by its reference source."""
         try:
-            return string.Template(self.template).substitute(self._values(task))
+            return string.Template(self.template).substitute(self._values(source))
         except KeyError as exc:
             raise ValueError(f"prompt template: unknown placeholder ${exc.args[0]}") from exc
         except ValueError as exc:
             raise ValueError(f"prompt template: {exc} (write $$ for a literal $)") from exc
+
+    def first_prompt(self, task: Task) -> str:
+        return self.render(task.source)
+
+    def first_messages(self, source: str) -> list[dict[str, str]]:
+        """The conversation of a task's first turn: the system message (if any) and the prompt."""
+        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        messages.append({"role": "user", "content": self.render(source)})
+        return messages
 
     def conversation(
         self, task: Task, attempts: Sequence[tuple[str, str]] = ()
     ) -> list[dict[str, str]]:
         """Chat messages for the next turn. ``attempts``: earlier (completion, feedback) pairs,
         oldest first; only the last ``history_turns`` of them are shown."""
-        messages = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        messages.append({"role": "user", "content": self.first_prompt(task)})
+        messages = self.first_messages(task.source)
         for completion, feedback in list(attempts)[-self.history_turns :] if attempts else []:
             messages.append({"role": "assistant", "content": strip_reasoning(completion)})
             messages.append(

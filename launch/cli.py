@@ -44,7 +44,9 @@ def _env_check_suite(args: argparse.Namespace) -> int:
 
     pairs = bundled_pairs(args.backend)
     if args.tasks:
-        pairs = [(t, s) for t, s in pairs if any(pattern in t.id for pattern in args.tasks.split(","))]
+        pairs = [
+            (t, s) for t, s in pairs if any(pattern in t.id for pattern in args.tasks.split(","))
+        ]
     if not pairs:
         raise TaskError("no bundled task matches the selection")
     config = EvalConfig(device=args.device, timeout_s=args.timeout)
@@ -67,30 +69,43 @@ def _env_check_suite(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kernelrl", description="RL for LLMs that write GPU kernels.")
+    parser = argparse.ArgumentParser(
+        prog="kernelrl", description="RL for LLMs that write GPU kernels."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    env = commands.add_parser("env", help="the kernel environment: evaluate solutions").add_subparsers(
-        dest="env_command", required=True
-    )
+    env = commands.add_parser(
+        "env", help="the kernel environment: evaluate solutions"
+    ).add_subparsers(dest="env_command", required=True)
     check = env.add_parser("check", help="evaluate one solution against one task")
     check.add_argument("--task", required=True, help="KernelBench-format task file")
-    check.add_argument("--solution", required=True, help="solution file (code or a model completion)")
+    check.add_argument(
+        "--solution", required=True, help="solution file (code or a model completion)"
+    )
     check.add_argument("--backend", choices=["triton", "cuda"], default="triton")
     check.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     check.add_argument("--timeout", type=float, default=180.0, help="seconds for the sandboxed run")
     check.add_argument("--json", action="store_true", help="print exactly one JSON object")
     check.set_defaults(handler=_env_check)
 
-    suite = env.add_parser("check-suite", help="run every bundled task against its bundled solution")
+    suite = env.add_parser(
+        "check-suite", help="run every bundled task against its bundled solution"
+    )
     suite.add_argument("--backend", choices=["triton", "cuda"], default="triton")
     suite.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     suite.add_argument("--workers", type=int, default=None, help="CPU slots or GPUs (default: all)")
-    suite.add_argument("--pool", choices=["local", "ray"], default="local", help="ray: one Ray actor per GPU (logical GPUs on CPU)")
+    suite.add_argument(
+        "--pool",
+        choices=["local", "ray"],
+        default="local",
+        help="ray: one Ray actor per GPU (logical GPUs on CPU)",
+    )
     suite.add_argument("--tasks", default="", help="comma-separated substrings of task ids")
     suite.add_argument("--repeats", type=int, default=1, help="evaluate every pair this many times")
     suite.add_argument("--timeout", type=float, default=180.0)
-    suite.add_argument("--json-out", default="", help="write every EvalResult as JSONL ('-' for stdout)")
+    suite.add_argument(
+        "--json-out", default="", help="write every EvalResult as JSONL ('-' for stdout)"
+    )
     suite.set_defaults(handler=_env_check_suite)
     env_service_cli.add_subcommand(env)
     eval_cli.add_subcommand(commands)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
+
+from kernelrl.launch.recipe import parse_recipe
 
 USAGE = """usage: kernelrl curate --config RECIPE.yaml [--key value ...]
 
@@ -37,39 +38,6 @@ def add_subcommand(commands: Any) -> None:
     )
     parser.add_argument("words", nargs=argparse.REMAINDER)
     parser.set_defaults(handler=_curate)
-
-
-def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str) -> tuple[Any, ...]:
-    """Dataclasses from ``--config FILE`` plus flag overrides; ValueError with one line for a
-    missing or malformed file, an unknown key or a bad value."""
-    import yaml
-    from trl import TrlParser
-
-    parser = TrlParser(dataclass_types, prog=prog)
-    if "-h" in words or "--help" in words:
-        parser.print_help()
-        raise SystemExit(0)
-    if "--config" in words:
-        index = words.index("--config")
-        if index + 1 >= len(words):
-            raise ValueError("--config needs a recipe file")
-        path = Path(words[index + 1])
-        if not path.is_file():
-            raise ValueError(f"recipe {path} does not exist")
-    try:
-        return tuple(parser.parse_args_and_config(words))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"malformed YAML in recipe: {' '.join(str(exc).split())}") from exc
-    except OSError as exc:
-        raise ValueError(f"cannot read recipe: {exc}") from exc
-    except (TypeError, ValueError) as exc:
-        raise ValueError(" ".join(str(exc).split())) from exc
-    except SystemExit as exc:  # argparse: a flag it cannot parse (message already printed)
-        if exc.code:
-            raise ValueError(
-                "bad command-line flags for the recipe (see the message above)"
-            ) from None
-        raise
 
 
 def make_generate(config: Any) -> tuple[Any, Any]:

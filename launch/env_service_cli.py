@@ -29,6 +29,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kernelrl.launch.recipe import parse_recipe
+
 SERVE_USAGE = """usage: kernelrl env serve --config recipes/env/RECIPE.yaml [--key value ...]
 
 Every recipe key can be given as a flag (--workers 4 --http_port 8001);
@@ -80,7 +82,7 @@ class EnvServiceConfig:
     )
     http: bool = field(default=True, metadata=_help("serve POST /evaluate with Ray Serve"))
     http_host: str = field(default="127.0.0.1", metadata=_help("HTTP bind address"))
-    http_port: int = field(default=8000, metadata=_help("HTTP port"))
+    http_port: int = field(default=8100, metadata=_help("HTTP port (8000 is left to vLLM servers)"))
     detach: bool = field(
         default=False, metadata=_help("return once started (needs address: a cluster that stays)")
     )
@@ -136,33 +138,9 @@ def add_subcommand(env_commands: Any) -> None:
         parser.set_defaults(handler=handler)
 
 
-def parse_recipe(words: list[str]) -> EnvServiceConfig:
-    """EnvServiceConfig from ``--config FILE`` plus flag overrides; ValueError with one line for
-    a missing or malformed file, an unknown key or a bad value."""
-    import yaml
-    from trl import TrlParser
-
-    parser = TrlParser((EnvServiceConfig,), prog="kernelrl env serve")
-    if "-h" in words or "--help" in words:
-        parser.print_help()
-        raise SystemExit(0)
-    if "--config" in words:
-        index = words.index("--config")
-        if index + 1 >= len(words):
-            raise ValueError("--config needs a recipe file")
-        path = Path(words[index + 1])
-        if not path.is_file():
-            raise ValueError(f"recipe {path} does not exist")
-    try:
-        (config,) = parser.parse_args_and_config(words)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"malformed YAML in recipe: {' '.join(str(exc).split())}") from exc
-    except OSError as exc:
-        raise ValueError(f"cannot read recipe: {exc}") from exc
-    except ValueError as exc:
-        raise ValueError(" ".join(str(exc).split())) from exc
-    except SystemExit as exc:  # argparse already printed why (a bad flag or value)
-        raise ValueError("invalid arguments for `kernelrl env serve` (see above)") from exc
+def parse_service_recipe(words: list[str]) -> EnvServiceConfig:
+    """EnvServiceConfig from ``--config FILE`` plus flag overrides (``RecipeError`` if unusable)."""
+    (config,) = parse_recipe(words, (EnvServiceConfig,), "kernelrl env serve")
     return config
 
 
@@ -184,7 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not words:
         print(SERVE_USAGE, file=sys.stderr)
         return 2
-    config = parse_recipe(words)
+    config = parse_service_recipe(words)
     tasks = _load_tasks(config)
     store_path = config.resolved_store_path()
 

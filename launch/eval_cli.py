@@ -23,6 +23,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from kernelrl.launch.recipe import parse_recipe
+
 USAGE = """usage: kernelrl eval --config RECIPE.yaml [--key value ...]   run a sweep (resumable)
        kernelrl eval compare RUN_A RUN_B [--view best|last] [--output FILE]
        kernelrl eval report RUN [--no-plots]                       rebuild a run's report
@@ -56,33 +58,11 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------- recipes
-def parse_recipe(words: list[str]) -> Any:
-    """EvalSweepConfig from ``--config FILE`` plus flag overrides; ValueError with one line for
-    a missing or malformed file, an unknown key or a bad value."""
-    import yaml
-    from trl import TrlParser
-
+def parse_sweep_recipe(words: list[str]) -> Any:
+    """EvalSweepConfig from ``--config FILE`` plus flag overrides (``RecipeError`` if unusable)."""
     from kernelrl.eval.config import EvalSweepConfig
 
-    parser = TrlParser((EvalSweepConfig,), prog="kernelrl eval")
-    if "-h" in words or "--help" in words:
-        parser.print_help()
-        raise SystemExit(0)
-    if "--config" in words:
-        index = words.index("--config")
-        if index + 1 >= len(words):
-            raise ValueError("--config needs a recipe file")
-        path = Path(words[index + 1])
-        if not path.is_file():
-            raise ValueError(f"recipe {path} does not exist")
-    try:
-        (config,) = parser.parse_args_and_config(words)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"malformed YAML in recipe: {' '.join(str(exc).split())}") from exc
-    except OSError as exc:
-        raise ValueError(f"cannot read recipe: {exc}") from exc
-    except ValueError as exc:
-        raise ValueError(" ".join(str(exc).split())) from exc
+    (config,) = parse_recipe(words, (EvalSweepConfig,), "kernelrl eval")
     return config
 
 
@@ -154,7 +134,7 @@ def _sweep(words: list[str]) -> int:
     from kernelrl.eval.report import print_summary, write_report
     from kernelrl.eval.sweep import Sweep, make_pool
 
-    config = parse_recipe(words)
+    config = parse_sweep_recipe(words)
     console = Console(stderr=True)
     tasks = load_tasks(config)
     console.print(

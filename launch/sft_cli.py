@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.launch.curate_cli import parse_recipe
+from kernelrl.launch.recipe import parse_recipe, resume_argument
 
 USAGE = """usage: kernelrl sft --config RECIPE.yaml [--key value ...]
 
@@ -107,7 +107,14 @@ def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> 
         eval_dataset=held_out,
         peft_config=get_peft_config(model_args),
     )
-    output = trainer.train()
+    if len(trainer.train_dataset) == 0:  # TRL drops examples whose completion was cut off
+        raise ValueError(
+            f"no SFT example is left after tokenization: every completion lies beyond max_length"
+            f" ({training_args.max_length} tokens); raise max_length or shorten the prompts"
+        )
+    output = trainer.train(
+        resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint)
+    )
     trainer.save_model(training_args.output_dir)
     summary = {
         "model": model_path,

@@ -21,11 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_subcommand", "build_task_dataset", "parse_recipe", "run_training"]
+from kernelrl.launch.recipe import RecipeError, parse_recipe, resume_argument
 
-
-class RecipeError(ValueError):
-    """A recipe that cannot be used: missing file, malformed YAML, unknown key, bad value."""
+__all__ = ["add_subcommand", "build_task_dataset", "parse_train_recipe", "run_training"]
 
 
 def add_subcommand(commands: argparse._SubParsersAction) -> None:
@@ -49,27 +47,15 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
 
 
 # ---------------------------------------------------------------------- recipes
-def parse_recipe(argv: list[str]) -> tuple[Any, Any]:
+def parse_train_recipe(argv: list[str]) -> tuple[Any, Any]:
     """(KernelGRPOConfig, ModelConfig) from ``--config FILE`` and ``--key value`` flags."""
-    import yaml
-    from trl import ModelConfig, TrlParser
+    from trl import ModelConfig
 
     from kernelrl.rl.config import KernelGRPOConfig
 
-    if "--config" in argv:
-        index = argv.index("--config")
-        if index + 1 >= len(argv):
-            raise RecipeError("--config needs a file")
-        path = Path(argv[index + 1])
-        if not path.is_file():
-            raise RecipeError(f"recipe {path} does not exist")
-    parser = TrlParser((KernelGRPOConfig, ModelConfig), prog="kernelrl train")
-    try:
-        training_args, model_args = parser.parse_args_and_config(args=list(argv))
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"malformed recipe YAML: {' '.join(str(exc).split())}") from exc
-    except (ValueError, TypeError, OSError) as exc:
-        raise RecipeError(" ".join(str(exc).split())) from exc
+    training_args, model_args = parse_recipe(
+        argv, (KernelGRPOConfig, ModelConfig), "kernelrl train"
+    )
     if model_args.model_name_or_path is None:
         raise RecipeError("the recipe sets no model_name_or_path")
     return training_args, model_args
@@ -93,7 +79,7 @@ def build_task_dataset(args: Any) -> Any:
     """RL task rows (kernelrl's task schema) with their prompts, from the recipe's sources."""
     from kernelrl.data.bundled import bundled_tasks
     from kernelrl.data.loaders import load_tasks
-    from kernelrl.data.prompts import SYSTEM, read_template, task_prompt
+    from kernelrl.data.prompts import SYSTEM, prompt_builders
     from kernelrl.data.schema import make_dataset, task_row
 
     rows: list[dict[str, Any]] = []
@@ -103,14 +89,12 @@ def build_task_dataset(args: Any) -> Any:
         else:
             rows += [dict(r) for r in load_tasks([source])]
     rows = _select(rows, args)
-    template = read_template(args.prompt_template)
     system = args.system_prompt
     system = SYSTEM if system == "default" else (None if system in (None, "", "none") else system)
+    prompts = prompt_builders(args.prompt_template, system)
     for row in rows:
-        if template is not None or not row.get("prompt"):
-            row["prompt"] = task_prompt(
-                row["source"], row.get("backend") or "triton", template, system
-            )
+        if args.prompt_template is not None or not row.get("prompt"):
+            row["prompt"] = prompts[row.get("backend") or "triton"].first_messages(row["source"])
     return make_dataset(rows, "tasks")
 
 
@@ -161,11 +145,8 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
         callbacks=callbacks,
         peft_config=get_peft_config(model_args),
     )
-    resume = training_args.resume_from_checkpoint
-    if isinstance(resume, str) and resume.lower() in ("true", "latest"):
-        resume = True
     try:
-        trainer.train(resume_from_checkpoint=resume or None)
+        trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
         if training_args.save_strategy != "no":
             trainer.save_model(training_args.output_dir)
     finally:
@@ -179,6 +160,11 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
     wandb_run = _wandb_run_dir()
     if wandb_run is not None:
         summary["wandb_run_dir"] = wandb_run
+    if trainer.accelerator.is_main_process:
+        Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(training_args.output_dir) / "train_summary.json").write_text(
+            json.dumps(summary, indent=1, default=str)
+        )
     return summary
 
 
@@ -207,12 +193,12 @@ def _train(args: argparse.Namespace) -> int:
         TrlParser((KernelGRPOConfig, ModelConfig), prog="kernelrl train").print_help()
         return 0
     try:
-        training_args, model_args = parse_recipe(argv)
+        training_args, model_args = parse_train_recipe(argv)
     except RecipeError as exc:
         print(f"kernelrl train: error: {exc}", file=sys.stderr)
         return 2
     summary = run_training(training_args, model_args)
-    print(json.dumps(summary, default=str))
+    print("\n" + json.dumps(summary, default=str))  # on its own line, after rich's last panel
     return 0
 
 

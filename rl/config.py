@@ -175,7 +175,7 @@ class KernelGRPOConfig(GRPOConfig):
     task_backend: str = field(default="triton", metadata={"help": "triton or cuda"})
     prompt_template: str | None = field(
         default=None,
-        metadata={"help": "file with a str.format template ({source}, {backend_name})"},
+        metadata={"help": "prompt template file ($reference, $backend_name, $example, ...)"},
     )
     system_prompt: str | None = field(
         default="default",

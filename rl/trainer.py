@@ -39,6 +39,7 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.trainer.utils import pad
 
+from kernelrl.env.result import Status
 from kernelrl.rewards import build_reward_funcs
 from kernelrl.rl import weight_sync
 from kernelrl.rl.advantages import grpo_advantages, trloo_advantages, turn_returns
@@ -489,16 +490,7 @@ class KernelGRPOTrainer(GRPOTrainer):
             statuses.update(str(r.status) for r in results if r is not None)
             finals.append(bool(results and results[-1] is not None and results[-1].correct))
         evaluated = max(sum(statuses.values()), 1)
-        for status in (
-            "format_error",
-            "integrity_violation",
-            "compile_error",
-            "runtime_error",
-            "timeout",
-            "incorrect",
-            "correct",
-            "not_run",
-        ):
+        for status in Status:
             metrics[f"env/{status}"].append(statuses[status] / evaluated)
         metrics["env/correct_final"].append(float(np.mean(finals)))
         metrics["rejection/rate"].append(

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 # Reference timings go to a per-session cache, never to the user's ~/.cache.
-os.environ.setdefault("KERNELRL_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), "kernelrl-test-cache"))
+os.environ.setdefault(
+    "KERNELRL_CACHE", os.path.join(os.environ.get("TMPDIR", "/tmp"), "kernelrl-test-cache")
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

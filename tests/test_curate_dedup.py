@@ -71,12 +71,17 @@ def test_decontamination_removes_copied_task_and_reports_why(raw_tasks, tmp_path
     kept, report = decontaminate(raw_tasks, benchmark)
     assert [r.id for r in report.removed] == ["08_rms_norm_channels"]
     removal = report.removed[0]
-    assert removal.reason == "contaminated" and removal.data["benchmark_id"] == "level1/36_channel_rms_scale"
+    assert (
+        removal.reason == "contaminated"
+        and removal.data["benchmark_id"] == "level1/36_channel_rms_scale"
+    )
     assert removal.data["score"] == pytest.approx(1.0)
     assert "08_rms_norm_channels" not in kept["id"] and len(kept) == len(raw_tasks) - 1
     write_decontamination_report(report, tmp_path / "decontamination.md")
     text = (tmp_path / "decontamination.md").read_text()
-    assert "| 08_rms_norm_channels | level1/36_channel_rms_scale | 1.00 |" in text and "yes |" in text
+    assert (
+        "| 08_rms_norm_channels | level1/36_channel_rms_scale | 1.00 |" in text and "yes |" in text
+    )
 
 
 def test_decontamination_does_not_flag_different_tasks() -> None:

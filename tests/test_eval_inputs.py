@@ -151,13 +151,13 @@ def test_bundled_suite_loads() -> None:
 def test_prompt_in_kernelbench_style() -> None:
     task = task_from_source(RELU, "01_relu")
     prompt = PromptBuilder(backend="triton").first_prompt(task)
-    assert "You write custom Triton kernels" in prompt
+    assert prompt.startswith("Task: make a PyTorch module faster by writing Triton kernels")
     assert "torch.relu(x)" in prompt  # the reference
     assert "KERNELRL" not in prompt and "sizes" not in prompt  # evaluation metadata stays out
     assert "@triton.jit" in prompt and "def add_kernel" in prompt  # one-shot example
-    assert prompt.rstrip().endswith("NO testing code!")
+    assert prompt.rstrip().endswith("no test or benchmark code.")
     cuda = PromptBuilder(backend="cuda").first_prompt(task.with_backend("cuda"))
-    assert "custom CUDA kernels" in cuda and "load_inline" in cuda and "@triton.jit" not in cuda
+    assert "writing CUDA kernels" in cuda and "load_inline" in cuda and "@triton.jit" not in cuda
     bare = PromptBuilder(backend="triton", one_shot=False).first_prompt(task)
     assert "add_kernel" not in bare and "torch.relu(x)" in bare
 
@@ -179,9 +179,13 @@ def test_template_override(tmp_path: Path) -> None:
     prompt = builder.first_prompt(task_from_source(RELU, "01_relu"))
     assert prompt.startswith("Write Triton for:\n")
     assert "torch.relu(x)" in prompt and "def add_kernel" in prompt and prompt.endswith("Cost: $5")
-    template.write_text("$unknown")
+    # Template mistakes fail when the file is loaded, before any generation.
+    template.write_text("$reference $unknown")
     with pytest.raises(ValueError, match=r"unknown placeholder \$unknown"):
-        PromptBuilder.from_file(template).first_prompt(task_from_source(RELU, "01_relu"))
+        PromptBuilder.from_file(template)
+    template.write_text("Write a kernel for {source}")
+    with pytest.raises(ValueError, match=r"no \$reference placeholder"):
+        PromptBuilder.from_file(template)
     with pytest.raises(ValueError, match="cannot read prompt template"):
         PromptBuilder.from_file(tmp_path / "missing.txt")
 
@@ -290,7 +294,7 @@ def test_cli_recipe_errors_are_one_line_exit_2(
 def test_cli_usage_and_recipes_parse(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["eval"]) == 2
     assert "kernelrl eval compare RUN_A RUN_B" in capsys.readouterr().err
-    from kernelrl.launch.eval_cli import parse_recipe
+    from kernelrl.launch.eval_cli import parse_sweep_recipe as parse_recipe
 
     recipes = Path(__file__).resolve().parents[1] / "recipes" / "eval"
     smoke = parse_recipe(["--config", str(recipes / "smoke_cpu.yaml"), "--samples", "3"])

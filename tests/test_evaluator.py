@@ -30,7 +30,9 @@ def expected_of(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def results_without_static_checks() -> dict[str, EvalResult]:
-    config = EvalConfig(device="cpu", timeout_s=30, host_memory_bytes=2 * 2**30, static_checks=False)
+    config = EvalConfig(
+        device="cpu", timeout_s=30, host_memory_bytes=2 * 2**30, static_checks=False
+    )
     with LocalPool(config, workers=2) as pool:
         results = pool.evaluate([RELU_TASK] * len(SOLUTIONS), [p.read_text() for p in SOLUTIONS])
     return {p.name: r for p, r in zip(SOLUTIONS, results, strict=True)}
@@ -53,7 +55,9 @@ def test_every_status_and_dynamic_check_has_a_solution() -> None:
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
-def test_sandbox_and_dynamic_checks(path: Path, results_without_static_checks: dict[str, EvalResult]) -> None:
+def test_sandbox_and_dynamic_checks(
+    path: Path, results_without_static_checks: dict[str, EvalResult]
+) -> None:
     result = results_without_static_checks[path.name]
     expected = expected_of(path)
     if expected in STATUSES:
@@ -67,7 +71,9 @@ def test_sandbox_and_dynamic_checks(path: Path, results_without_static_checks: d
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
-def test_static_checks_stop_hacks_first(path: Path, results_with_static_checks: dict[str, EvalResult]) -> None:
+def test_static_checks_stop_hacks_first(
+    path: Path, results_with_static_checks: dict[str, EvalResult]
+) -> None:
     result = results_with_static_checks[path.name]
     expected = expected_of(path)
     if expected == "correct":
@@ -76,7 +82,9 @@ def test_static_checks_stop_hacks_first(path: Path, results_with_static_checks: 
         assert result.status is not Status.CORRECT, result.feedback
 
 
-def test_input_mutation_also_flags_aliasing(results_without_static_checks: dict[str, EvalResult]) -> None:
+def test_input_mutation_also_flags_aliasing(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
     result = results_without_static_checks["input_mutated__in_place.py"]
     assert {"input_mutated", "output_aliases_input"} <= set(result.checks_failed)
 
@@ -87,18 +95,24 @@ def test_crash_is_described(results_without_static_checks: dict[str, EvalResult]
     assert "time limit" in results_without_static_checks["timeout__infinite_loop.py"].error
 
 
-def test_printed_text_is_not_a_verdict(results_without_static_checks: dict[str, EvalResult]) -> None:
+def test_printed_text_is_not_a_verdict(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
     result = results_without_static_checks["incorrect__prints_fake_verdict.py"]
     assert result.status is Status.INCORRECT
     assert "values outside" in result.feedback
 
 
-def test_compile_error_feedback_points_at_the_kernel(results_without_static_checks: dict[str, EvalResult]) -> None:
+def test_compile_error_feedback_points_at_the_kernel(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
     feedback = results_without_static_checks["compile_error__arange_not_power_of_two.py"].feedback
     assert "power of 2" in feedback
 
 
-def test_incorrect_feedback_shows_first_mismatch(results_without_static_checks: dict[str, EvalResult]) -> None:
+def test_incorrect_feedback_shows_first_mismatch(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
     result = results_without_static_checks["incorrect__wrong_threshold.py"]
     assert "first at index" in result.feedback and "expected" in result.feedback
     assert result.max_abs_err is not None and result.max_abs_err > 0

@@ -35,7 +35,9 @@ GPU_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "gpu").glob("*.py"
 
 @pytest.fixture(scope="module")
 def gpu_pool() -> LocalPool:
-    with LocalPool(EvalConfig(device="cuda", timeout_s=120, static_checks=False), workers=1) as pool:
+    with LocalPool(
+        EvalConfig(device="cuda", timeout_s=120, static_checks=False), workers=1
+    ) as pool:
         yield pool
 
 
@@ -74,7 +76,9 @@ def test_gpu_faults_and_hacks(path: Path, gpu_pool: LocalPool) -> None:
 
 
 def test_pool_keeps_working_after_illegal_address(gpu_pool: LocalPool) -> None:
-    bad = (Path(__file__).parent / "solutions" / "gpu" / "runtime_error__illegal_address.py").read_text()
+    bad = (
+        Path(__file__).parent / "solutions" / "gpu" / "runtime_error__illegal_address.py"
+    ).read_text()
     good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
     results = gpu_pool.evaluate([RELU, RELU], [bad, good])
     assert [r.status for r in results] == [Status.RUNTIME_ERROR, Status.CORRECT]

@@ -16,7 +16,9 @@ from kernelrl.env.task import TaskError, load_task, task_from_source
 ROOT = Path(__file__).resolve().parent.parent
 RELU = load_task(ROOT / "data" / "tasks" / "01_relu.py")
 GOOD = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
-SEGFAULT = (Path(__file__).parent / "solutions" / "dynamic" / "runtime_error__segfault.py").read_text()
+SEGFAULT = (
+    Path(__file__).parent / "solutions" / "dynamic" / "runtime_error__segfault.py"
+).read_text()
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,11 @@ def pool() -> LocalPool:
 
 def test_slot_survives_a_crashing_child(pool: LocalPool) -> None:
     results = pool.evaluate([RELU, RELU, RELU], [SEGFAULT, GOOD, SEGFAULT])
-    assert [r.status for r in results] == [Status.RUNTIME_ERROR, Status.CORRECT, Status.RUNTIME_ERROR]
+    assert [r.status for r in results] == [
+        Status.RUNTIME_ERROR,
+        Status.CORRECT,
+        Status.RUNTIME_ERROR,
+    ]
 
 
 def test_async_evaluate(pool: LocalPool) -> None:
@@ -36,7 +42,9 @@ def test_async_evaluate(pool: LocalPool) -> None:
 
 
 def test_broken_task_fails_its_future_only(pool: LocalPool) -> None:
-    broken = task_from_source(RELU.source.replace("return torch.relu(x)", "return torch.relu(y)"), "broken")
+    broken = task_from_source(
+        RELU.source.replace("return torch.relu(x)", "return torch.relu(y)"), "broken"
+    )
     futures = pool.submit([broken, RELU], [GOOD, GOOD])
     with pytest.raises(TaskError, match="reference fails to run"):
         futures[0].result()

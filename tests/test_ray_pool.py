@@ -163,17 +163,17 @@ def test_killed_workers_lose_no_evaluation_and_count_none_twice(
     solutions = [variant(GOOD, f"kill {i}") for i in range(6)]
     futures = cached.submit([RELU] * len(solutions), solutions)
 
-    # Mid-batch: worker 0 is killed and restarted by Ray, worker 1 is killed for good
-    # (no_restart) and replaced by the pool.
-    wait_until(lambda: worker_states(pool)[0]["in_flight"] > 0)
+    # Mid-batch, while both have work: worker 0 is killed and restarted by Ray, worker 1 is
+    # killed for good (no_restart) and replaced by the pool. Both at once, so that no retry
+    # can land on a worker that the test then kills (that would be a second, real death).
+    wait_until(lambda: all(w["in_flight"] > 0 for w in worker_states(pool)))
     ray.kill(pool.actor(0), no_restart=False)
-    wait_until(lambda: worker_states(pool)[1]["in_flight"] > 0)
     ray.kill(pool.actor(1), no_restart=True)
 
     done, not_done = wait(futures, timeout=300)
     assert not not_done
     results = [f.result() for f in futures]
-    assert [r.status for r in results] == [Status.CORRECT] * 6
+    assert [r.status for r in results] == [Status.CORRECT] * 6, [r.error for r in results]
     stats = pool.stats()
     assert stats["worker_deaths"] - stats_before["worker_deaths"] == 2
     assert stats["retried"] > stats_before["retried"]

@@ -74,7 +74,9 @@ def test_evaluator_reports_integrity_violation_without_running_anything() -> Non
     evaluator = Evaluator(EvalConfig(device="cpu", spare_children=0))
     try:
         task = load_task(TASKS_DIR / "01_relu.py")
-        completion = "Here:\n```python\n" + (CORPUS / "monkeypatch__allclose.py").read_text() + "```\n"
+        completion = (
+            "Here:\n```python\n" + (CORPUS / "monkeypatch__allclose.py").read_text() + "```\n"
+        )
         result = evaluator.evaluate(task, completion)
     finally:
         evaluator.close()

@@ -16,7 +16,16 @@ from kernelrl.env.task import (
     tasks_from_dataset,
 )
 
-CATEGORIES = {"elementwise", "reduction", "normalization", "softmax", "matmul", "convolution", "loss", "fused"}
+CATEGORIES = {
+    "elementwise",
+    "reduction",
+    "normalization",
+    "softmax",
+    "matmul",
+    "convolution",
+    "loss",
+    "fused",
+}
 
 
 def test_bundled_suite_covers_every_category_with_solutions() -> None:
@@ -61,7 +70,10 @@ def test_dataset_record_kernelbench_fields() -> None:
         ("def broken(:\n", "does not parse"),
         ("import torch\nclass Model: pass\n", "missing get_init_inputs, get_inputs"),
         ((TASKS_DIR / "01_relu.py").read_text() + "\nKERNELRL = make()\n", "dict literal"),
-        ((TASKS_DIR / "01_relu.py").read_text() + "\nKERNELRL = {'colour': 1}\n", "unknown KERNELRL keys"),
+        (
+            (TASKS_DIR / "01_relu.py").read_text() + "\nKERNELRL = {'colour': 1}\n",
+            "unknown KERNELRL keys",
+        ),
     ],
 )
 def test_bad_tasks_get_clear_errors(tmp_path: Path, source: str, message: str) -> None:

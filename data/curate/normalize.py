@@ -13,7 +13,7 @@ from datasets import Dataset
 from rich.console import Console
 
 from kernelrl.data.curate.report import StepReport, log_step, timed
-from kernelrl.data.prompts import task_prompt
+from kernelrl.data.prompts import prompt_builders
 from kernelrl.data.schema import make_dataset, task_row
 from kernelrl.env.task import BACKENDS, TaskError, task_from_source
 
@@ -29,6 +29,7 @@ def normalize_tasks(
     backend: str | None = None,
     prompt_template: str | None = None,
     console: Console | None = None,
+    one_shot: bool = True,
 ) -> tuple[Dataset, StepReport]:
     """Keep the records that are KernelBench tasks, in canonical form with a prompt.
 
@@ -37,6 +38,7 @@ def normalize_tasks(
     get a ``~N`` suffix so that ids stay unique keys.
     """
     report = StepReport("normalize", count_in=len(tasks))
+    prompts = prompt_builders(prompt_template, one_shot=one_shot)
     rows: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     with timed(report):
@@ -62,7 +64,7 @@ def normalize_tasks(
             out = task_row(
                 task,
                 origin=row.get("origin") or "",
-                prompt=task_prompt(source, task_backend, prompt_template),
+                prompt=prompts[task_backend].first_messages(source),
             )
             if row.get("category") and row["category"] != "uncategorized":
                 out["category"] = row["category"]

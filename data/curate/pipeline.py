@@ -46,7 +46,6 @@ from kernelrl.data.curate.sft_select import (
 from kernelrl.data.curate.trajectories_to_sft import RevisionConfig, trajectories_to_sft
 from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
 from kernelrl.data.loaders import load_samples, load_tasks, load_trajectories
-from kernelrl.data.prompts import read_template
 
 STEPS = ("normalize", "dedup", "decontaminate", "validate", "difficulty", "sft")
 
@@ -78,7 +77,11 @@ class CurateConfig:
         default=None, metadata={"help": "override every task's backend (triton | cuda)"}
     )
     prompt_template: str | None = field(
-        default=None, metadata={"help": "file with a {source} template"}
+        default=None,
+        metadata={"help": "prompt template file ($reference, $backend_name, $example, ...)"},
+    )
+    one_shot: bool = field(
+        default=True, metadata={"help": "include the backend's one-shot example in task prompts"}
     )
     device: str = field(
         default="auto", metadata={"help": "cpu | cuda | auto, for validation and evaluation"}
@@ -214,7 +217,7 @@ def run_curation(
         tasks = load_tasks(config.task_sources)
         if "normalize" in steps:
             tasks, report = normalize_tasks(
-                tasks, config.backend, read_template(config.prompt_template), console
+                tasks, config.backend, config.prompt_template, console, one_shot=config.one_shot
             )
             reports.append(report)
         if "dedup" in steps:
