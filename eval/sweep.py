@@ -340,19 +340,16 @@ class Sweep:
 
 
 def make_pool(config: EvalSweepConfig) -> Any:
-    """The environment pool a sweep evaluates with: a LocalPool on this machine, behind the
-    shared results store when ``cache_db`` is set (a solution already evaluated on this device
-    with these library versions is not evaluated again)."""
+    """The environment pool a sweep evaluates with (``pool``: local, ray or service), behind
+    the shared results store when ``cache_db`` is set."""
+    from kernelrl.env import pools
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.pool import LocalPool
 
-    pool = LocalPool(
+    return pools.make_pool(
+        config.pool,
         EvalConfig(device=config.device, timeout_s=config.eval_timeout_s),
         workers=config.eval_workers or None,
+        ray_address=config.ray_address,
+        service_name=config.service_name,
+        store_path=config.cache_db,
     )
-    if not config.cache_db:
-        return pool
-    from kernelrl.env.cached_pool import CachedPool
-    from kernelrl.env.store import ResultsStore
-
-    return CachedPool(pool, ResultsStore(config.cache_db))

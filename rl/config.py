@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from kernelrl.env.pools import POOL_KINDS
 from kernelrl.rewards import RewardConfig
 from kernelrl.rl.rejection import RejectionConfig
 
 ADVANTAGES = ("grpo", "trloo")
 TURN_RETURNS = ("own", "discounted")
-ENV_POOLS = ("local", "ray", "service")
 
 DEFAULT_FEEDBACK_TEMPLATE = (
     "{feedback}\n\nRevise your solution: answer with the complete ModelNew in one ```python "
@@ -186,7 +186,7 @@ class KernelGRPOConfig(GRPOConfig):
         super().__post_init__()
         _choice("advantage", self.advantage, ADVANTAGES)
         _choice("turn_return", self.turn_return, TURN_RETURNS)
-        _choice("env_pool", self.env_pool, ENV_POOLS)
+        _choice("env_pool", self.env_pool, POOL_KINDS)
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if not 0.0 <= self.turn_gamma <= 1.0:

@@ -39,12 +39,13 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 from trl.trainer.utils import pad
 
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pools import make_pool
 from kernelrl.env.result import Status
 from kernelrl.rewards import build_reward_funcs
 from kernelrl.rl import weight_sync
 from kernelrl.rl.advantages import grpo_advantages, trloo_advantages, turn_returns
 from kernelrl.rl.config import KernelGRPOConfig
-from kernelrl.rl.env_pool import make_pool
 from kernelrl.rl.rejection import rejection_weights
 from kernelrl.rl.rollout import (
     MultiTurnRollout,
@@ -104,7 +105,17 @@ class KernelGRPOTrainer(GRPOTrainer):
         reward_funcs, weights = build_reward_funcs(args.reward_config())
         args.reward_weights = weights
         self._owns_pool = pool is None
-        self.pool = pool if pool is not None else make_pool(args)
+        if pool is None:
+            pool = make_pool(
+                args.env_pool,
+                EvalConfig(device=args.env_device, timeout_s=args.env_timeout_s),
+                workers=args.env_workers,
+                per_gpu=args.env_per_gpu,
+                ray_address=args.env_ray_address,
+                service_name=args.env_service_name,
+                store_path=args.env_store_path,
+            )
+        self.pool = pool
         self._prepared: RolloutBatch | None = None
         self._current_inputs: list[dict[str, Any]] | None = None
         self._pending: RolloutBatch | None = None

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -264,3 +266,29 @@ def test_report_can_be_rebuilt(fixed_run: Path, tmp_path: Path) -> None:
         == first["views"]["last"]["overall"]["correct_rate"]
     )
     assert "## Per category" in (copy / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_sweep_through_a_ray_pool(tmp_path: Path) -> None:
+    """``--pool ray``: the same sweep on Ray actors (a local Ray with a logical GPU here), in a
+    fresh process as a user runs it; training and curation build their pools the same way."""
+    pytest.importorskip("ray")
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "eval" / "fixed_bundled.yaml"
+    out = tmp_path / "ray_sweep"
+    argv = ["eval", "--config", str(recipe), "--task_regex", "^(01_relu|14_softmax_rows)$"]
+    argv += ["--device", "cpu", "--pool", "ray", "--eval_workers", "1", "--output_dir", str(out)]
+    argv += ["--fixed_solutions", "bundled", str(WRONG), "--plots", "false"]
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelrl.launch.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    statuses = {(r.task_id, r.sample): r.result.status for r in read_records(out / "samples.jsonl")}
+    assert statuses == {
+        ("01_relu", 0): Status.CORRECT,
+        ("01_relu", 1): Status.INCORRECT,
+        ("14_softmax_rows", 0): Status.CORRECT,
+        ("14_softmax_rows", 1): Status.FORMAT_ERROR,
+    }

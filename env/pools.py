@@ -1,0 +1,60 @@
+"""Build the environment pool a job evaluates with, by name: one mechanism for training, sweeps
+and curation.
+
+``local``: sandboxed subprocesses on this machine (its GPUs, or CPU slots); ``ray``: evaluation
+actors on the GPUs of a Ray cluster (a local Ray with logical GPUs when none is given and there is
+no GPU); ``service``: a running ``kernelrl env serve`` shared with other jobs. With
+``store_path`` a results store sits in front (``CachedPool``), so a completion already evaluated
+on this device with these library versions is not evaluated again; a service has its own store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kernelrl.env.evaluator import EvalConfig
+
+POOL_KINDS = ("local", "ray", "service")
+
+
+def make_pool(
+    kind: str,
+    config: EvalConfig,
+    *,
+    workers: int | None = None,
+    per_gpu: int = 2,
+    ray_address: str | None = None,
+    service_name: str = "kernelrl-env",
+    store_path: str | None = None,
+) -> Any:
+    """A pool with the ``submit(tasks, solutions) -> futures``, ``evaluate`` and ``close()``
+    contract. ``workers``: CPU slots or GPUs (local), GPU actors (ray); None for all."""
+    if kind == "local":
+        from kernelrl.env.pool import LocalPool
+
+        pool: Any = LocalPool(config, workers=workers, per_gpu=per_gpu)
+        identity = (pool.evaluators[0].device_name, pool.evaluators[0].versions)
+    elif kind == "ray":
+        from kernelrl.env.ray_pool import RayPool
+
+        pool = RayPool(
+            config,
+            workers=workers,
+            per_gpu=per_gpu,
+            address=ray_address or None,
+            store_path=store_path or None,
+        )
+        identity = (pool.device_name, pool.versions)
+    elif kind == "service":
+        from kernelrl.env.service import ServiceClient
+
+        pool = ServiceClient(name=service_name, address=ray_address or "auto")
+        return pool
+    else:
+        raise ValueError(f"the environment pool must be one of {POOL_KINDS}, got {kind!r}")
+    if not store_path:
+        return pool
+    from kernelrl.env.cached_pool import CachedPool
+    from kernelrl.env.store import ResultsStore
+
+    return CachedPool(pool, ResultsStore(store_path), device_name=identity[0], versions=identity[1])
