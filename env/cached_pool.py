@@ -10,7 +10,6 @@ flight share that one evaluation (RL groups often repeat a completion).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 
 from kernelrl.env.result import EvalResult
 from kernelrl.env.store import ResultsStore, solution_key
+from kernelrl.env.submit_api import EvaluateFromSubmit
 from kernelrl.env.task import Task
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def pool_identity(pool: Any) -> tuple[str, dict[str, str] | None]:
     return name, versions
 
 
-class CachedPool:
+class CachedPool(EvaluateFromSubmit):
     def __init__(
         self,
         pool: Pool,
@@ -128,17 +128,6 @@ class CachedPool:
                 future.set_result(result)
             else:
                 future.set_exception(error)
-
-    def evaluate(
-        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
-    ) -> list[EvalResult]:
-        return [future.result() for future in self.submit(tasks, solutions, timeout_s)]
-
-    async def aevaluate(
-        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
-    ) -> list[EvalResult]:
-        futures = await asyncio.to_thread(self.submit, tasks, solutions, timeout_s)
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
     def close(self) -> None:
         self.pool.close()

@@ -52,13 +52,19 @@ class EvalConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
 
     def resolved_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but no CUDA GPU is visible")
-        return self.device
+        return resolve_device(self.device)
+
+
+def resolve_device(device: str) -> str:
+    """``cpu`` or ``cuda`` for a requested ``cpu`` / ``cuda`` / ``auto``; a clear error for a
+    CUDA request without a visible GPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA GPU is visible")
+    return device
 
 
 class Evaluator:

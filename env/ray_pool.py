@@ -41,7 +41,6 @@ Futures resolve on the dispatcher thread: a done-callback must not block on ``su
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import copy
@@ -61,6 +60,7 @@ from typing import Any
 
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.result import EvalResult, Status
+from kernelrl.env.submit_api import EvaluateFromSubmit
 from kernelrl.env.task import Task, TaskError
 
 log = logging.getLogger(__name__)
@@ -213,7 +213,7 @@ class _Call:
     collateral: bool = False  # its worker was restarted by the pool for another item
 
 
-class RayPool:
+class RayPool(EvaluateFromSubmit):
     def __init__(
         self,
         config: EvalConfig | None = None,
@@ -385,17 +385,6 @@ class RayPool:
                 self._stats["submitted"] += 1
                 self._cv.notify()
         return futures
-
-    def evaluate(
-        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
-    ) -> list[EvalResult]:
-        return [future.result() for future in self.submit(tasks, solutions, timeout_s)]
-
-    async def aevaluate(
-        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
-    ) -> list[EvalResult]:
-        futures = await asyncio.to_thread(self.submit, tasks, solutions, timeout_s)
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
     def estimate_costs(self, tasks: Sequence[Task], solutions: Sequence[str]) -> list[float]:
         """Expected seconds per item: measured for known tasks, by source size otherwise."""

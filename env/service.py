@@ -25,6 +25,7 @@ from typing import Any
 
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.result import EvalResult
+from kernelrl.env.submit_api import EvaluateFromSubmit
 from kernelrl.env.task import Task, TaskError, task_from_source
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,7 @@ def stop_http() -> None:
 
 
 # ---------------------------------------------------------------------------------- client
-class ServiceClient:
+class ServiceClient(EvaluateFromSubmit):
     """A running service, with the pool interface (``submit``, ``evaluate``, ``aevaluate``)."""
 
     def __init__(
@@ -339,17 +340,6 @@ class ServiceClient:
         batch = ray.get(self.actor.submit.remote(list(tasks), list(solutions), timeout_s))
         refs = [self.actor.result.remote(batch, index) for index in range(len(tasks))]
         return [_unwrapped(ref.future()) for ref in refs]
-
-    def evaluate(
-        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
-    ) -> list[EvalResult]:
-        return [future.result() for future in self.submit(tasks, solutions, timeout_s)]
-
-    async def aevaluate(
-        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
-    ) -> list[EvalResult]:
-        futures = await asyncio.to_thread(self.submit, tasks, solutions, timeout_s)
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
     def stats(self) -> dict[str, Any]:
         import ray

@@ -44,6 +44,7 @@ from rich.console import Console
 from kernelrl.data.curate.report import StepReport, log_step, timed
 from kernelrl.data.schema import make_dataset, task_of
 from kernelrl.env.compare import compare_outputs
+from kernelrl.env.evaluator import resolve_device
 from kernelrl.env.reference import device_name
 from kernelrl.env.sandbox import Child, ChildDied, ChildPool
 from kernelrl.env.sandbox_child import TASK_MODULE
@@ -67,13 +68,7 @@ class ValidateConfig:
     timing: TimingConfig = field(default_factory=TimingConfig)
 
     def resolved_device(self) -> str:
-        if self.device == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but no CUDA GPU is visible")
-        return self.device
+        return resolve_device(self.device)
 
 
 @dataclass
