@@ -20,6 +20,7 @@ from collections import defaultdict
 from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pool import LocalPool
+from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.result import EvalResult
 
 PHASES = (
@@ -46,18 +47,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--per-gpu", type=int, default=2)
+    parser.add_argument("--per-gpu", type=int, default=EVALS_PER_GPU)
+    parser.add_argument(
+        "--skip-cold",
+        action="store_true",
+        help="skip pass 1 (reference timings already cached under $KERNELRL_CACHE)",
+    )
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
     pairs = bundled_pairs("triton")
     with LocalPool(EvalConfig(device=args.device), workers=1, per_gpu=args.per_gpu) as pool:
-        cold, cold_s = run_pass(pool, pairs, 1)
+        cold, cold_s = ([], 0.0) if args.skip_cold else run_pass(pool, pairs, 1)
         warm, warm_s = run_pass(pool, pairs, args.repeats)
     print(f"device: {warm[0].device_name}; slots: {pool.num_slots}; versions: {warm[0].versions}")
-    print(
-        f"pass 1 (cold reference cache): {len(cold)} evaluations in {cold_s:.1f} s = {len(cold) / cold_s * 60:.1f}/min"
-    )
+    if cold:
+        print(
+            f"pass 1 (cold reference cache): {len(cold)} evaluations in {cold_s:.1f} s = {len(cold) / cold_s * 60:.1f}/min"
+        )
     print(
         f"pass 2 (warm cache): {len(warm)} evaluations in {warm_s:.1f} s = {len(warm) / warm_s * 60:.1f}/min"
     )
@@ -78,7 +85,7 @@ def main() -> None:
     for phase in PHASES:
         values = [r.phase_seconds.get(phase, 0.0) for r in warm]
         print(f"  {phase:20s} {statistics.median(values):7.3f}")
-    for key in ("import_seconds", "cuda_init_seconds"):
+    for key in ("import_seconds", "cuda_init_seconds", "profiler_init_seconds"):
         values = [r.sandbox.get(key) or 0.0 for r in warm]
         print(f"  child {key:14s} {statistics.median(values):7.3f} (background)")
 

@@ -12,6 +12,7 @@ import hashlib
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -47,6 +48,9 @@ class EvalConfig:
     gpu_memory_fraction: float = 0.9
     file_bytes: int = 4 * 2**30
     spare_children: int = 1
+    # After pausing the other sandboxes on the GPU, wait this long for the kernels they had
+    # already queued (at most one forward call each: the harness synchronises after every call).
+    measurement_settle_s: float = 0.05
     # Off only to test that the sandbox and the dynamic checks hold on their own.
     static_checks: bool = True
     timing: TimingConfig = field(default_factory=TimingConfig)
@@ -68,8 +72,13 @@ def resolve_device(device: str) -> str:
 
 
 class Evaluator:
-    """Evaluates solutions on one device. Thread-safe: several evaluations may be in flight,
-    but GPU timing and profiling take a per-device lock so measurements never overlap."""
+    """Evaluates solutions on one device. Thread-safe: several evaluations may be in flight.
+
+    On a GPU a measurement (timing and profile of a solution, timing of a reference) has the
+    device to itself: it takes the lock that this process's own GPU work takes (references,
+    comparisons) and pauses the other sandboxes running on the device until it is done.
+    Compilation and correctness runs of other evaluations overlap everything else.
+    """
 
     def __init__(
         self,
@@ -143,7 +152,7 @@ class Evaluator:
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
         result.sandbox = {
             key: child.ready_info.get(key)
-            for key in ("network", "import_seconds", "cuda_init_seconds")
+            for key in ("network", "import_seconds", "cuda_init_seconds", "profiler_init_seconds")
         }
         try:
             self._run_in_child(task, source, own_names, child, result)
@@ -187,11 +196,12 @@ class Evaluator:
                     "address_space_bytes": config.host_memory_bytes,
                     "gpu_memory_fraction": config.gpu_memory_fraction,
                 },
-            }
+            },
         )
         # The child loads, compiles and runs; meanwhile this process computes the references.
         started = time.perf_counter()
-        references = self.references.outputs(task, model_seed, input_seeds)
+        with self._trusted_gpu_work():
+            references = self.references.outputs(task, model_seed, input_seeds)
         result.phase_seconds["reference"] = time.perf_counter() - started
 
         report = child.receive(deadline, config.host_memory_bytes)
@@ -199,19 +209,8 @@ class Evaluator:
         if self._stopped_early(report, result):
             return
 
-        for index, expected in enumerate(references):
-            # Only files inside the child's own scratch are read, whatever paths it reported.
-            got = torch.load(
-                child.scratch / f"outputs_{index}.pt", weights_only=True, map_location=self.device
-            )
-            comparison = compare_outputs(task, got, expected, index)
-            result.input_sets_checked = index + 1
-            result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
-            result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
-            if not comparison.correct:
-                result.status = Status.INCORRECT
-                result.error = "\n".join(comparison.problems[:3])
-                break
+        with self._trusted_gpu_work():
+            self._compare(task, references, child, result)
         launches = report["launches"]
         result.custom_kernel_launches = (
             min(launches) if launches and task.backend == "triton" else None
@@ -223,7 +222,7 @@ class Evaluator:
         if result.status is not Status.CORRECT:
             return
 
-        with self.gpu_lock if self.device_kind == "cuda" else contextlib.nullcontext():
+        with self._device_to_itself(child):
             child.send({"type": "time"})
             timing = child.receive(deadline, config.host_memory_bytes)
             result.phase_seconds.update(
@@ -252,6 +251,47 @@ class Evaluator:
                 return
             result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
             result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
+
+    def _compare(
+        self, task: Task, references: list[list[Any]], child: Child, result: EvalResult
+    ) -> None:
+        for index, expected in enumerate(references):
+            # Only files inside the child's own scratch are read, whatever paths it reported.
+            got = torch.load(
+                child.scratch / f"outputs_{index}.pt", weights_only=True, map_location=self.device
+            )
+            comparison = compare_outputs(task, got, expected, index)
+            result.input_sets_checked = index + 1
+            result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
+            result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
+            if not comparison.correct:
+                result.status = Status.INCORRECT
+                result.error = "\n".join(comparison.problems[:3])
+                return
+
+    # ------------------------------------------------------------------ device sharing
+    def _trusted_gpu_work(self) -> contextlib.AbstractContextManager:
+        """This process's own GPU work (references, comparisons) never overlaps a measurement."""
+        return self.gpu_lock if self.device_kind == "cuda" else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _device_to_itself(self, measured: Child) -> Iterator[None]:
+        """The GPU, and the CPU that feeds it, for ``measured`` alone: every other sandbox of
+        this device (evaluations in flight and spares still starting) is paused meanwhile.
+
+        Without this, on an H100 with 4 slots, the correctness runs of the other evaluations
+        made profiled kernel time disagree with the timed one (a false ``timing_unconfirmed``)
+        and some timings of the same solution varied by 20%. A paused child launches nothing
+        new, but kernels it queued before the pause still run: the settle time covers a
+        neighbour's forward call of up to ``measurement_settle_s``.
+        """
+        if self.device_kind != "cuda":
+            yield
+            return
+        with self.gpu_lock, self.children.paused_except(measured) as paused_any:
+            if paused_any:
+                time.sleep(self.config.measurement_settle_s)
+            yield
 
     def _stopped_early(self, message: dict[str, Any], result: EvalResult) -> bool:
         kind = message["type"]

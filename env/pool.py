@@ -19,6 +19,7 @@ from concurrent.futures import Future
 import torch
 
 from kernelrl.env.evaluator import EvalConfig, Evaluator
+from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.result import EvalResult
 from kernelrl.env.task import Task
 
@@ -30,7 +31,7 @@ class LocalPool:
         self,
         config: EvalConfig | None = None,
         workers: int | None = None,
-        per_gpu: int = 2,
+        per_gpu: int = EVALS_PER_GPU,
         max_pending: int = 1024,
     ) -> None:
         """``workers``: CPU slots, or GPUs to use; ``per_gpu``: evaluations in flight per GPU

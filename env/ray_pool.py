@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.submit_api import EvaluateFromSubmit
 from kernelrl.env.task import Task, TaskError
@@ -218,7 +219,7 @@ class RayPool(EvaluateFromSubmit):
         self,
         config: EvalConfig | None = None,
         workers: int | None = None,
-        per_gpu: int = 2,
+        per_gpu: int = EVALS_PER_GPU,
         max_pending: int = 1024,
         *,
         address: str | None = None,

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ class ChildDied(RuntimeError):
         self.timed_out = timed_out
 
 
-@dataclass
+@dataclass(eq=False)  # a process handle: equal only to itself, hashable
 class Child:
     process: subprocess.Popen
     sock: socket.socket
@@ -131,6 +132,18 @@ class Child:
             return ""
         return text[-limit:]
 
+    def pause(self) -> None:
+        """Stop the child and all it spawned (SIGSTOP), so that it launches no GPU work."""
+        self._signal_group(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_group(signal.SIGCONT)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
+
     def kill(self, reason: str = "") -> None:
         self.killed_for = self.killed_for or reason
         if self.process.poll() is None:
@@ -201,11 +214,38 @@ class ChildPool:
         self.ready_timeout_s = ready_timeout_s
         self._lock = threading.Lock()
         self._warming: list[Child] = []
+        self._live: set[Child] = set()  # every child spawned here and not yet ended
+        self._pausing = False
         self._closed = False
+
+    def _spawn(self) -> Child:
+        """Called with the lock held."""
+        child = spawn_child(self.device, self.gpu_index)
+        self._live = {c for c in self._live if c.process.poll() is None} | {child}
+        if self._pausing:
+            child.pause()
+        return child
 
     def _top_up(self) -> None:
         while len(self._warming) < self.spare and not self._closed:
-            self._warming.append(spawn_child(self.device, self.gpu_index))
+            self._warming.append(self._spawn())
+
+    @contextlib.contextmanager
+    def paused_except(self, kept: Child) -> Iterator[bool]:
+        """Every other child of this pool stopped (SIGSTOP) while the block runs, children
+        spawned meanwhile included; yields whether any was running."""
+        with self._lock:
+            self._pausing = True
+            others = [c for c in self._live - {kept} if c.process.poll() is None]
+            for child in others:
+                child.pause()
+        try:
+            yield bool(others)
+        finally:
+            with self._lock:
+                self._pausing = False
+                for child in self._live - {kept}:
+                    child.resume()
 
     def acquire(self) -> Child:
         """A child that has imported torch, made its CUDA context and said 'ready'."""
@@ -213,11 +253,7 @@ class ChildPool:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("child pool is closed")
-                child = (
-                    self._warming.pop(0)
-                    if self._warming
-                    else spawn_child(self.device, self.gpu_index)
-                )
+                child = self._warming.pop(0) if self._warming else self._spawn()
                 self._top_up()
             try:
                 message = child.receive(time.monotonic() + self.ready_timeout_s)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.task import TaskError
 from kernelrl.launch import curate_cli, env_service_cli, eval_cli, sft_cli, train_cli
 
@@ -39,7 +40,7 @@ def _env_check(args: argparse.Namespace) -> int:
 def _env_check_suite(args: argparse.Namespace) -> int:
     from kernelrl.data.bundled import bundled_pairs
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.pool import LocalPool
+    from kernelrl.env.pools import make_pool
     from kernelrl.env.report import run_suite
 
     pairs = bundled_pairs(args.backend)
@@ -51,12 +52,7 @@ def _env_check_suite(args: argparse.Namespace) -> int:
         raise TaskError("no bundled task matches the selection")
     config = EvalConfig(device=args.device, timeout_s=args.timeout)
     console = Console(stderr=args.json_out == "-")
-    if args.pool == "ray":
-        from kernelrl.env.ray_pool import RayPool
-
-        pool = RayPool(config, workers=args.workers)
-    else:
-        pool = LocalPool(config, workers=args.workers)
+    pool = make_pool(args.pool, config, workers=args.workers, per_gpu=args.per_gpu)
     with pool:
         results = run_suite(pool, pairs, console, repeats=args.repeats)
     if args.json_out:
@@ -99,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["local", "ray"],
         default="local",
         help="ray: one Ray actor per GPU (logical GPUs on CPU)",
+    )
+    suite.add_argument(
+        "--per-gpu",
+        type=int,
+        default=EVALS_PER_GPU,
+        help="evaluations in flight per GPU (per logical GPU on CPU)",
     )
     suite.add_argument("--tasks", default="", help="comma-separated substrings of task ids")
     suite.add_argument("--repeats", type=int, default=1, help="evaluate every pair this many times")

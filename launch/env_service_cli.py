@@ -29,6 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.launch.recipe import parse_recipe
 
 SERVE_USAGE = """usage: kernelrl env serve --config recipes/env/RECIPE.yaml [--key value ...]
@@ -58,7 +59,9 @@ class EnvServiceConfig:
         default=None,
         metadata=_help("GPUs to declare when starting a local Ray without GPUs (default: workers)"),
     )
-    per_gpu: int = field(default=2, metadata=_help("evaluations in flight per GPU worker"))
+    per_gpu: int = field(
+        default=EVALS_PER_GPU, metadata=_help("evaluations in flight per GPU worker")
+    )
     precheck_workers: int = field(
         default=1, metadata=_help("CPU actors for parsing and static checks (0: none)")
     )

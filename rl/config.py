@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from kernelrl.env.pools import POOL_KINDS
+from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS
 from kernelrl.rewards import RewardConfig
 from kernelrl.rl.rejection import RejectionConfig
 
@@ -145,7 +145,9 @@ class KernelGRPOConfig(GRPOConfig):
     env_workers: int | None = field(
         default=None, metadata={"help": "CPU slots or GPUs of the pool (default: all)"}
     )
-    env_per_gpu: int = field(default=2, metadata={"help": "evaluations in flight per GPU"})
+    env_per_gpu: int = field(
+        default=EVALS_PER_GPU, metadata={"help": "evaluations in flight per GPU"}
+    )
     env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
     env_ray_address: str | None = field(
         default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}

@@ -202,7 +202,7 @@ def test_serve_stops_cleanly_and_keeps_its_results(service: dict) -> None:
 
 def test_check_suite_on_the_ray_pool(client_env: dict[str, str]) -> None:
     command = CLI + [
-        "env", "check-suite", "--pool", "ray", "--workers", "2", "--device", "cpu",
+        "env", "check-suite", "--pool", "ray", "--workers", "2", "--per-gpu", "2", "--device", "cpu",
         "--tasks", "01_relu,02_gelu", "--timeout", "120",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=client_env, timeout=400)

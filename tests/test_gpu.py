@@ -82,3 +82,37 @@ def test_pool_keeps_working_after_illegal_address(gpu_pool: LocalPool) -> None:
     good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
     results = gpu_pool.evaluate([RELU, RELU], [bad, good])
     assert [r.status for r in results] == [Status.RUNTIME_ERROR, Status.CORRECT]
+
+
+def test_a_measurement_has_the_gpu_to_itself() -> None:
+    """Correctness runs of other evaluations must not slow a solution being timed."""
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    busy = (Path(__file__).parent / "solutions" / "gpu_load" / "busy_neighbour.py").read_text()
+    with LocalPool(EvalConfig(device="cuda", static_checks=False), workers=1, per_gpu=4) as pool:
+        alone = pool.evaluate([RELU] * 2, [good] * 2)
+        neighbours = pool.submit([RELU] * 3, [busy] * 3)
+        beside = pool.evaluate([RELU] * 3, [good] * 3)
+        neighbours = [future.result() for future in neighbours]
+
+    def window(result, first: str, last: str) -> tuple[float, float]:
+        phases = result.phase_seconds
+        start = result.timestamp + phases["child_wait"] + phases.get(first, 0.0)
+        return start, result.timestamp + phases["child_wait"] + phases[last]
+
+    busy_windows = [window(r, "child_first_call", "child_correctness") for r in neighbours]
+    overlapped = [
+        r
+        for r in beside
+        if any(
+            lo < window(r, "child_correctness", "child_correctness")[0] < hi
+            for lo, hi in busy_windows
+        )
+    ]
+    assert overlapped, (
+        "no timing fell inside a neighbour's busy correctness runs: test proves nothing"
+    )
+    baseline = min(r.runtime.median_ms for r in alone)
+    for result in beside + neighbours:
+        assert result.status is Status.CORRECT, result.feedback
+    for result in beside:
+        assert result.runtime.median_ms < 1.1 * baseline, (result.runtime, baseline)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pool import LocalPool
 from kernelrl.env.result import Status
+from kernelrl.env.sandbox import ChildPool
 from kernelrl.env.task import TaskError, load_task, task_from_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,3 +71,39 @@ def test_submit_blocks_when_queue_is_full() -> None:
 def test_mismatched_lengths_rejected(pool: LocalPool) -> None:
     with pytest.raises(ValueError, match="2 tasks but 1 solutions"):
         pool.submit([RELU, RELU], [GOOD])
+
+
+def _stopped(child, wait_s: float = 5.0) -> bool:
+    """Whether /proc shows the child stopped (state T); signals land asynchronously."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        state = Path(f"/proc/{child.process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T" or time.monotonic() > deadline:
+            return state == "T"
+        time.sleep(0.05)
+
+
+def test_measurement_pauses_every_other_child() -> None:
+    children = ChildPool("cpu", spare=2)
+    measured = running = None
+    try:
+        measured = children.acquire()  # ready; the two spares are still starting
+        running = children.acquire()
+        with children.paused_except(measured) as paused_any:
+            assert paused_any
+            children.spare = 3
+            children.warm()  # a child spawned during the measurement starts paused
+            others = [running, *children._warming]
+            assert len(others) == 4
+            assert all(_stopped(c) for c in others)
+            assert not _stopped(measured, wait_s=0.5)
+        assert not any(_stopped(c, wait_s=0.5) for c in others)
+        # A paused child that is killed (its evaluation's deadline passed) really ends.
+        with children.paused_except(measured):
+            running.close()
+        assert running.process.poll() is not None
+    finally:
+        for child in (measured, running):
+            if child is not None:
+                child.close()
+        children.close()
