@@ -10,6 +10,7 @@ on this device with these library versions is not evaluated again; a service has
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # importing this module (a default, the pool names) must not import torch
@@ -62,3 +63,35 @@ def make_pool(
     from kernelrl.env.store import ResultsStore
 
     return CachedPool(pool, ResultsStore(store_path), device_name=identity[0], versions=identity[1])
+
+
+@dataclass
+class PoolChoice:
+    """The recipe keys that choose a job's pool (eval sweeps and curation inherit them)."""
+
+    pool: str = field(
+        default="local",
+        metadata={
+            "help": "environment pool: local, ray (actors on a Ray cluster's GPUs) or service"
+        },
+    )
+    ray_address: str = field(default="", metadata={"help": "Ray cluster to join (ray, service)"})
+    service_name: str = field(
+        default="kernelrl-env", metadata={"help": "name of a running `kernelrl env serve`"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.pool not in POOL_KINDS:
+            raise ValueError(f"pool must be one of {POOL_KINDS}, got {self.pool!r}")
+
+    def build_pool(
+        self, config: EvalConfig, *, workers: int | None = None, store_path: str | None = None
+    ) -> Any:
+        return make_pool(
+            self.pool,
+            config,
+            workers=workers,
+            ray_address=self.ray_address,
+            service_name=self.service_name,
+            store_path=store_path,
+        )

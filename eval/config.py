@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.env.pools import POOL_KINDS
+from kernelrl.env.pools import PoolChoice
 
 BENCHMARKS = ("bundled", "kernelbench", "folder", "hf")
 CLIENTS = ("vllm", "openai", "transformers", "fixed")
@@ -45,7 +45,7 @@ def _help(text: str) -> dict[str, str]:
 
 
 @dataclass
-class EvalSweepConfig:
+class EvalSweepConfig(PoolChoice):
     """One sweep: which tasks, which model and how it samples, how results are evaluated."""
 
     # ------------------------------------------------------------------ where results go
@@ -149,14 +149,6 @@ class EvalSweepConfig:
     )
     # ------------------------------------------------------------------ environment
     device: str = field(default="auto", metadata=_help("evaluation device: cpu, cuda or auto"))
-    pool: str = field(
-        default="local",
-        metadata=_help("environment pool: local, ray (actors on a Ray cluster's GPUs) or service"),
-    )
-    ray_address: str = field(default="", metadata=_help("Ray cluster to join (ray, service)"))
-    service_name: str = field(
-        default="kernelrl-env", metadata=_help("name of a running `kernelrl env serve`")
-    )
     eval_workers: int = field(default=0, metadata=_help("CPU slots or GPUs (0: all)"))
     eval_timeout_s: float = field(default=180.0, metadata=_help("sandbox limit per evaluation"))
     cache_db: str = field(
@@ -169,12 +161,11 @@ class EvalSweepConfig:
     bootstrap_samples: int = field(default=2000, metadata=_help("bootstrap resamples"))
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.benchmark not in BENCHMARKS:
             raise ValueError(f"benchmark must be one of {BENCHMARKS}, got {self.benchmark!r}")
         if self.client not in CLIENTS:
             raise ValueError(f"client must be one of {CLIENTS}, got {self.client!r}")
-        if self.pool not in POOL_KINDS:
-            raise ValueError(f"pool must be one of {POOL_KINDS}, got {self.pool!r}")
         if self.backend not in ("triton", "cuda"):
             raise ValueError(f"backend must be triton or cuda, got {self.backend!r}")
         if self.samples < 1 or self.turns < 1 or self.history_turns < 1:

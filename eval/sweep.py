@@ -342,14 +342,10 @@ class Sweep:
 def make_pool(config: EvalSweepConfig) -> Any:
     """The environment pool a sweep evaluates with (``pool``: local, ray or service), behind
     the shared results store when ``cache_db`` is set."""
-    from kernelrl.env import pools
     from kernelrl.env.evaluator import EvalConfig
 
-    return pools.make_pool(
-        config.pool,
+    return config.build_pool(
         EvalConfig(device=config.device, timeout_s=config.eval_timeout_s),
         workers=config.eval_workers or None,
-        ray_address=config.ray_address,
-        service_name=config.service_name,
         store_path=config.cache_db,
     )

@@ -46,13 +46,13 @@ from kernelrl.data.curate.sft_select import (
 from kernelrl.data.curate.trajectories_to_sft import RevisionConfig, trajectories_to_sft
 from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
 from kernelrl.data.loaders import load_samples, load_tasks, load_trajectories
-from kernelrl.env.pools import POOL_KINDS
+from kernelrl.env.pools import PoolChoice
 
 STEPS = ("normalize", "dedup", "decontaminate", "validate", "difficulty", "sft")
 
 
 @dataclass
-class CurateConfig:
+class CurateConfig(PoolChoice):
     """Everything a curation run needs; one flat recipe (``recipes/curate/*.yaml``)."""
 
     output_dir: str = field(
@@ -114,11 +114,6 @@ class CurateConfig:
     min_pass_rate: float | None = None
     max_pass_rate: float | None = None
     # evaluation of samples and trajectory turns
-    pool: str = field(default="local", metadata={"help": "environment pool: local, ray or service"})
-    ray_address: str = field(default="", metadata={"help": "Ray cluster to join (ray, service)"})
-    service_name: str = field(
-        default="kernelrl-env", metadata={"help": "name of a running `kernelrl env serve`"}
-    )
     eval_workers: int = 2
     eval_timeout_s: float = 180.0
     # SFT selection
@@ -133,6 +128,7 @@ class CurateConfig:
     revision_min_improvement: float = 1.1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in (
             "task_sources",
             "sample_sources",
@@ -148,8 +144,6 @@ class CurateConfig:
             raise ValueError(
                 f"unknown curation steps {sorted(unknown)} (known: {', '.join(STEPS)})"
             )
-        if self.pool not in POOL_KINDS:
-            raise ValueError(f"pool must be one of {POOL_KINDS}, got {self.pool!r}")
 
     def validate_config(self) -> ValidateConfig:
         return ValidateConfig(
@@ -189,14 +183,10 @@ class _LazyPool:
     def get(self) -> Any:
         if self.pool is None:
             from kernelrl.env.evaluator import EvalConfig
-            from kernelrl.env.pools import make_pool
 
-            self.pool = make_pool(
-                self.config.pool,
+            self.pool = self.config.build_pool(
                 EvalConfig(device=self.config.device, timeout_s=self.config.eval_timeout_s),
                 workers=self.config.eval_workers,
-                ray_address=self.config.ray_address,
-                service_name=self.config.service_name,
             )
             self.owned = True
         return self.pool
