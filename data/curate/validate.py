@@ -19,7 +19,7 @@ back through files read with ``torch.load(weights_only=True)``, as in the evalua
 A reference passes when, on the target device:
 - it loads, constructs and runs (no exception, crash, hang or memory blow-up);
 - every output is finite;
-- a second run in a second child with the same seeds (first input set) agrees with the first
+- a second run in a second child with the same seeds (every input set) agrees with the first
   within the task's own tolerances (a reference that does not reproduce itself cannot grade a
   solution);
 - its output depends on its inputs (different input seeds give different outputs; optional);
@@ -317,12 +317,13 @@ def validate_tasks(
         with ThreadPoolExecutor(max_workers=max(config.workers, 1)) as executor:
             for task in task_list:
                 model_seed, input_seeds = seeds_for(task, config)
-                # The second run repeats the first input set only: enough to show that the
-                # reference reproduces itself, and it skips the profiled call (seconds on CPU).
+                # The second run repeats every input set but skips timing and the profiled call
+                # (seconds on CPU). All of them: a reference drawing one of 64 channels from an
+                # unseeded RNG agreed with itself on one input set in 1 of 64 validations.
                 jobs.append(
                     (
                         executor.submit(prober.run, task, model_seed, input_seeds, True),
-                        executor.submit(prober.run, task, model_seed, input_seeds[:1], False),
+                        executor.submit(prober.run, task, model_seed, input_seeds, False),
                     )
                 )
             for row, task, (first_future, second_future) in zip(rows, task_list, jobs, strict=True):
