@@ -125,9 +125,9 @@ class EvalWorker:
             return "error", f"{type(exc).__name__}: {exc}"
 
     def close(self) -> None:
-        """Stop warm children, and kill the ones still running a solution: each leads its own
-        process group (the sandbox starts it in a new session), so the actor's death would
-        otherwise leave it running until its own time or CPU limit."""
+        """Stop warm children, and kill the ones still running a solution with all they
+        spawned (a compiler, say): each leads its own process group, which the kernel's death
+        signal at the actor's exit would not reach beyond the child itself."""
         self.evaluator.close()
         _kill_child_process_groups()
 
@@ -267,6 +267,10 @@ class RayPool(EvaluateFromSubmit):
         env["env_vars"] = {
             **env.get("env_vars", {}),
             "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+            # Ray kills a dying actor's children before the actor stops answering: an
+            # evaluation whose child it killed would be answered as the solution's crash. The
+            # children die with the actor instead (PR_SET_PDEATHSIG, see sandbox_child).
+            "RAY_kill_child_processes_on_worker_exit": "0",
         }
         self._gpu_actor = ray.remote(EvalWorker).options(
             num_gpus=1,

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,25 @@ class Child:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+_spawner: tuple[int, ThreadPoolExecutor] | None = None
+_spawner_lock = threading.Lock()
+
+
 def spawn_child(device: str, gpu_index: int | None) -> Child:
+    """A new child, forked by this process's one spawner thread.
+
+    The child asks the kernel for SIGKILL when the thread that forked it ends
+    (``PR_SET_PDEATHSIG`` is per thread, not per process): forked by an evaluation's thread, a
+    child would die with that thread. The spawner thread lives until the process exits."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # a forked process starts its own
+            _spawner = (os.getpid(), ThreadPoolExecutor(1, "kernelrl-sandbox-spawner"))
+        spawner = _spawner[1]
+    return spawner.submit(_spawn_child, device, gpu_index).result()
+
+
+def _spawn_child(device: str, gpu_index: int | None) -> Child:
     scratch = Path(tempfile.mkdtemp(prefix="kernelrl-sbx-", dir=_scratch_root()))
     parent_sock, child_sock = socket.socketpair()
     env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
@@ -183,7 +202,13 @@ def spawn_child(device: str, gpu_index: int | None) -> Child:
     log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
     try:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kernelrl.env.sandbox_child", str(child_sock.fileno())],
+            [
+                sys.executable,
+                "-m",
+                "kernelrl.env.sandbox_child",
+                str(child_sock.fileno()),
+                str(os.getpid()),
+            ],
             pass_fds=[child_sock.fileno()],
             cwd=scratch,
             env=env,

@@ -1,6 +1,6 @@
 """The sandboxed child: the only process that ever executes a generated solution.
 
-Started by the worker ahead of time (``python -m kernelrl.env.sandbox_child FD``) so that
+Started by the worker ahead of time (``python -m kernelrl.env.sandbox_child FD PARENT_PID``) so that
 interpreter start, ``import torch`` and CUDA context creation are paid while another evaluation
 runs. It then waits for exactly one job, runs it, and exits: no state survives from one
 solution to the next. Everything it reports goes through the socket ``FD``; the worker decides
@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -20,6 +21,7 @@ from typing import Any
 
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 
 
 def isolate_network() -> str:
@@ -31,9 +33,24 @@ def isolate_network() -> str:
     return f"unavailable (errno {ctypes.get_errno()})"
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL from the kernel when the thread that spawned this child ends (the sandbox's
+    spawner thread lives as long as the worker process): a worker that dies, however it dies,
+    takes its children along, running or paused, and never before it has itself stopped
+    answering, so no verdict comes from a child killed by its worker's death."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the worker died before the line above
+        os._exit(1)
+
+
 # Network isolation must happen before torch starts its threads: unshare moves only the
 # calling thread, so the process has to be single-threaded for it to cover everything.
+# The death signal is set after it: a change of credentials would clear it.
 NETWORK = isolate_network() if __name__ == "__main__" else "not isolated"
+if __name__ == "__main__":
+    die_with_parent(int(sys.argv[2]))
 _IMPORT_STARTED = time.perf_counter()
 
 import socket  # noqa: E402

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -73,11 +77,19 @@ def test_mismatched_lengths_rejected(pool: LocalPool) -> None:
         pool.submit([RELU, RELU], [GOOD])
 
 
+def _state(pid: int) -> str:
+    """The process state letter /proc shows ("X" once the process is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "X"
+
+
 def _stopped(child, wait_s: float = 5.0) -> bool:
     """Whether /proc shows the child stopped (state T); signals land asynchronously."""
     deadline = time.monotonic() + wait_s
     while True:
-        state = Path(f"/proc/{child.process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = _state(child.process.pid)
         if state == "T" or time.monotonic() > deadline:
             return state == "T"
         time.sleep(0.05)
@@ -106,4 +118,55 @@ def test_measurement_pauses_every_other_child() -> None:
         for child in (measured, running):
             if child is not None:
                 child.close()
+        children.close()
+
+
+# A worker that holds two sandbox children, one of them paused as during another's measurement.
+_DYING_WORKER = """
+import time
+from kernelrl.env.sandbox import ChildPool
+children = ChildPool("cpu", spare=0)
+running, paused = children.acquire(), children.acquire()
+paused.pause()
+print(running.process.pid, paused.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_children_die_with_their_worker_even_paused() -> None:
+    """However its worker dies (here SIGKILL, as Ray's force kill or the OOM killer), no child
+    outlives it to hold the GPU or answer for a dead evaluation; a stopped one included."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _DYING_WORKER], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        pids = [int(pid) for pid in worker.stdout.readline().split()]
+        assert len(pids) == 2 and all(_state(pid) not in "XZ" for pid in pids)
+        assert _state(pids[1]) == "T"
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(_state(pid) not in "XZ" for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [_state(pid) in "XZ" for pid in pids] == [True, True]
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_a_child_outlives_the_thread_that_asked_for_it() -> None:
+    """The death signal follows the thread that forked a child: children must not be forked
+    by an evaluation's thread, or they would die when that thread ends."""
+    children = ChildPool("cpu", spare=0)
+    acquired = []
+    asker = threading.Thread(target=lambda: acquired.append(children.acquire()))
+    asker.start()
+    asker.join()
+    (child,) = acquired
+    try:
+        time.sleep(0.5)
+        assert child.process.poll() is None
+    finally:
+        child.close()
         children.close()
