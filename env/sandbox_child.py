@@ -1,8 +1,8 @@
 """The sandboxed child: the only process that ever executes a generated solution.
 
-Started by the worker ahead of time (``python -m kernelrl.env.sandbox_child FD PARENT_PID``) so that
-interpreter start, ``import torch`` and CUDA context creation are paid while another evaluation
-runs. It then waits for exactly one job, runs it, and exits: no state survives from one
+Started by the worker ahead of time (``python -m kernelrl.env.sandbox_child FD PARENT_PID``)
+so that interpreter start, ``import torch`` and CUDA context creation are paid while another
+evaluation runs. It then waits for exactly one job, runs it, and exits: no state survives from one
 solution to the next. Everything it reports goes through the socket ``FD``; the worker decides
 every verdict itself.
 """
@@ -48,8 +48,9 @@ def die_with_parent(parent_pid: int) -> None:
 # Network isolation must happen before torch starts its threads: unshare moves only the
 # calling thread, so the process has to be single-threaded for it to cover everything.
 # The death signal is set after it: a change of credentials would clear it.
-NETWORK = isolate_network() if __name__ == "__main__" else "not isolated"
+NETWORK = "not isolated"
 if __name__ == "__main__":
+    NETWORK = isolate_network()
     die_with_parent(int(sys.argv[2]))
 _IMPORT_STARTED = time.perf_counter()
 
