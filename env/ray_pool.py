@@ -519,6 +519,7 @@ class RayPool(EvaluateFromSubmit):
             return
         worker.info = value if isinstance(value, dict) else {"pid": value}
         worker.healthy = True
+        log.info("kernelrl ray worker %d is back (pid %s)", worker.index, worker.info.get("pid"))
 
     def _replace(self, worker: _Worker) -> None:
         """Restarts exhausted (or its node is gone): a fresh actor takes its place."""
@@ -526,8 +527,11 @@ class RayPool(EvaluateFromSubmit):
 
         if self._replacements_left <= 0 or self._closing:
             worker.dead = True
+            if not self._closing:
+                log.error("kernelrl ray worker %d is gone and no replacement is left", worker.index)
             return
         self._replacements_left -= 1
+        log.warning("kernelrl ray worker %d is gone for good: starting a replacement", worker.index)
         with contextlib.suppress(Exception):
             ray.kill(worker.handle, no_restart=True)
         worker.handle = (

@@ -9,6 +9,7 @@ tolerance must survive. The tests run in file order and leave the pool usable fo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from concurrent.futures import wait
 from pathlib import Path
@@ -61,14 +62,23 @@ def pool(store_path: str) -> RayPool:
         yield pool
 
 
+@pytest.fixture(autouse=True)
+def pool_log(caplog: pytest.LogCaptureFixture) -> None:
+    """A failing test shows the pool's worker life (deaths, replacements, returns)."""
+    caplog.set_level(logging.INFO, logger="kernelrl.env.ray_pool")
+
+
 def worker_states(pool: RayPool) -> list[dict]:
     return [w for w in pool.stats()["workers"] if w["kind"] == "gpu"]
 
 
-def wait_until(predicate, timeout_s: float = 120.0) -> None:
+def wait_until(predicate, timeout_s: float = 120.0, pool: RayPool | None = None) -> None:
+    """Poll until ``predicate()``; on a timeout, say what the pool looked like."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
+        if time.monotonic() >= deadline:
+            state = pool.stats() if pool is not None else None
+            raise AssertionError(f"condition not reached in {timeout_s:.0f} s; pool: {state}")
         time.sleep(0.05)
 
 
@@ -166,7 +176,7 @@ def test_killed_workers_lose_no_evaluation_and_count_none_twice(
     # Mid-batch, while both have work: worker 0 is killed and restarted by Ray, worker 1 is
     # killed for good (no_restart) and replaced by the pool. Both at once, so that no retry
     # can land on a worker that the test then kills (that would be a second, real death).
-    wait_until(lambda: all(w["in_flight"] > 0 for w in worker_states(pool)))
+    wait_until(lambda: all(w["in_flight"] > 0 for w in worker_states(pool)), pool=pool)
     ray.kill(pool.actor(0), no_restart=False)
     ray.kill(pool.actor(1), no_restart=True)
 
@@ -180,7 +190,7 @@ def test_killed_workers_lose_no_evaluation_and_count_none_twice(
     assert stats["completed"] - stats_before["completed"] == 6
     assert store.count() - rows_before == 6  # every evaluation exactly once
     assert {r["solution"] for r in list(store.rows())[rows_before:]} == set(solutions)
-    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)))
+    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)), pool=pool)
     pids_after = [w["pid"] for w in worker_states(pool)]
     assert all(a != b for a, b in zip(pids_after, pids_before, strict=True))
     store.close()
@@ -226,13 +236,16 @@ def test_results_store_serves_repeats_and_shares_reference_timings(
 
 
 def test_status_snapshot_and_close(pool: RayPool) -> None:
+    # Three evaluations in flight at once need both workers; the killer test leaves one (or
+    # both) restarting, and nothing since has waited for it.
+    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)), 300, pool)
     stats = pool.stats()
     assert stats["queued"] == 0 and stats["in_flight"] == 0
     assert stats["completed"] == stats["submitted"]
     assert stats["throughput_per_s"] > 0 and stats["device_name"] == pool.device_name
     goods = pool.submit([RELU] * 2, [variant(GOOD, f"close {i}") for i in range(2)])
     (hung,) = pool.submit([RELU], [variant(HANG, "close")])
-    wait_until(lambda: pool.stats()["in_flight"] == 3)
+    wait_until(lambda: pool.stats()["in_flight"] == 3, pool=pool)
     started = time.monotonic()
     pool.close(timeout_s=TIMEOUT_S - 5)  # lets running work finish until then
     assert time.monotonic() - started < TIMEOUT_S + 10
