@@ -238,7 +238,7 @@ def test_results_store_serves_repeats_and_shares_reference_timings(
 def test_status_snapshot_and_close(pool: RayPool) -> None:
     # Three evaluations in flight at once need both workers; the killer test leaves one (or
     # both) restarting, and nothing since has waited for it.
-    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)), 300, pool)
+    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)), 300, pool=pool)
     stats = pool.stats()
     assert stats["queued"] == 0 and stats["in_flight"] == 0
     assert stats["completed"] == stats["submitted"]
