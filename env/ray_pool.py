@@ -203,6 +203,11 @@ class _Worker:
     def idle(self) -> bool:
         return self.healthy and not self.dead and not self.in_flight
 
+    @property
+    def awaiting_probe(self) -> bool:
+        """Down, not given up, and no ping out: the dispatcher owes it one (even when idle)."""
+        return not self.healthy and not self.dead and self.probe is None
+
 
 @dataclass
 class _Call:
@@ -492,12 +497,7 @@ class RayPool(EvaluateFromSubmit):
         if self._closing and not (self._gpu_queue or self._cpu_queue or self._calls):
             return  # nothing left that a restarted worker would do
         for worker in self._workers:
-            if (
-                not worker.healthy
-                and not worker.dead
-                and worker.probe is None
-                and now >= worker.probe_after
-            ):
+            if worker.awaiting_probe and now >= worker.probe_after:
                 handle = worker.handle
                 worker.probe = (
                     handle.info.remote() if worker.kind == "gpu" else handle.ping.remote()
@@ -559,9 +559,10 @@ class RayPool(EvaluateFromSubmit):
                 queue = self._cpu_queue if precheck else self._gpu_queue
                 heapq.heappush(queue, (item.sort_key(), item))
             closing = self._closing
-            if not self._calls and not self._probes and not self._gpu_queue and not self._cpu_queue:
-                if closing:
-                    return False
+            idle = not (self._calls or self._probes or self._gpu_queue or self._cpu_queue)
+            if idle and closing:
+                return False
+            if idle and not any(w.awaiting_probe for w in self._workers):
                 self._cv.wait(0.1)
                 return True
         now = time.monotonic()

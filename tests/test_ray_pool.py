@@ -206,6 +206,9 @@ def test_a_solution_that_kills_its_worker_is_a_runtime_error(pool: RayPool) -> N
     assert "worker was lost 2 times" in killer.error and "kills" in killer.error
     assert killer.error.count(") died: ") == 2  # each death with Ray's own cause
     assert pool.stats()["worker_deaths"] - deaths == 2
+    # Nothing is queued now, yet the pool keeps pinging both killed workers until they serve
+    # again (it once stopped at the first ping that found one still restarting).
+    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)), pool=pool)
 
 
 def test_results_store_serves_repeats_and_shares_reference_timings(
@@ -236,9 +239,8 @@ def test_results_store_serves_repeats_and_shares_reference_timings(
 
 
 def test_status_snapshot_and_close(pool: RayPool) -> None:
-    # Three evaluations in flight at once need both workers; the killer test leaves one (or
-    # both) restarting, and nothing since has waited for it.
-    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)), 300, pool=pool)
+    # Three evaluations in flight at once need both workers serving.
+    wait_until(lambda: all(w["state"] == "ok" for w in worker_states(pool)), pool=pool)
     stats = pool.stats()
     assert stats["queued"] == 0 and stats["in_flight"] == 0
     assert stats["completed"] == stats["submitted"]
