@@ -317,7 +317,8 @@ class Evaluator:
 
     def _reference_timing(self, task: Task, compiled: bool) -> TimingStats | None:
         """Cached; the caller holds the GPU lock so the reference is timed alone."""
-        key = self.timing_cache.key(task, self.device, "compile" if compiled else "eager")
+        kind = "compile" if compiled else "eager"
+        key = self.timing_cache.key(task, self.device, kind, self.config.timing)
         cached = self.timing_cache.get(key)
         if cached is not False:
             return cached

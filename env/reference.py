@@ -118,7 +118,7 @@ class ReferenceTimingCache:
         self._entries: dict[str, Any] | None = None
 
     @staticmethod
-    def key(task: Task, device: torch.device, kind: str) -> str:
+    def key(task: Task, device: torch.device, kind: str, timing: TimingConfig) -> str:
         versions = library_versions()
         return "|".join(
             [
@@ -128,6 +128,7 @@ class ReferenceTimingCache:
                 versions["torch"],
                 versions["triton"],
                 kind,
+                timing.fingerprint(),
             ]
         )
 

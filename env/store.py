@@ -27,6 +27,7 @@ import torch
 from kernelrl.env.reference import ReferenceTimingCache
 from kernelrl.env.result import EvalResult, TimingStats
 from kernelrl.env.task import Task
+from kernelrl.env.timing import TimingConfig
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -296,8 +297,8 @@ class StoreTimingCache:
         self.store = store
 
     @staticmethod
-    def key(task: Task, device: torch.device, kind: str) -> str:
-        return ReferenceTimingCache.key(task, device, kind)
+    def key(task: Task, device: torch.device, kind: str, timing: TimingConfig) -> str:
+        return ReferenceTimingCache.key(task, device, kind, timing)
 
     def get(self, key: str) -> TimingStats | None | bool:
         """The cached stats, None for 'known to be unavailable', False for a miss."""

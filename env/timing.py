@@ -7,11 +7,13 @@ CPU (Triton interpreter): wall-clock repetitions, reported but flagged as not me
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -31,6 +33,11 @@ class TimingConfig:
     batch: int = 10  # repetitions recorded between two host synchronisations
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
+
+    def fingerprint(self) -> str:
+        """Names the procedure in cache keys: a timing taken another way is not reused."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def summarize(samples_ms: list[float]) -> TimingStats:

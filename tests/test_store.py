@@ -15,6 +15,7 @@ import torch
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.store import POOL_ERROR_KEY, ResultsStore, solution_key
 from kernelrl.env.task import load_task
+from kernelrl.env.timing import TimingConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 RELU = load_task(ROOT / "data" / "tasks" / "01_relu.py")
@@ -160,8 +161,11 @@ def _time_in_other_process(path: str, key: str) -> None:
 def test_reference_timings_are_shared_through_the_store(tmp_path: Path) -> None:
     path = str(tmp_path / "results.db")
     cache = ResultsStore(path).reference_timings()
-    eager = cache.key(RELU, torch.device("cpu"), "eager")
-    compiled = cache.key(RELU, torch.device("cpu"), "compile")
+    eager = cache.key(RELU, torch.device("cpu"), "eager", TimingConfig())
+    compiled = cache.key(RELU, torch.device("cpu"), "compile", TimingConfig())
+    # A timing taken another way (here: to another error target) is another entry.
+    other_way = cache.key(RELU, torch.device("cpu"), "eager", TimingConfig(target_rel_err=0.01))
+    assert other_way != eager and cache.get(other_way) is False
     assert cache.get(eager) is False  # a miss
     process = multiprocessing.get_context("spawn").Process(
         target=_time_in_other_process, args=(path, eager)
