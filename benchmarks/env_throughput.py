@@ -53,10 +53,11 @@ def main() -> None:
         action="store_true",
         help="skip pass 1 (reference timings already cached under $KERNELRL_CACHE)",
     )
+    parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="")
     args = parser.parse_args()
 
-    pairs = bundled_pairs("triton")
+    pairs = [(t, s) for t, s in bundled_pairs("triton") if not args.tasks or t.id in args.tasks]
     with LocalPool(EvalConfig(device=args.device), workers=1, per_gpu=args.per_gpu) as pool:
         cold, cold_s = ([], 0.0) if args.skip_cold else run_pass(pool, pairs, 1)
         warm, warm_s = run_pass(pool, pairs, args.repeats)

@@ -11,7 +11,7 @@ import linecache
 import sys
 import threading
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -70,6 +70,16 @@ def make_inputs(module: types.ModuleType, seed: int, device: torch.device) -> li
         torch.manual_seed(seed)
         inputs = list(module.get_inputs())
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def forward_call(model: torch.nn.Module, inputs: Sequence[Any]) -> Callable[[], None]:
+    """What timing repeats: one forward pass on ``inputs``, without autograd."""
+
+    def call() -> None:
+        with torch.no_grad():
+            model(*inputs)
+
+    return call
 
 
 def as_output_list(output: Any) -> list[Any]:

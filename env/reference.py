@@ -20,7 +20,7 @@ import torch
 from kernelrl.env import harness
 from kernelrl.env.result import TimingStats
 from kernelrl.env.task import Task, TaskError
-from kernelrl.env.timing import TimingConfig, time_fn
+from kernelrl.env.timing import TimingConfig, placements, time_fn
 
 
 def library_versions() -> dict[str, str]:
@@ -92,20 +92,17 @@ class ReferenceRunner:
     def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
         module = self.module(task)
         model = harness.build_model(module.Model, module, 0, self.device)
-        inputs = harness.make_inputs(module, 1, self.device)
+        count = placements(self.device, config)  # as the solution is timed
+        input_sets = [harness.make_inputs(module, 1 + i, self.device) for i in range(count)]
         if compiled:
             try:
                 model = torch.compile(model)
                 with torch.no_grad():
-                    model(*inputs)
+                    model(*input_sets[0])
             except Exception:
                 return None  # the reference does not compile: no torch.compile baseline
-
-        def call() -> None:
-            with torch.no_grad():
-                model(*inputs)
-
-        return time_fn(call, self.device, config)
+        calls = [harness.forward_call(model, inputs) for inputs in input_sets]
+        return time_fn(calls, self.device, config)
 
 
 class ReferenceTimingCache:

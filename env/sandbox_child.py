@@ -61,7 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from kernelrl.env import harness  # noqa: E402
 from kernelrl.env.protocol import recv_message, send_message  # noqa: E402
-from kernelrl.env.timing import TimingConfig, time_fn  # noqa: E402
+from kernelrl.env.timing import TimingConfig, placements, time_fn  # noqa: E402
 
 SOLUTION_MODULE = "kernelrl_solution"
 TASK_MODULE = "kernelrl_task"
@@ -403,19 +403,21 @@ def run_job(sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) ->
     if recv_message(sock)["type"] != "time":
         return
 
-    inputs = harness.make_inputs(task, job["input_seeds"][0], device)
-
-    def call() -> None:
-        with torch.no_grad():
-            model(*inputs)
+    config = TimingConfig(**job["timing"])
+    seed = job["input_seeds"][0]
+    # All sets allocated before any is timed: each lands on its own physical memory.
+    input_sets = [
+        harness.make_inputs(task, seed + i, device) for i in range(placements(device, config))
+    ]
+    calls = [harness.forward_call(model, inputs) for inputs in input_sets]
 
     start = time.perf_counter()
     try:
-        stats = time_fn(call, device, TimingConfig(**job["timing"]))
+        stats = time_fn(calls, device, config)
         phase["timing"] = time.perf_counter() - start
         start = time.perf_counter()
         profile = (
-            profile_kernels(call, device, job["profile_calls"], counter)
+            profile_kernels(calls[0], device, job["profile_calls"], counter)
             if device.type == "cuda"
             else {}
         )

@@ -1,7 +1,13 @@
 """Kernel timing: one procedure for the reference and the solution, so speedups are fair.
 
 GPU: warm-up, L2 flush before every repetition, CUDA events around each call, repetitions
-until the median's relative standard error reaches a target or the time budget runs out.
+until the median's relative standard error reaches a target or the time budget runs out; all
+of it on several input sets allocated side by side, one after another, and their medians
+averaged. A memory-bound kernel's time depends on where in physical GPU memory its buffers
+land: on an H100, a 0.1 ms RMSNorm kernel timed in fresh processes one after another varied
+by 1% while the GPU's memory was otherwise empty, by 10% with another process holding a
+random pattern of memory (as the other sandboxes of a pool do), and by 4% averaged over 4
+placements (benchmarks/timing_spread.py).
 CPU (Triton interpreter): wall-clock repetitions, reported but flagged as not meaningful.
 """
 
@@ -12,8 +18,8 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -31,6 +37,7 @@ class TimingConfig:
     budget_s: float = 1.0
     flush_l2: bool = True
     batch: int = 10  # repetitions recorded between two host synchronisations
+    placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
 
@@ -109,7 +116,35 @@ def time_cpu(fn: Callable[[], object], config: TimingConfig = TimingConfig()) ->
     return summarize(samples)
 
 
+def placements(device: torch.device, config: TimingConfig) -> int:
+    """How many input sets to time on: physical placement matters on a GPU only."""
+    return config.placements if device.type == "cuda" else 1
+
+
 def time_fn(
-    fn: Callable[[], object], device: torch.device, config: TimingConfig = TimingConfig()
+    calls: Sequence[Callable[[], object]],
+    device: torch.device,
+    config: TimingConfig = TimingConfig(),
 ) -> TimingStats:
-    return time_cuda(fn, config) if device.type == "cuda" else time_cpu(fn, config)
+    """Time each call (one per input set, ``placements`` of them) and average their medians."""
+    if device.type != "cuda":
+        return time_cpu(calls[0], config)
+    share = replace(config, budget_s=config.budget_s / len(calls))
+    return average([time_cuda(call, share) for call in calls])
+
+
+def average(runs: Sequence[TimingStats]) -> TimingStats:
+    """One summary of several placements: mean of their medians and quartiles, the extremes
+    of all, and the standard error of the mean of the medians."""
+    count = len(runs)
+    median = sum(r.median_ms for r in runs) / count
+    error = math.sqrt(sum((r.rel_err * r.median_ms) ** 2 for r in runs)) / count
+    return TimingStats(
+        median_ms=median,
+        p25_ms=sum(r.p25_ms for r in runs) / count,
+        p75_ms=sum(r.p75_ms for r in runs) / count,
+        min_ms=min(r.min_ms for r in runs),
+        max_ms=max(r.max_ms for r in runs),
+        reps=sum(r.reps for r in runs),
+        rel_err=error / median if median > 0 else 0.0,
+    )

@@ -1,0 +1,234 @@
+"""How much a kernel's measured time varies between fresh processes, and what steadies it.
+
+    python benchmarks/timing_spread.py --processes 6 --tasks 11_rmsnorm 13_l2_normalize
+
+The evaluator times every solution in a fresh sandbox process, once, while the reference's
+timing is measured once per task and device and then cached; a speedup therefore moves with
+whatever makes one process's kernel slower than another's. This runs ``--processes`` fresh
+processes one after another (the GPU to each in turn); each loads the listed tasks and their
+bundled Triton solutions and times solution and eager reference with ``time_cuda`` on one
+input set (``sets=1``) and on K input sets allocated side by side, the timed calls rotating
+over them (``sets=K``). It prints, per task and way, max/min over processes of the solution's
+median, the reference's median and their ratio (the speedup).
+
+What else may be on the GPU meanwhile, as in a pool: ``--neighbours`` idle processes holding a
+CUDA context and scattered memory; ``--busy`` processes running large matmuls, resumed for
+half a second before each timing and paused (SIGSTOP, 50 ms settle) while it runs, as the
+evaluator pauses the other sandboxes of its GPU; ``--prelude``: the measured process first
+runs 3 other input sets and keeps them, as a sandbox child does for its correctness checks;
+``--cupti``: it starts CUPTI first, as a sandbox child does; ``--churn``: beside each measured
+process another holds a random pattern of GPU memory, a new one per process, so that each gets
+other physical memory (what a pool's other sandboxes do). ``sets=Kp`` rows time each of the K
+sets on its own and average their medians, as the evaluator does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+NEIGHBOUR = """
+import signal, sys, torch
+blocks = [torch.empty(32 << 20, dtype=torch.uint8, device="cuda") for _ in range(48)]
+del blocks[::2]  # freed every other block: the driver's memory is left in pieces
+torch.cuda.empty_cache()
+print("ready", flush=True)
+signal.pause()
+"""
+CHURN = """
+import random, signal, sys, torch
+random.seed(int(sys.argv[1]))
+count = random.randint(20, 120)
+blocks = [torch.empty(random.randint(1, 32) << 21, dtype=torch.uint8, device="cuda") for _ in range(count)]
+random.shuffle(blocks)
+del blocks[: count // 2]
+torch.cuda.empty_cache()
+print("ready", flush=True)
+signal.pause()
+"""
+BUSY = """
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+print("ready", flush=True)
+while True:
+    a @ a
+    torch.cuda.synchronize()
+"""
+
+
+def measure(
+    task_ids: list[str],
+    set_counts: list[int],
+    prelude: bool,
+    gated: bool,
+    warmup_ms: float,
+    cupti: bool,
+) -> dict[str, dict[str, float]]:
+    """One process's medians (ms): {task: {"sol@K": ms, "ref@K": ms}}. ``prelude``: first run
+    the solution on 3 other input sets and keep inputs and outputs, as a sandbox child does for
+    its correctness checks before it is timed."""
+    import torch
+
+    from kernelrl.env import harness
+    from kernelrl.env.task import load_task
+    from kernelrl.env.timing import TimingConfig, time_cuda
+
+    config = TimingConfig(warmup_ms=warmup_ms)
+    if cupti:  # as a sandbox child does before it takes a job
+        from kernelrl.env.sandbox_child import warm_profiler
+
+        warm_profiler(torch.device("cuda"))
+
+    def sm_mhz() -> float:
+        try:
+            return float(torch.cuda.clock_rate())
+        except Exception:  # no NVML bindings here
+            return float("nan")
+
+    device = torch.device("cuda")
+    medians: dict[str, dict[str, float]] = {}
+    for task_id in task_ids:
+        task = load_task(ROOT / "data" / "tasks" / f"{task_id}.py")
+        solution = (ROOT / "data" / "solutions" / "triton" / f"{task_id}.py").read_text()
+        reference = harness.load_module(task.source, f"ref_{task_id}")
+        candidate = harness.load_module(solution, f"sol_{task_id}")
+        models = {
+            "ref": harness.build_model(reference.Model, reference, 0, device),
+            "sol": harness.build_model(candidate.ModelNew, reference, 0, device),
+        }
+        medians[task_id] = {}
+        kept = []
+        if prelude:
+            with torch.no_grad():
+                for seed in (101, 102, 103):
+                    inputs = harness.make_inputs(reference, seed, device)
+                    output = models["sol"](*inputs)
+                    kept.append((inputs, output, output.clone()))
+        for sets in set_counts:
+            inputs = [harness.make_inputs(reference, 1 + i, device) for i in range(sets)]
+            for name, model in models.items():
+                turn = iter(range(1 << 62))
+
+                def call(model=model, inputs=inputs, turn=turn) -> None:
+                    with torch.no_grad():
+                        model(*inputs[next(turn) % len(inputs)])
+
+                if gated:  # the parent pauses its busy neighbours, then says go
+                    print("ready", flush=True)
+                    sys.stdin.readline()
+                medians[task_id][f"{name}@{sets}:mhz"] = sm_mhz()
+                medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
+                if sets > 1:  # each set timed on its own: the mean of K placements
+                    each = []
+                    for one in inputs:
+
+                        def call_one(model=model, one=one) -> None:
+                            with torch.no_grad():
+                                model(*one)
+
+                        each.append(time_cuda(call_one, config).median_ms)
+                    medians[task_id][f"{name}@{sets}p"] = sum(each) / len(each)
+            del inputs
+        del kept
+        torch.cuda.empty_cache()
+    return medians
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--processes", type=int, default=6)
+    parser.add_argument("--tasks", nargs="+", default=["11_rmsnorm", "01_relu"])
+    parser.add_argument("--sets", nargs="+", type=int, default=[1, 3])
+    parser.add_argument(
+        "--neighbours",
+        type=int,
+        default=0,
+        help="idle processes holding a CUDA context and scattered GPU memory meanwhile",
+    )
+    parser.add_argument(
+        "--prelude", action="store_true", help="run and keep 3 input sets before timing"
+    )
+    parser.add_argument("--busy", type=int, default=0, help="matmul processes, paused to time")
+    parser.add_argument(
+        "--churn",
+        action="store_true",
+        help="beside each measured process, another holding a random pattern of GPU memory",
+    )
+    parser.add_argument("--warmup-ms", type=float, default=25.0)
+    parser.add_argument("--cupti", action="store_true", help="start CUPTI before timing")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        gated = args.busy > 0
+        medians = measure(args.tasks, args.sets, args.prelude, gated, args.warmup_ms, args.cupti)
+        print(json.dumps(medians))
+        return
+
+    def start(source: str, *argv: str) -> subprocess.Popen:
+        command = [sys.executable, "-c", source, *argv]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE)
+        process.stdout.readline()  # "ready"
+        return process
+
+    neighbours = [start(NEIGHBOUR) for _ in range(args.neighbours)]
+    busy = [start(BUSY) for _ in range(args.busy)]
+    for process in busy:
+        os.kill(process.pid, signal.SIGSTOP)
+    runs = []
+    try:
+        for index in range(args.processes):
+            command = [sys.executable, __file__, "--child", "--tasks", *args.tasks, "--sets"]
+            command += [str(k) for k in args.sets] + (["--prelude"] if args.prelude else [])
+            command += ["--busy", str(args.busy), "--warmup-ms", str(args.warmup_ms)]
+            command += ["--cupti"] if args.cupti else []
+            churn = start(CHURN, str(index)) if args.churn else None
+            child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            for line in child.stdout:
+                if line.strip() != b"ready":
+                    runs.append(json.loads(line))
+                    continue
+                for process in busy:
+                    os.kill(process.pid, signal.SIGCONT)
+                time.sleep(0.5)
+                for process in busy:
+                    os.kill(process.pid, signal.SIGSTOP)
+                time.sleep(0.05)
+                child.stdin.write(b"go\n")
+                child.stdin.flush()
+            if child.wait() != 0:
+                raise RuntimeError(f"measuring process {index} failed")
+            if churn is not None:
+                churn.kill()
+                churn.wait()
+            print(f"process {index}: {runs[-1]}", flush=True)
+    finally:
+        for process in neighbours + busy:
+            process.kill()
+
+    print(
+        f"\nmax/min over {args.processes} fresh processes (medians in ms), neighbours:"
+        f" {args.neighbours}, busy: {args.busy}, prelude: {args.prelude},"
+        f" warm-up {args.warmup_ms:g} ms, CUPTI started: {args.cupti}, churn: {args.churn}"
+        " (sets=Kp: mean of K sets timed one by one):"
+    )
+    print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
+    for task_id in args.tasks:
+        for way in [f"{k}" for k in args.sets] + [f"{k}p" for k in args.sets if k > 1]:
+            sol = [run[task_id][f"sol@{way}"] for run in runs]
+            ref = [run[task_id][f"ref@{way}"] for run in runs]
+            speedup = [r / s for r, s in zip(ref, sol, strict=True)]
+            spreads = [max(v) / min(v) for v in (sol, ref, speedup)]
+            print(f"{task_id:<24} {way:>4} " + " ".join(f"{x:>9.3f}" for x in spreads))
+
+
+if __name__ == "__main__":
+    main()
