@@ -72,6 +72,21 @@ def make_inputs(module: types.ModuleType, seed: int, device: torch.device) -> li
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
+def timing_input_sets(
+    module: types.ModuleType, first_seed: int, device: torch.device, count: int
+) -> list[list[Any]]:
+    """Up to ``count`` input sets for timing, allocated side by side so that each lands on its
+    own memory; fewer when the GPU has no room for more: a large task is timed on fewer
+    placements rather than failed by the harness's own allocations."""
+    input_sets = [make_inputs(module, first_seed, device)]
+    for index in range(1, count):
+        try:
+            input_sets.append(make_inputs(module, first_seed + index, device))
+        except torch.cuda.OutOfMemoryError:
+            break
+    return input_sets
+
+
 def forward_call(model: torch.nn.Module, inputs: Sequence[Any]) -> Callable[[], None]:
     """What timing repeats: one forward pass on ``inputs``, without autograd."""
 

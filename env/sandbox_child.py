@@ -404,11 +404,8 @@ def run_job(sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) ->
         return
 
     config = TimingConfig(**job["timing"])
-    seed = job["input_seeds"][0]
-    # All sets allocated before any is timed: each lands on its own physical memory.
-    input_sets = [
-        harness.make_inputs(task, seed + i, device) for i in range(placements(device, config))
-    ]
+    count = placements(device, config)
+    input_sets = harness.timing_input_sets(task, job["input_seeds"][0], device, count)
     calls = [harness.forward_call(model, inputs) for inputs in input_sets]
 
     start = time.perf_counter()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
 
+from kernelrl.env import harness
 from kernelrl.env.result import TimingStats
 from kernelrl.env.timing import TimingConfig, average, placements, time_fn
 
@@ -58,3 +60,18 @@ def test_a_gpu_times_every_placement() -> None:
     stats = time_fn([call_for(i) for i in range(3)], torch.device("cuda"), config)
     assert all(count >= config.min_reps for count in counts)
     assert stats.reps >= 3 * config.min_reps
+
+
+def test_a_task_too_large_for_more_placements_is_timed_on_fewer() -> None:
+    module = types.ModuleType("large_task")
+    made = []
+
+    def get_inputs() -> list[torch.Tensor]:
+        if len(made) == 2:  # the GPU has room for two sets only
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        made.append(torch.randn(4))
+        return [made[-1]]
+
+    module.get_inputs = get_inputs
+    input_sets = harness.timing_input_sets(module, 7, torch.device("cpu"), 4)
+    assert [s[0] for s in input_sets] == made and len(made) == 2
