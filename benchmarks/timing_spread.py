@@ -130,12 +130,7 @@ def measure(
                 if sets > 1:  # each set timed on its own: the mean of K placements
                     each = []
                     for one in inputs:
-
-                        def call_one(model=model, one=one) -> None:
-                            with torch.no_grad():
-                                model(*one)
-
-                        each.append(time_cuda(call_one, config).median_ms)
+                        each.append(time_cuda(harness.forward_call(model, one), config).median_ms)
                     medians[task_id][f"{name}@{sets}p"] = sum(each) / len(each)
             del inputs
         del kept
