@@ -84,9 +84,9 @@ def measure(
 
     config = TimingConfig(warmup_ms=warmup_ms)
     if cupti:  # as a sandbox child does before it takes a job
-        from kernelrl.env.sandbox_child import warm_profiler
+        from kernelrl.env.sandbox_child import LaunchCounter, warm_up
 
-        warm_profiler(torch.device("cuda"))
+        warm_up(torch.device("cuda"), LaunchCounter())
 
     def sm_mhz() -> float:
         try:

@@ -6,6 +6,10 @@ store without touching a worker; a miss goes to the pool, and its result is comm
 store before the caller's future resolves, so a run killed at any point restarts with every
 finished evaluation in the store. Identical (task, solution) pairs submitted while one is in
 flight share that one evaluation (RL groups often repeat a completion).
+
+Failures that are not verdicts on the solution - a ``harness_error`` (already retried once by
+the pool behind) or a failure of the pool itself - are stored for the record but never served
+(``store.is_cacheable``): the next submission of that pair is evaluated again.
 """
 
 from __future__ import annotations

@@ -7,45 +7,126 @@ observations. Each check has a name that appears in ``EvalResult.checks_failed``
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from kernelrl.env.vocabulary import is_trivial_gpu_kernel
 
 DYNAMIC_CHECKS: dict[str, str] = {
     "no_kernel_executed": "every forward call must launch at least one of the solution's own kernels",
-    "torch_fallback_runtime": "forward must not dispatch aten compute ops (matmul, conv, softmax, sum, add, ...): the work belongs in the solution's kernels",
+    "torch_fallback_runtime": "forward may allocate, view, copy, cast and pad with torch, nothing else: every other aten op or torch GPU kernel is torch doing the work that belongs in the solution's kernels",
+    "glue_budget": "allocation, copy, cast and padding glue may prepare data for the solution's kernels, not do the work: bounded in bytes copied per call and in share of GPU time",
+    "harness_tampered": "the solution must leave the harness, torch, timers, sockets and the audit as they were: no patched functions, replaced modules, trace hooks or removed dispatch modes",
     "input_mutated": "forward must leave its inputs unchanged",
     "output_aliases_input": "an output must not share memory with an input",
     "output_reused": "each call must return fresh outputs: no buffer handed out twice, no result cached across calls",
     "side_stream": "all GPU work must run on the caller's current stream, where it is timed",
-    "timing_unconfirmed": "the timed runtime must agree with the GPU time the profiler saw (CUPTI): events cannot be skipped",
+    "timing_unconfirmed": "the timed runtime must agree with the GPU time the profiler saw (CUPTI) and with what the trusted side observed: events cannot be skipped, calls cannot be left out",
 }
 
 # The event-timed median may exceed the profiled kernel time (launch gaps, cold L2) but should
 # not fall far below it; below this fraction the events missed work.
 MIN_EVENT_TO_KERNEL_RATIO = 0.7
+# Bytes that torch glue (copies, casts, padding) may move per call, as a multiple of the bytes
+# of the call's inputs and outputs: casting inputs up and outputs back fits, copying the work
+# over and over does not.
+GLUE_BYTES_PER_IO_BYTE = 2.0
+# Largest share of a call's GPU time that torch's trivial copy/fill kernels may take.
+MAX_GLUE_GPU_SHARE = 0.5
 
 
-def check_correctness_run(report: dict[str, Any], backend: str) -> list[tuple[str, str]]:
-    """Violations visible from the correctness calls (both devices)."""
-    violations = [
-        (flag, DYNAMIC_CHECKS[flag]) for flag in report["flags"] if flag in DYNAMIC_CHECKS
-    ]
-    if backend == "triton" and any(n == 0 for n in report["launches"]):
-        calls = ", ".join(str(n) for n in report["launches"])
+@dataclass
+class CallEvidence:
+    """What the audited correctness calls showed, accumulated over the input sets."""
+
+    launches: list[int] = field(default_factory=list)
+    flags: set[str] = field(default_factory=set)
+    compute_ops: Counter[str] = field(default_factory=Counter)
+    copied_bytes: list[int] = field(default_factory=list)
+    io_bytes: list[int] = field(default_factory=list)
+    tampered: list[str] = field(default_factory=list)
+
+    def add(self, report: dict[str, Any]) -> None:
+        self.launches.append(int(report["launches"]))
+        self.flags.update(str(f) for f in report["flags"])
+        self.compute_ops.update({str(k): int(v) for k, v in report["compute_ops"].items()})
+        self.copied_bytes.append(int(report["copied_bytes"]))
+        self.io_bytes.append(int(report["io_bytes"]))
+        self.tampered.extend(str(t) for t in report["tampered"])
+
+
+def check_tampering(tampered: list[str]) -> list[tuple[str, str]]:
+    if not tampered:
+        return []
+    return [("harness_tampered", "changed: " + ", ".join(sorted(set(tampered))[:6]))]
+
+
+def check_calls(evidence: CallEvidence, backend: str) -> list[tuple[str, str]]:
+    """Violations visible from the audited correctness calls (both devices)."""
+    violations = check_tampering(evidence.tampered)
+    violations += [(flag, DYNAMIC_CHECKS[flag]) for flag in sorted(evidence.flags)]
+    if backend == "triton" and any(n == 0 for n in evidence.launches):
+        calls = ", ".join(str(n) for n in evidence.launches)
         violations.append(
             (
                 "no_kernel_executed",
                 f"own Triton kernel launches per forward call were [{calls}]; every call must launch one",
             )
         )
-    violations.extend(_aten_fallback(report["aten_ops"]))
+    violations.extend(_aten_fallback(evidence.compute_ops))
+    for copied, io in zip(evidence.copied_bytes, evidence.io_bytes, strict=True):
+        if copied > GLUE_BYTES_PER_IO_BYTE * max(io, 1):
+            violations.append(
+                (
+                    "glue_budget",
+                    f"torch copies/casts/padding moved {copied} bytes in one call, more than "
+                    f"{GLUE_BYTES_PER_IO_BYTE:g}x the {io} bytes of its inputs and outputs",
+                )
+            )
+            break
     return violations
 
 
-def _aten_fallback(aten_ops: dict[str, int]) -> list[tuple[str, str]]:
-    """CPU: ops recorded by a dispatch mode on one call; GPU: CPU-side ops in the CUPTI profile."""
+def check_timing_report(
+    report: dict[str, Any], backend: str, wall_s: float
+) -> list[tuple[str, str]]:
+    """The timing phase: spot audits, and the child's claims against each other and against
+    the wall clock the trusted side read around the whole phase."""
+    violations = check_tampering([str(t) for t in report["tampered"]])
+    violations += _aten_fallback({str(k): int(v) for k, v in report["compute_ops"].items()})
+    runtime = report["runtime"]
+    calls, launches = int(report["timed_calls"]), int(report["timed_launches"])
+    reps = int(runtime["reps"])
+    if calls < reps:
+        violations.append(
+            ("timing_unconfirmed", f"{reps} timed samples reported from {calls} calls")
+        )
+    if backend == "triton" and launches < calls:
+        violations.append(
+            (
+                "no_kernel_executed",
+                f"{launches} own kernel launches in {calls} timed calls: every call must launch one",
+            )
+        )
+    if float(runtime["min_ms"]) * reps > wall_s * 1e3 * 1.05 + 1.0:
+        violations.append(
+            (
+                "timing_unconfirmed",
+                f"{reps} samples of at least {float(runtime['min_ms']):.4f} ms reported in "
+                f"{wall_s:.3f} s of wall clock",
+            )
+        )
+    return violations
+
+
+def _aten_fallback(aten_ops: Mapping[str, int]) -> list[tuple[str, str]]:
+    """Aten ops outside the vocabulary's glue allow-list, from the audit's dispatch mode (every
+    correctness call, spot-audited timed calls) or the profiler's CPU events (GPU)."""
     if not aten_ops:
         return []
-    ops = ", ".join(f"{name} x{count}" for name, count in sorted(aten_ops.items()))
+    ops = ", ".join(f"{name} x{count}" for name, count in sorted(aten_ops.items())[:8])
     return [("torch_fallback_runtime", f"forward dispatched aten compute ops: {ops}")]
 
 
@@ -67,10 +148,16 @@ def summarize_profile(profile: dict[str, Any], own_names: list[str]) -> dict[str
     """Per-kernel totals, own-kernel share of GPU time and own launches per call."""
     calls = max(int(profile["calls"]), 1)
     per_kernel: dict[str, dict[str, Any]] = {}
-    own_us = total_us = 0.0
+    own_us = total_us = glue_us = 0.0
     own_launches = 0
+    foreign: set[str] = set()
     for kernel in profile["kernels"]:
         own = is_own_kernel(kernel["name"], own_names)
+        if not own:
+            if is_trivial_gpu_kernel(kernel["name"]):
+                glue_us += kernel["us"]
+            else:
+                foreign.add(kernel["name"])
         entry = per_kernel.setdefault(
             kernel["name"], {"name": kernel["name"], "calls": 0, "total_us": 0.0, "own": own}
         )
@@ -85,6 +172,8 @@ def summarize_profile(profile: dict[str, Any], own_names: list[str]) -> dict[str
         "own_share": own_us / total_us if total_us > 0 else 0.0,
         "own_launches_per_call": own_launches / calls,
         "kernel_ms_per_call": total_us / calls / 1e3,
+        "glue_share": glue_us / total_us if total_us > 0 else 0.0,
+        "foreign_kernels": sorted(foreign),
     }
 
 
@@ -98,6 +187,22 @@ def check_gpu_profile(
             (
                 "no_kernel_executed",
                 f"the profiler saw no kernel of the solution's own in {profile['calls']} calls (kernels seen: {names})",
+            )
+        )
+    if summary["foreign_kernels"]:
+        names = ", ".join(name[:80] for name in summary["foreign_kernels"][:4])
+        violations.append(
+            (
+                "torch_fallback_runtime",
+                f"GPU kernels that are neither the solution's own nor torch copies/fills ran: {names}",
+            )
+        )
+    if summary["glue_share"] > MAX_GLUE_GPU_SHARE:
+        violations.append(
+            (
+                "glue_budget",
+                f"torch copy/fill kernels took {summary['glue_share']:.0%} of the GPU time of a "
+                f"call (at most {MAX_GLUE_GPU_SHARE:.0%})",
             )
         )
     current = profile["current_stream"]

@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from kernelrl.env import dynamic_checks
-from kernelrl.env.compare import compare_outputs
+from kernelrl.env.admission import GpuMemoryBudget, evaluation_bytes
+from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
 from kernelrl.env.parse import FormatError, extract_solution, solution_kernel_names
 from kernelrl.env.reference import (
@@ -30,6 +31,7 @@ from kernelrl.env.reference import (
 )
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.sandbox import Child, ChildDied, ChildPool
+from kernelrl.env.session import SandboxSession
 from kernelrl.env.static_checks import run_static_checks
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig
@@ -97,6 +99,9 @@ class Evaluator:
             self.config.spare_children,
         )
         self.references = ReferenceRunner(self.device)
+        self.gpu_memory = (
+            GpuMemoryBudget.for_device(self.device) if self.device_kind == "cuda" else None
+        )
         self.timing_cache = timing_cache or ReferenceTimingCache()
         self.gpu_lock = threading.Lock()
         self.versions = library_versions()
@@ -147,12 +152,34 @@ class Evaluator:
             return
         own_names = solution_kernel_names(source, task.backend)
 
+        admitted = (
+            self.gpu_memory.reserve(evaluation_bytes(task))
+            if self.gpu_memory is not None
+            else contextlib.nullcontext()
+        )
+        with admitted:
+            self._run_admitted(task, source, own_names, result)
+
+    def _run_admitted(
+        self, task: Task, source: str, own_names: list[str], result: EvalResult
+    ) -> None:
         wait_started = time.perf_counter()
-        child = self.children.acquire()
+        try:
+            child = self.children.acquire()
+        except RuntimeError as exc:
+            _harness_error(result, f"no sandbox could be started: {exc}")
+            return
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
         result.sandbox = {
             key: child.ready_info.get(key)
-            for key in ("network", "import_seconds", "cuda_init_seconds", "profiler_init_seconds")
+            for key in (
+                "network",
+                "isolation",
+                "import_seconds",
+                "cuda_init_seconds",
+                "profiler_init_seconds",
+                "audit_init_seconds",
+            )
         }
         try:
             self._run_in_child(task, source, own_names, child, result)
@@ -162,6 +189,12 @@ class Evaluator:
             tail = child.output_tail(600).strip()
             if tail:
                 result.error += f"\nlast output:\n{tail}"
+        except torch.OutOfMemoryError as exc:
+            _harness_error(
+                result,
+                "the trusted side ran out of GPU memory computing or comparing the reference "
+                f"({str(exc).splitlines()[0]})",
+            )
         except (KeyError, TypeError, ValueError, OSError, RuntimeError) as exc:
             if isinstance(exc, TaskError):
                 raise
@@ -175,19 +208,16 @@ class Evaluator:
         self, task: Task, source: str, own_names: list[str], child: Child, result: EvalResult
     ) -> None:
         config = self.config
-        deadline = time.monotonic() + config.timeout_s
+        session = SandboxSession(child, config.timeout_s, config.host_memory_bytes)
         model_seed = secrets.randbits(31)
-        input_seeds = [secrets.randbits(31) for _ in range(config.num_input_sets)]
-        child.send(
+        loaded = session.start(
             {
-                "type": "job",
                 "device": str(self.device) if self.device_kind == "cpu" else "cuda:0",
                 "backend": task.backend,
                 "task_source": task.source,
                 "size_overrides": task.size_overrides(self.device_kind),
                 "solution_source": source,
                 "model_seed": model_seed,
-                "input_seeds": input_seeds,
                 "timing": asdict(config.timing),
                 "profile_calls": config.profile_calls,
                 "limits": {
@@ -198,33 +228,53 @@ class Evaluator:
                 },
             },
         )
-        # The child loads, compiles and runs; meanwhile this process computes the references.
-        started = time.perf_counter()
-        with self._trusted_gpu_work():
-            references = self.references.outputs(task, model_seed, input_seeds)
-        result.phase_seconds["reference"] = time.perf_counter() - started
-
-        report = child.receive(deadline, config.host_memory_bytes)
-        result.phase_seconds.update({f"child_{k}": v for k, v in report.get("phase", {}).items()})
-        if self._stopped_early(report, result):
+        result.phase_seconds.update({f"child_{k}": v for k, v in loaded.get("phase", {}).items()})
+        if self._stopped_early(loaded, result):
             return
-
-        with self._trusted_gpu_work():
-            self._compare(task, references, child, result)
-        launches = report["launches"]
-        result.custom_kernel_launches = (
-            min(launches) if launches and task.backend == "triton" else None
-        )
-        violations = dynamic_checks.check_correctness_run(report, task.backend)
+        violations = dynamic_checks.check_tampering(loaded["tampered"])
         if violations:
             self._violate(result, violations)
             return
-        if result.status is not Status.CORRECT:
-            return
+
+        evidence = dynamic_checks.CallEvidence()
+        started = time.perf_counter()
+        with self._trusted_gpu_work():
+            reference = self.references.model(task, model_seed)
+        result.phase_seconds["reference"] = time.perf_counter() - started
+        for index in range(config.num_input_sets):
+            seed = secrets.randbits(31)
+            session.send_call(seed)
+            started = time.perf_counter()
+            with self._trusted_gpu_work():  # computed while the child runs the same inputs
+                expected = self.references.output(task, reference, seed)
+            result.phase_seconds["reference"] += time.perf_counter() - started
+            report = session.receive()
+            if self._stopped_early(report, result):
+                return
+            comparison = self._compare(task, session, report, expected, index)
+            del expected
+            evidence.add(report)
+            result.input_sets_checked = index + 1
+            result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
+            result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
+            violations = dynamic_checks.check_calls(evidence, task.backend)
+            if violations:
+                self._violate(result, violations)
+                return
+            if not comparison.correct:
+                result.status = Status.INCORRECT
+                result.error = "\n".join(comparison.problems[:3])
+                return
+        result.phase_seconds.update({f"child_{k}": v for k, v in report.get("phase", {}).items()})
+        result.custom_kernel_launches = (
+            min(evidence.launches) if evidence.launches and task.backend == "triton" else None
+        )
 
         with self._device_to_itself(child):
-            child.send({"type": "time"})
-            timing = child.receive(deadline, config.host_memory_bytes)
+            timing_started = time.perf_counter()
+            session.send_time(secrets.randbits(31))
+            timing = session.receive()
+            timing_wall = time.perf_counter() - timing_started
             result.phase_seconds.update(
                 {f"child_{k}": v for k, v in timing.get("phase", {}).items()}
             )
@@ -236,6 +286,10 @@ class Evaluator:
             if self.device_kind == "cuda" and config.time_reference_compile:
                 result.ref_compile = self._reference_timing(task, compiled=True)
             result.phase_seconds["reference_timing"] = time.perf_counter() - started
+        violations = dynamic_checks.check_timing_report(timing, task.backend, timing_wall)
+        if violations:
+            self._violate(result, violations)
+            return
 
         result.timing_meaningful = self.device_kind == "cuda"
         if self.device_kind == "cuda":
@@ -253,21 +307,26 @@ class Evaluator:
             result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
 
     def _compare(
-        self, task: Task, references: list[list[Any]], child: Child, result: EvalResult
-    ) -> None:
-        for index, expected in enumerate(references):
-            # Only files inside the child's own scratch are read, whatever paths it reported.
-            got = torch.load(
-                child.scratch / f"outputs_{index}.pt", weights_only=True, map_location=self.device
-            )
-            comparison = compare_outputs(task, got, expected, index)
-            result.input_sets_checked = index + 1
-            result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
-            result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
-            if not comparison.correct:
-                result.status = Status.INCORRECT
-                result.error = "\n".join(comparison.problems[:3])
-                return
+        self,
+        task: Task,
+        session: SandboxSession,
+        report: dict[str, Any],
+        expected: list[Any],
+        index: int,
+    ) -> Comparison:
+        """One call's outputs, read chunk by chunk and compared where the reference lives."""
+        matcher = OutputMatcher(task, expected, index)
+        described = report["outputs"]
+        matcher.check_description(described)
+        if matcher.result.problems:  # wrong count, shape or dtype: no need for the values
+            return matcher.finish()
+
+        def compare_chunk(output: int, chunk: torch.Tensor) -> None:
+            with self._trusted_gpu_work():
+                matcher.add_chunk(output, chunk)
+
+        session.read_tensors(described, compare_chunk)
+        return matcher.finish()
 
     # ------------------------------------------------------------------ device sharing
     def _trusted_gpu_work(self) -> contextlib.AbstractContextManager:
@@ -297,10 +356,17 @@ class Evaluator:
         kind = message["type"]
         if kind == "error":
             stage = message.get("stage")
-            result.status = {"compile": Status.COMPILE_ERROR}.get(stage, Status.RUNTIME_ERROR)
+            # The task loaded and made its inputs on the trusted side: when it cannot in the
+            # sandbox, our limits or environment differ there, which is ours to fix.
+            ours = stage in ("harness", "task", "inputs")
+            result.status = (
+                Status.HARNESS_ERROR
+                if ours
+                else {"compile": Status.COMPILE_ERROR}.get(stage, Status.RUNTIME_ERROR)
+            )
             result.error = str(message.get("error", ""))
-            if stage == "harness":
-                result.error = f"evaluation harness failure: {result.error}"
+            if ours:
+                _harness_error(result, f"the harness failed inside the sandbox: {result.error}")
             return True
         if kind == "not_run":
             result.status = Status.NOT_RUN
@@ -325,6 +391,12 @@ class Evaluator:
         stats = self.references.time(task, compiled, self.config.timing)
         self.timing_cache.put(key, stats)
         return stats
+
+
+def _harness_error(result: EvalResult, why: str) -> None:
+    """Our failure, said as ours: the solution is neither blamed nor rewarded for it."""
+    result.status = Status.HARNESS_ERROR
+    result.error = f"kernelrl harness error (not the solution's fault): {why}"
 
 
 def _speedup(reference: TimingStats | None, solution: TimingStats | None) -> float | None:

@@ -15,6 +15,9 @@ _HEADLINES = {
     Status.INCORRECT: "Your kernel ran but its output is wrong.",
     Status.CORRECT: "Your kernel is correct.",
     Status.NOT_RUN: "Your CUDA code compiled, but it could not be run here.",
+    Status.HARNESS_ERROR: (
+        "The evaluation harness failed; this says nothing about your kernel and is not scored."
+    ),
 }
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from kernelrl.env.task import init_args
+
 # torch's default generator is process-wide: two threads seeding it and drawing from it at the
 # same time (a pool's slots computing references concurrently) would get each other's numbers.
 _RNG_LOCK = threading.RLock()
@@ -58,9 +60,9 @@ def build_model(
     """
     with _RNG_LOCK, torch.device(device):
         torch.manual_seed(seed)
-        init_inputs = list(task.get_init_inputs())
+        args, kwargs = init_args(task.get_init_inputs())
         torch.manual_seed(seed)
-        model = model_class(*init_inputs)
+        model = model_class(*args, **kwargs)
     return model.to(device).eval()
 
 

@@ -5,11 +5,17 @@ Interface shared with the Ray pool: ``submit(tasks, solutions) -> futures``,
 ``max_pending`` evaluations are queued (backpressure for trainers that produce faster than the
 GPUs evaluate). Every evaluation runs its solution in a fresh sandboxed child, so a crashing or
 hanging solution costs one child, never a slot.
+
+A ``harness_error`` (kernelrl's own failure: serialisation, a limit we set, a CUDA context, our
+bug) says nothing about the solution and is often transient, so it is evaluated once more, from
+scratch in a fresh child; a second ``harness_error`` is returned, marked as retried
+(``retried_harness_error``). RayPool does the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import threading
@@ -20,10 +26,49 @@ import torch
 
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.pools import EVALS_PER_GPU
-from kernelrl.env.result import EvalResult
+from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.task import Task
 
+log = logging.getLogger(__name__)
+
 _STOP = object()
+# EvalResult.sandbox keys of a result whose first evaluation was a harness_error.
+HARNESS_RETRIES_KEY = "harness_retries"
+HARNESS_FIRST_ERROR_KEY = "harness_first_error"
+
+
+def is_harness_error(result: EvalResult) -> bool:
+    return Status(result.status) is Status.HARNESS_ERROR
+
+
+def retried_harness_error(first: EvalResult, second: EvalResult) -> EvalResult:
+    """``second``, the result of evaluating again after ``first`` was a harness_error, marked so
+    that reports and operators see the retry: ``sandbox["harness_retries"] = 1`` and the first
+    error in ``sandbox["harness_first_error"]``; a second harness_error also says so in its
+    ``error``. Whatever the second verdict is, it is the one returned."""
+    second.sandbox[HARNESS_RETRIES_KEY] = 1
+    second.sandbox[HARNESS_FIRST_ERROR_KEY] = first.error[-2000:]
+    if is_harness_error(second):
+        second.error = (
+            f"{second.error}\n[kernelrl evaluated this solution twice, each time in a fresh"
+            " sandbox, and its harness failed both times; first failure:"
+            f" {_first_line(first.error)}]"
+        ).lstrip()
+    return second
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0] if lines else "(no message)"
+
+
+def evaluate_retrying_harness_errors(evaluator: Evaluator, task: Task, solution: str) -> EvalResult:
+    """One evaluation, repeated once (a fresh child) when the harness failed."""
+    result = evaluator.evaluate(task, solution)
+    if not is_harness_error(result):
+        return result
+    log.warning("harness_error on %s, evaluating once more: %s", task.id, _first_line(result.error))
+    return retried_harness_error(result, evaluator.evaluate(task, solution))
 
 
 class LocalPool:
@@ -78,7 +123,7 @@ class LocalPool:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(evaluator.evaluate(task, solution))
+                future.set_result(evaluate_retrying_harness_errors(evaluator, task, solution))
             except BaseException as exc:  # a broken task: the caller sees the TaskError
                 future.set_exception(exc)
 

@@ -1,7 +1,9 @@
 """Messages between the trusted worker and the sandboxed child.
 
 The channel is a private socket pair, never stdout/stderr, so nothing a solution prints can be
-taken for a message. Everything the worker reads from the child is decoded with
+taken for a message. Tensors never travel inside a message: a message describes them (dtype,
+shape, size) and their bytes follow raw, in bounded chunks, so a 16 GiB output costs the receiver
+one chunk of host memory at a time, not a pickle of the whole tensor. Everything the worker reads from the child is decoded with
 ``torch.load(weights_only=True)``, the unpickler built for untrusted files: a child can lie
 about its own outputs, but it cannot make the worker execute anything. The worker never takes
 a verdict from the child: it compares outputs itself against references the child never sees.
@@ -16,7 +18,12 @@ from typing import Any
 
 import torch
 
+# Module names the sandbox gives the solution and the task it loads.
+SOLUTION_MODULE = "kernelrl_solution"
+TASK_MODULE = "kernelrl_task"
+
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHUNK_BYTES = 64 * 1024 * 1024  # host memory one side of a tensor stream holds at a time
 _HEADER = struct.Struct("!Q")
 
 
@@ -54,3 +61,28 @@ def recv_message(sock: socket.socket) -> dict[str, Any]:
     if not isinstance(message, dict) or "type" not in message:
         raise ProtocolError("message is not a dict with a 'type'")
     return message
+
+
+def send_tensor_bytes(sock: socket.socket, tensor: torch.Tensor) -> None:
+    """The raw bytes of ``tensor`` (any device, any layout), in chunks of ``CHUNK_BYTES``.
+
+    Row-major order of the logical tensor, so the receiver needs only dtype and shape.
+    """
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() == 0:
+        return
+    words = flat.element_size()
+    step = max(CHUNK_BYTES // words, 1)
+    for start in range(0, flat.numel(), step):
+        chunk = flat[start : start + step].contiguous().view(torch.uint8).cpu()
+        sock.sendall(memoryview(chunk.numpy()))
+
+
+def recv_exactly_into(sock: socket.socket, buffer: memoryview) -> None:
+    """Fill ``buffer`` from the socket; EOFError when the peer closes first."""
+    view, filled = buffer, 0
+    while filled < len(view):
+        received = sock.recv_into(view[filled:], min(len(view) - filled, 1 << 22))
+        if not received:
+            raise EOFError("peer closed the channel")
+        filled += received

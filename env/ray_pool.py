@@ -26,6 +26,10 @@ Same interface as ``LocalPool``: ``submit(tasks, solutions) -> futures``, ``eval
   A worker whose restarts are exhausted is replaced by a fresh actor (``max_replacements``).
   Every submitted item resolves its future exactly once: only the dispatcher thread resolves,
   and a late answer for an item already resolved is dropped.
+- **Harness errors.** An evaluation answered ``harness_error`` (kernelrl's harness failed, not
+  the solution) is queued once more and evaluated from scratch, on any worker; a second
+  ``harness_error`` is the answer, marked as retried (``sandbox["harness_retries"]``), and like
+  every harness_error it is never served from a results cache. ``stats()["harness_retried"]``.
 - **Backpressure and deadlines.** ``submit`` blocks while ``max_pending`` items are unresolved
   (queued or running); ``batch_timeout_s`` (per pool or per ``submit``) answers whatever is not
   done by then as ``timeout``. Results the pool made up itself (worker deaths, deadlines) carry
@@ -59,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pool import is_harness_error, retried_harness_error
 from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.submit_api import EvaluateFromSubmit
@@ -173,6 +178,7 @@ class _Item:
     causes: list[str] = field(default_factory=list)
     done: bool = False
     alone: bool = False  # after a worker died under it: runs with nothing else on its worker
+    harness_first: EvalResult | None = None  # its first answer, when that was a harness_error
 
     def sort_key(self) -> tuple[int, float, int]:
         return (self.batch, -self.cost, self.seq)
@@ -326,7 +332,8 @@ class RayPool(EvaluateFromSubmit):
         self._closing = False
         self._close_deadline: float | None = None
         self._stats = {"submitted": 0, "completed": 0, "retried": 0, "gave_up": 0, "worker_deaths": 0,
-                       "precheck_rejected": 0, "batch_timeouts": 0, "eval_timeouts": 0}  # fmt: skip
+                       "precheck_rejected": 0, "batch_timeouts": 0, "eval_timeouts": 0,
+                       "harness_retried": 0}  # fmt: skip
         self._recent: collections.deque[float] = collections.deque(maxlen=10_000)
         self._started = time.time()
         self._snapshot: dict[str, Any] = {}
@@ -666,7 +673,22 @@ class RayPool(EvaluateFromSubmit):
                 self._finish(item, self._precheck_result(item, *value))
             return
         tag, payload = value
+        if tag == "ok" and is_harness_error(payload) and item.harness_first is None:
+            # Our harness failed, not the solution: evaluate it once more from scratch (a fresh
+            # child, on whichever worker is free); a second harness_error is the answer.
+            self._stats["harness_retried"] += 1
+            item.harness_first = payload
+            log.warning(
+                "harness_error on %s from worker %d, evaluating once more: %s",
+                item.task.id,
+                worker.index,
+                _first_lines(payload.error, 1),
+            )
+            self._requeue(item, gpu=True)
+            return
         if tag == "ok":
+            if item.harness_first is not None:
+                payload = retried_harness_error(item.harness_first, payload)
             # What the pool added: time queued before a slot took it, and the round trip to
             # the worker beyond the evaluation itself (scheduling, Ray RPC, serialisation).
             payload.phase_seconds["pool_queue"] = call.started - item.submitted

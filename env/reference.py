@@ -62,11 +62,10 @@ class ReferenceRunner:
         key = (task.hash, kind)
         with self._lock:
             if key not in self._modules:
+                overrides = task.size_overrides(kind)  # a TaskError of its own, said once
                 try:
                     self._modules[key] = harness.load_module(
-                        task.source,
-                        f"kernelrl_reference_{task.hash}_{kind}",
-                        task.size_overrides(kind),
+                        task.source, f"kernelrl_reference_{task.hash}_{kind}", overrides
                     )
                 except Exception as exc:
                     raise TaskError(
@@ -74,20 +73,34 @@ class ReferenceRunner:
                     ) from exc
             return self._modules[key]
 
-    def outputs(self, task: Task, model_seed: int, input_seeds: list[int]) -> list[list[Any]]:
+    def model(self, task: Task, model_seed: int) -> torch.nn.Module:
+        """The task's Model with the parameters the solution's ModelNew gets from the same seed."""
         module = self.module(task)
         try:
-            model = harness.build_model(module.Model, module, model_seed, self.device)
-            results = []
-            for seed in input_seeds:
-                inputs = harness.make_inputs(module, seed, self.device)
-                with torch.no_grad():
-                    results.append(harness.as_output_list(model(*inputs)))
+            return harness.build_model(module.Model, module, model_seed, self.device)
+        except Exception as exc:
+            raise TaskError(
+                f"task {task.id}: reference fails to build: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def output(self, task: Task, model: torch.nn.Module, seed: int) -> list[Any]:
+        """The reference outputs of one input set, made here from ``seed``: one set at a time,
+        so a task's memory on the trusted side is one set's inputs and outputs."""
+        module = self.module(task)
+        try:
+            inputs = harness.make_inputs(module, seed, self.device)
+            with torch.no_grad():
+                return harness.as_output_list(model(*inputs))
+        except torch.OutOfMemoryError:
+            raise
         except Exception as exc:
             raise TaskError(
                 f"task {task.id}: reference fails to run: {type(exc).__name__}: {exc}"
             ) from exc
-        return results
+
+    def outputs(self, task: Task, model_seed: int, input_seeds: list[int]) -> list[list[Any]]:
+        model = self.model(task, model_seed)
+        return [self.output(task, model, seed) for seed in input_seeds]
 
     def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
         module = self.module(task)

@@ -16,6 +16,11 @@ class Status(StrEnum):
 
     ``not_run`` is for solutions that passed every check that the device allows but could not be
     executed there (CUDA C++ on a machine without a GPU): it is never mistaken for ``correct``.
+
+    ``harness_error`` is *ours*, never the solution's: the trusted side or the harness code in the
+    sandbox failed (serialisation, a limit we set, a CUDA context, a bug of kernelrl). It says
+    nothing about the solution, so pools retry it once, reports count it apart, and training
+    leaves it unscored (no reward, no advantage) rather than scoring it 0.
     """
 
     FORMAT_ERROR = "format_error"
@@ -26,6 +31,7 @@ class Status(StrEnum):
     INCORRECT = "incorrect"
     CORRECT = "correct"
     NOT_RUN = "not_run"
+    HARNESS_ERROR = "harness_error"
 
 
 @dataclass
@@ -83,6 +89,11 @@ class EvalResult:
     @property
     def correct(self) -> bool:
         return self.status is Status.CORRECT
+
+    @property
+    def scored(self) -> bool:
+        """False when the verdict is about kernelrl, not the solution (``harness_error``)."""
+        return self.status is not Status.HARNESS_ERROR
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

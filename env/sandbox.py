@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.env.protocol import ProtocolError, recv_message, send_message
+from kernelrl.env.protocol import ProtocolError, recv_exactly_into, recv_message, send_message
 
 # Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
 _PASSED_ENV = (
@@ -49,6 +49,16 @@ def _scratch_root() -> str | None:
     return None
 
 
+def _stat(pid: int) -> list[str]:
+    """State and process group of ``pid`` (/proc/PID/stat fields 3 and 5); [] if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+    return [fields[0], fields[2]]
+
+
 class ChildDied(RuntimeError):
     """The child ended without answering; ``describe`` says how."""
 
@@ -71,6 +81,32 @@ class Child:
 
     def receive(self, deadline: float, max_rss_bytes: int | None = None) -> dict[str, Any]:
         """Next message, watching the clock and the child's memory while waiting."""
+        self._wait_readable(deadline, max_rss_bytes)
+        try:
+            return recv_message(self.sock)
+        except (EOFError, ConnectionError):
+            raise ChildDied(self.describe_exit()) from None
+        except ProtocolError as exc:
+            self.kill("protocol")
+            raise ChildDied(f"sent a malformed message ({exc})") from None
+
+    def receive_into(
+        self, buffer: memoryview, deadline: float, max_rss_bytes: int | None = None
+    ) -> None:
+        """Raw bytes that follow a message (a tensor's chunk), under the same watch."""
+        self._wait_readable(deadline, max_rss_bytes)
+        self.sock.settimeout(max(deadline - time.monotonic(), 0.05))
+        try:
+            recv_exactly_into(self.sock, buffer)
+        except TimeoutError:
+            self.kill("timeout")
+            raise ChildDied("exceeded the time limit and was killed", timed_out=True) from None
+        except (EOFError, ConnectionError):
+            raise ChildDied(self.describe_exit()) from None
+        finally:
+            self.sock.settimeout(None)
+
+    def _wait_readable(self, deadline: float, max_rss_bytes: int | None) -> None:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -78,13 +114,7 @@ class Child:
                 raise ChildDied("exceeded the time limit and was killed", timed_out=True)
             readable, _, _ = select.select([self.sock], [], [], min(remaining, 0.2))
             if readable:
-                try:
-                    return recv_message(self.sock)
-                except (EOFError, ConnectionError):
-                    raise ChildDied(self.describe_exit()) from None
-                except ProtocolError as exc:
-                    self.kill("protocol")
-                    raise ChildDied(f"sent a malformed message ({exc})") from None
+                return
             if self.process.poll() is not None:
                 raise ChildDied(self.describe_exit())
             if max_rss_bytes and self.rss_bytes() > max_rss_bytes:
@@ -93,15 +123,31 @@ class Child:
                     f"exceeded the host memory limit of {max_rss_bytes / 2**30:.1f} GiB"
                 )
 
+    def _tree(self) -> list[int]:
+        """The child's process and all its descendants: with a PID namespace the process we
+        started is a thin waiter and the solution runs two levels below it
+        (kernelrl.env.isolation)."""
+        found, pending = [], [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            if pid in found:
+                continue
+            found.append(pid)
+            with contextlib.suppress(OSError, ValueError):
+                for tasks in os.scandir(f"/proc/{pid}/task"):
+                    with open(f"{tasks.path}/children") as children:
+                        pending.extend(int(c) for c in children.read().split())
+        return found
+
     def rss_bytes(self) -> int:
-        try:
-            with open(f"/proc/{self.process.pid}/status") as status:
+        """Resident memory of the child's processes together, whatever the solution forked."""
+        total = 0
+        for pid in self._tree():
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as status:
                 for line in status:
                     if line.startswith("VmRSS:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return 0
+                        total += int(line.split()[1]) * 1024
+        return total
 
     def describe_exit(self) -> str:
         try:
@@ -133,9 +179,19 @@ class Child:
             return ""
         return text[-limit:]
 
-    def pause(self) -> None:
-        """Stop the child and all it spawned (SIGSTOP), so that it launches no GPU work."""
+    def pause(self, wait_s: float = 1.0) -> None:
+        """Stop the child and all it spawned (SIGSTOP), so that it launches no GPU work; returns
+        once every process of its group is stopped (the signal is delivered asynchronously),
+        or after ``wait_s``. A process that left the group (setsid) is not stopped: it still
+        dies with the child (its PID namespace, kernelrl.env.isolation)."""
         self._signal_group(signal.SIGSTOP)
+        deadline = time.monotonic() + wait_s
+        while self.process.poll() is None and time.monotonic() < deadline:
+            group = str(self.process.pid)
+            stats = [_stat(pid) for pid in self._tree()]
+            if all(st[0] in "Tt" for st in stats if st and st[1] == group):
+                return
+            time.sleep(0.002)
 
     def resume(self) -> None:
         self._signal_group(signal.SIGCONT)
@@ -206,13 +262,12 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
                 sys.executable,
                 "-m",
                 "kernelrl.env.sandbox_child",
-                str(child_sock.fileno()),
+                "stdin",  # the protocol socket: named by neither argv nor the environment
                 str(os.getpid()),
             ],
-            pass_fds=[child_sock.fileno()],
             cwd=scratch,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=child_sock,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a kill takes all it spawned

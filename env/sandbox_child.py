@@ -1,208 +1,179 @@
 """The sandboxed child: the only process that ever executes a generated solution.
 
-Started by the worker ahead of time (``python -m kernelrl.env.sandbox_child FD PARENT_PID``)
-so that interpreter start, ``import torch`` and CUDA context creation are paid while another
-evaluation runs. It then waits for exactly one job, runs it, and exits: no state survives from one
-solution to the next. Everything it reports goes through the socket ``FD``; the worker decides
-every verdict itself.
+Started by the worker ahead of time (``python -m kernelrl.env.sandbox_child stdin PARENT_PID``,
+its protocol socket as standard input) so that interpreter start, ``import torch``, the CUDA
+context and CUPTI are paid while another evaluation runs. It then waits for exactly one job,
+serves it call by call as the worker asks, and exits: no state survives from one solution to the
+next. Everything it reports goes through the socket; the worker decides every verdict itself and
+believes none of the child's claims that it can check on its own side.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import os
 import resource
-import signal
 import sys
 import time
 import traceback
 from collections import Counter
 from typing import Any
 
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
-
-
-def isolate_network() -> str:
-    """Move this (still single-threaded) process into an empty network namespace."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for flags, label in ((CLONE_NEWNET, "netns"), (CLONE_NEWUSER | CLONE_NEWNET, "userns+netns")):
-        if libc.unshare(flags) == 0:
-            return label
-    return f"unavailable (errno {ctypes.get_errno()})"
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL from the kernel when the thread that spawned this child ends (the sandbox's
-    spawner thread lives as long as the worker process): a worker that dies, however it dies,
-    takes its children along, running or paused, and never before it has itself stopped
-    answering, so no verdict comes from a child killed by its worker's death."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:  # the worker died before the line above
-        os._exit(1)
-
-
-# Network isolation must happen before torch starts its threads: unshare moves only the
-# calling thread, so the process has to be single-threaded for it to cover everything.
-# The death signal is set after it: a change of credentials would clear it.
+# Isolation (namespaces, read-only filesystem, an unprivileged user: kernelrl.env.isolation)
+# must happen before torch starts its threads: unshare moves only the calling thread. With a PID
+# namespace, only the process that will run the solution returns from isolate().
 NETWORK = "not isolated"
+ISOLATION = "not isolated"
 if __name__ == "__main__":
-    NETWORK = isolate_network()
-    die_with_parent(int(sys.argv[2]))
+    from kernelrl.env.isolation import isolate
+
+    _isolation = isolate(int(sys.argv[2]))
+    NETWORK, ISOLATION = _isolation.network, _isolation.describe()
 _IMPORT_STARTED = time.perf_counter()
 
+import random  # noqa: E402
 import socket  # noqa: E402
+import types  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-from kernelrl.env import harness  # noqa: E402
-from kernelrl.env.protocol import recv_message, send_message  # noqa: E402
-from kernelrl.env.timing import TimingConfig, placements, time_fn  # noqa: E402
-
-SOLUTION_MODULE = "kernelrl_solution"
-TASK_MODULE = "kernelrl_task"
-
-# aten ops that do a task's real computation; a solution's forward must leave them to its kernels.
-ATEN_COMPUTE_OPS = frozenset(
-    "aten::" + op
-    for op in [
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "matmul",
-        "linear",
-        "einsum",
-        "dot",
-        "mv",
-        "addmv",
-        "convolution",
-        "_convolution",
-        "conv1d",
-        "conv2d",
-        "conv3d",
-        "cudnn_convolution",
-        "mkldnn_convolution",
-        "conv_transpose2d",
-        "softmax",
-        "_softmax",
-        "log_softmax",
-        "_log_softmax",
-        "layer_norm",
-        "native_layer_norm",
-        "batch_norm",
-        "native_batch_norm",
-        "group_norm",
-        "native_group_norm",
-        "rms_norm",
-        "_fused_rms_norm",
-        "sum",
-        "mean",
-        "amax",
-        "amin",
-        "max",
-        "min",
-        "argmax",
-        "argmin",
-        "cumsum",
-        "cumprod",
-        "prod",
-        "var",
-        "std",
-        "norm",
-        "linalg_vector_norm",
-        "logsumexp",
-        "relu",
-        "relu_",
-        "gelu",
-        "silu",
-        "sigmoid",
-        "tanh",
-        "exp",
-        "log",
-        "sqrt",
-        "rsqrt",
-        "pow",
-        "add",
-        "add_",
-        "sub",
-        "sub_",
-        "mul",
-        "mul_",
-        "div",
-        "div_",
-        "where",
-        "clamp",
-        "clamp_min",
-        "clamp_max",
-        "maximum",
-        "minimum",
-        "abs",
-        "neg",
-        "reciprocal",
-        "sort",
-        "topk",
-        "mse_loss",
-        "l1_loss",
-        "smooth_l1_loss",
-        "huber_loss",
-        "nll_loss",
-        "nll_loss_forward",
-        "nll_loss2d_forward",
-        "cross_entropy_loss",
-        "kl_div",
-        "binary_cross_entropy",
-        "binary_cross_entropy_with_logits",
-        "cosine_similarity",
-        "_scaled_dot_product_attention",
-        "scaled_dot_product_attention",
-        "max_pool2d",
-        "avg_pool2d",
-        "adaptive_avg_pool2d",
-        "hardtanh",
-        "leaky_relu",
-        "elu",
-        "softplus",
-        "mish",
-        "hardswish",
-        "erf",
-    ]
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from torch.utils._python_dispatch import (  # noqa: E402
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
 )
 
+from kernelrl.env import compare, harness, protocol, timing, vocabulary  # noqa: E402
+from kernelrl.env.protocol import (  # noqa: E402
+    SOLUTION_MODULE,
+    TASK_MODULE,
+    recv_message,
+    send_message,
+    send_tensor_bytes,
+)
+from kernelrl.env.timing import TimingConfig, placements, time_fn  # noqa: E402
 
-class AtenOpRecorder(TorchDispatchMode):
-    """Counts the compute aten ops forward dispatches.
+# Between two timed batches, an audited call runs with this probability, on a random input set:
+# the solution cannot tell from the outside which of its calls are watched.
+SPOT_AUDIT_PROBABILITY = 0.5
 
-    Used on CPU only. On a GPU the CUPTI profile of the timing phase lists the aten ops anyway
-    (``profile_kernels``), while a dispatch mode around a Triton launch makes torch import its
-    Triton-wrapping machinery (dynamo, sympy, fsdp): about 5 s per fresh child, measured on an
-    H100 worker, which was most of an evaluation.
+
+class HarnessFailure(RuntimeError):
+    """Our own code failed in the sandbox: never a verdict on the solution. ``stage`` says
+    where: ``task`` (loading the task), ``inputs`` (its get_inputs) or ``harness``; the worker
+    decides what each means for it (the evaluator: ours; curation, validating the task: the
+    task's)."""
+
+    def __init__(self, message: str, stage: str = "harness") -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class SolutionFailure(RuntimeError):
+    """The solution's own code raised; ``stage`` is ``compile`` or ``runtime``."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.stage = stage
+        self.cause = cause
+
+
+class AtenAudit(TorchDispatchMode):
+    """Every aten op a solution's call dispatches, judged by the vocabulary's allow-list.
+
+    Compute ops (anything not allocation/view/copy/cast/pad) are recorded by name; copies count
+    their bytes against the glue budget, except the copies Triton's own launcher makes (the
+    interpreter moves arguments with ``copy_``). Two tallies are kept, one the solution could
+    reach (``compute``/``glue_calls``) and one in a closure: they disagree if the visible one
+    was reset.
     """
 
-    def __init__(self, counts: Counter[str]) -> None:
+    def __init__(self, launches: LaunchCounter) -> None:
         super().__init__()
-        self.counts = counts
+        self.launches = launches
+        self.compute: Counter[str] = Counter()
+        self.glue_calls = 0
+        self.copied_bytes = 0
+        seen = [0]
+
+        def note() -> None:
+            seen[0] += 1
+
+        self._note = note
+        self._seen = lambda: seen[0]
+        self.closing = False
+        self.popped_early = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.closing = True
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.closing = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         name = func._schema.name
-        if name in ATEN_COMPUTE_OPS:
-            self.counts[name] += 1
-        return func(*args, **(kwargs or {}))
+        self._note()
+        out = func(*args, **(kwargs or {}))
+        if vocabulary.is_glue_aten(name):
+            self.glue_calls += 1
+            if name in vocabulary.COPYING_ATEN_OPS and not self.launches.depth:
+                self.copied_bytes += _nbytes(out)
+        else:
+            self.compute[name] += 1
+        return out
+
+    def on_top(self) -> bool:
+        """Inside the audited block: this audit is the one and only active dispatch mode."""
+        stack = _get_current_dispatch_mode_stack()
+        return len(stack) == 1 and stack[0] is self
+
+    def tampered(self) -> list[str]:
+        problems = []
+        if self._seen() != sum(self.compute.values()) + self.glue_calls:
+            problems.append("the audit's op counts were changed")
+        if self.popped_early:
+            problems.append("the audit's dispatch mode was popped during a call")
+        return problems
+
+
+def guard_dispatch_stack() -> None:
+    """Popping the dispatch-mode stack goes through a check: an audit popped by anything but
+    its own exit (``_pop_mode_temporarily``, a direct ``torch._C`` pop) marks it tampered."""
+    import torch.utils._python_dispatch as python_dispatch
+
+    original = torch._C._pop_torch_dispatch_stack
+
+    def checked_pop(*args: Any) -> Any:
+        mode = original(*args)
+        if isinstance(mode, AtenAudit) and not mode.closing:
+            mode.popped_early = True
+        return mode
+
+    torch._C._pop_torch_dispatch_stack = checked_pop
+    python_dispatch._pop_torch_dispatch_stack = checked_pop
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, tuple | list):
+        return sum(_nbytes(v) for v in value)
+    return 0
 
 
 class LaunchCounter:
     """Counts launches of the solution's own Triton kernels, on CPU and GPU alike.
 
     Installed on Triton's kernel classes before the solution is imported; only kernels whose
-    Python function lives in the solution module are counted.
+    Python function lives in the solution module are counted. ``depth`` is non-zero while one
+    of them is being launched.
     """
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.depth = 0
 
     def install(self) -> None:
         import triton.runtime.jit as jit
@@ -218,12 +189,17 @@ class LaunchCounter:
             original = cls.run
 
             def counted_run(self, *args, _original=original, **kwargs):
+                owner = self.counts_owner
                 if (
                     not kwargs.get("warmup", False)
                     and getattr(self.fn, "__module__", "") == SOLUTION_MODULE
                 ):
-                    self.counts_owner.counts[self.fn.__name__] += 1
-                return _original(self, *args, **kwargs)
+                    owner.counts[self.fn.__name__] += 1
+                owner.depth += 1
+                try:
+                    return _original(self, *args, **kwargs)
+                finally:
+                    owner.depth -= 1
 
             cls.run = counted_run
             cls.counts_owner = self
@@ -232,17 +208,104 @@ class LaunchCounter:
         return sum(self.counts.values())
 
 
+class TamperGuard:
+    """What the harness relies on, by identity, taken before the solution is loaded.
+
+    After every call the same objects must be in the same places: a patched timer, event,
+    socket method, dispatch hook, launch counter or harness function, a replaced module in
+    ``sys.modules``, or a trace/profile hook is tampering. Only callables, classes and modules
+    are watched (torch rebinds plain state values lazily); names added later are ignored.
+    """
+
+    def __init__(self, owners: list[tuple[str, Any]], modules: list[str]) -> None:
+        self._watched: list[tuple[str, Any, str, Any]] = []
+        for label, owner in owners:
+            for name, value in list(vars(owner).items()):
+                if callable(value) or isinstance(value, types.ModuleType | type):
+                    self._watched.append((label, owner, name, value))
+        self._modules = {name: sys.modules.get(name) for name in modules}
+
+    def verify(self) -> list[str]:
+        changed = [
+            f"{label}.{name}"
+            for label, owner, name, value in self._watched
+            if vars(owner).get(name) is not value
+        ]
+        changed += [
+            f"sys.modules[{name!r}]"
+            for name, module in self._modules.items()
+            if sys.modules.get(name) is not module
+        ]
+        if sys.gettrace() is not None:
+            changed.append("sys.settrace")
+        if sys.getprofile() is not None:
+            changed.append("sys.setprofile")
+        if _get_current_dispatch_mode_stack():
+            changed.append("a dispatch mode left active")
+        return changed[:8]
+
+
+def harness_guard() -> TamperGuard:
+    import builtins
+
+    import triton.runtime.jit as jit
+
+    owners: list[tuple[str, Any]] = [
+        ("builtins", builtins),
+        ("time", time),
+        ("socket.socket", socket.socket),
+        ("torch", torch),
+        ("torch.Tensor", torch.Tensor),
+        ("torch.nn.Module", torch.nn.Module),
+        ("torch.nn.functional", torch.nn.functional),
+        ("torch.cuda", torch.cuda),
+        ("torch.cuda.Event", torch.cuda.Event),
+        ("torch.profiler", torch.profiler),
+        ("torch.autograd.profiler", torch.autograd.profiler),
+        ("TorchDispatchMode", TorchDispatchMode),
+        ("torch._C", torch._C),
+        ("AtenAudit", AtenAudit),
+        ("LaunchCounter", LaunchCounter),
+        ("triton.JITFunction", jit.JITFunction),
+        ("harness", harness),
+        ("timing", timing),
+        ("protocol", protocol),
+        ("compare", compare),
+        ("vocabulary", vocabulary),
+        ("sandbox", sys.modules[__name__]),
+    ]
+    modules = [
+        "torch",
+        "triton",
+        "time",
+        "socket",
+        "kernelrl.env.harness",
+        "kernelrl.env.timing",
+        "kernelrl.env.protocol",
+        "kernelrl.env.vocabulary",
+    ]
+    return TamperGuard(owners, modules)
+
+
 def apply_limits(limits: dict[str, Any], device: torch.device) -> None:
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    file_bytes = int(limits["file_bytes"])
-    resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-    cpu_seconds = int(limits["cpu_seconds"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
-    if device.type == "cpu" and limits.get("address_space_bytes"):
-        size = int(limits["address_space_bytes"])
-        resource.setrlimit(resource.RLIMIT_AS, (size, size))
-    if device.type == "cuda" and limits.get("gpu_memory_fraction"):
-        torch.cuda.set_per_process_memory_fraction(float(limits["gpu_memory_fraction"]))
+    """Our limits, never above what this process may already use: a hard limit set by the
+    machine (``ulimit -v``) is kept as it is rather than failing the evaluation."""
+
+    def cap(kind: int, value: int) -> None:
+        _, hard = resource.getrlimit(kind)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(kind, (value, value if hard != resource.RLIM_INFINITY else hard))
+
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        cap(resource.RLIMIT_FSIZE, int(limits["file_bytes"]))
+        cap(resource.RLIMIT_CPU, int(limits["cpu_seconds"]))
+        if device.type == "cpu" and limits.get("address_space_bytes"):
+            cap(resource.RLIMIT_AS, int(limits["address_space_bytes"]))
+        if device.type == "cuda" and limits.get("gpu_memory_fraction"):
+            torch.cuda.set_per_process_memory_fraction(float(limits["gpu_memory_fraction"]))
+    except (OSError, ValueError) as exc:
+        raise HarnessFailure(f"could not apply the sandbox's limits: {exc}") from exc
 
 
 def short_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
@@ -305,132 +368,232 @@ def stub_load_inline_for_cpu(scratch: str) -> None:
     cpp_extension.load_inline = compile_only
 
 
-def run_job(sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) -> None:
-    device = torch.device(job["device"])
-    phase: dict[str, float] = {}
+def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 16 * 2**20) -> tuple[int, int]:
+    """Two position-weighted sums of a tensor's bytes, computed where it lives, chunk by chunk:
+    enough to tell whether it changed, without a second copy of a multi-GiB tensor."""
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() == 0:
+        return (0, 0)
+    data = flat.contiguous().view(torch.uint8)
+    plain = weighted = 0
+    for start in range(0, data.numel(), chunk_bytes):
+        words = data[start : start + chunk_bytes].to(torch.int64)
+        positions = torch.arange(start, start + words.numel(), device=words.device) % 65521 + 1
+        plain += int(words.sum())
+        weighted += int((words * positions).sum())
+    return (plain, weighted)
 
-    def fail(stage: str, exc: BaseException) -> None:
-        send_message(
-            sock, {"type": "error", "stage": stage, "error": short_traceback(exc), "phase": phase}
-        )
 
-    task = harness.load_module(job["task_source"], TASK_MODULE, job["size_overrides"])
-    if job["backend"] == "cuda" and device.type == "cpu":
-        stub_load_inline_for_cpu(os.getcwd())
+def compile_error_stage(exc: BaseException) -> str:
+    return "compile" if is_compile_error(exc) else "runtime"
 
-    start = time.perf_counter()
-    try:
-        solution = harness.load_module(job["solution_source"], SOLUTION_MODULE)
-    except Exception as exc:
-        phase["load"] = time.perf_counter() - start
-        if type(exc).__name__ == "CompiledOnly":
-            send_message(sock, {"type": "not_run", "reason": str(exc), "phase": phase})
-            return
-        fail("compile", exc)
-        return
-    phase["load"] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    try:
-        model = harness.build_model(solution.ModelNew, task, job["model_seed"], device)
-    except Exception as exc:
-        fail("runtime", exc)
-        return
+class Job:
+    """One solution, served call by call as the trusted side asks.
 
-    paths: list[str] = []
-    launches: list[int] = []
-    flags: list[str] = []
-    kept_outputs: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
-    aten_ops: Counter[str] = Counter()
-    for index, seed in enumerate(job["input_seeds"]):
-        inputs = harness.make_inputs(task, seed, device)
-        before = [t.clone() for t in harness.tensors_in(inputs)]
-        counter.counts.clear()
+    The trusted side sends the seed of each input set only when it asks for that call, so no
+    future inputs exist in this process; outputs leave through the socket right after the call
+    that made them, described then streamed in chunks; every correctness call is audited, and
+    timed calls are audited at random.
+    """
+
+    def __init__(self, sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) -> None:
+        self.sock = sock
+        self.job = job
+        self.counter = counter
+        self.device = torch.device(job["device"])
+        self.phase: dict[str, float] = {}
+        self.rng = random.SystemRandom()
+        self.calls = 0
+        self.previous: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        send_message(self.sock, {**message, "phase": self.phase})
+
+    def serve(self) -> None:
+        job = self.job
         try:
-            if index == 1 and device.type == "cpu":  # which aten ops does forward run?
-                with torch.no_grad(), AtenOpRecorder(aten_ops):
-                    output = model(*inputs)
-            else:
-                with torch.no_grad():
-                    output = model(*inputs)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if index == 0:  # the first call compiles the kernels (JIT) and runs them once
-                phase["first_call"] = time.perf_counter() - start
+            task = harness.load_module(job["task_source"], TASK_MODULE, job["size_overrides"])
         except Exception as exc:
-            phase["correctness"] = time.perf_counter() - start
-            fail("compile" if is_compile_error(exc) else "runtime", exc)
-            return
-        launches.append(counter.total())
+            raise HarnessFailure(f"the task did not load in the sandbox: {exc!r}", "task") from exc
+        if not job.get("expose_task", False):
+            sys.modules.pop(TASK_MODULE, None)  # the solution cannot reach the task's code
+        self.task = task
+        if job["backend"] == "cuda" and self.device.type == "cpu":
+            stub_load_inline_for_cpu(os.getcwd())
+        self.guard = harness_guard()
+
+        start = time.perf_counter()
+        try:
+            solution = harness.load_module(job["solution_source"], SOLUTION_MODULE)
+        except Exception as exc:
+            self.phase["load"] = time.perf_counter() - start
+            if type(exc).__name__ == "CompiledOnly":
+                self.send({"type": "not_run", "reason": str(exc)})
+                return
+            raise SolutionFailure("compile", exc) from exc
+        self.phase["load"] = time.perf_counter() - start
+
+        audit = AtenAudit(self.counter)
+        try:
+            with audit:
+                self.model = harness.build_model(
+                    solution.ModelNew, task, job["model_seed"], self.device
+                )
+        except Exception as exc:
+            raise SolutionFailure(compile_error_stage(exc), exc) from exc
+        self.send({"type": "loaded", "tampered": self.guard.verify() + audit.tampered()})
+
+        while True:
+            message = recv_message(self.sock)
+            if message["type"] == "call":
+                self.call(int(message["seed"]))
+            elif message["type"] == "time":
+                self.time(int(message["seed"]))
+            else:
+                return
+
+    def _inputs(self, seed: int) -> list[Any]:
+        try:
+            return harness.make_inputs(self.task, seed, self.device)
+        except torch.OutOfMemoryError as exc:
+            raise HarnessFailure(
+                "the task's inputs did not fit in the memory left to the sandbox "
+                f"({str(exc).splitlines()[0]})",
+                "inputs",
+            ) from exc
+        except Exception as exc:
+            raise HarnessFailure(f"the task's get_inputs failed: {exc!r}", "inputs") from exc
+
+    def call(self, seed: int) -> None:
+        start = time.perf_counter()
+        inputs = self._inputs(seed)
+        input_tensors = harness.tensors_in(inputs)
+        before = [fingerprint(t) for t in input_tensors]
+        self.counter.counts.clear()
+        audit = AtenAudit(self.counter)
+        call_start = time.perf_counter()
+        try:
+            with torch.no_grad(), audit:
+                output = self.model(*inputs)
+                alone = audit.on_top()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:
+            raise SolutionFailure(compile_error_stage(exc), exc) from exc
+        self.calls += 1
+        if self.calls == 1:  # the first call compiles the kernels (JIT) and runs them once
+            self.phase["first_call"] = time.perf_counter() - call_start
         outputs = harness.as_output_list(output)
         tensors = harness.tensors_in(outputs)
-        if any(
-            not torch.equal(a, b) for a, b in zip(harness.tensors_in(inputs), before, strict=True)
-        ):
+        flags = []
+        if any(fingerprint(t) != b for t, b in zip(input_tensors, before, strict=True)):
             flags.append("input_mutated")
-        if any(harness.storages_overlap(o, i) for o in tensors for i in harness.tensors_in(inputs)):
+        if any(harness.storages_overlap(o, i) for o in tensors for i in input_tensors):
             flags.append("output_aliases_input")
-        if any(
-            harness.storages_overlap(o, k)
-            for o in tensors
-            for prev, _ in kept_outputs
-            for k in prev
-        ):
-            flags.append("output_reused")
-        kept_outputs.append((tensors, [t.clone() for t in tensors]))
-        path = os.path.join(os.getcwd(), f"outputs_{index}.pt")
-        torch.save([o.detach().cpu() if isinstance(o, torch.Tensor) else o for o in outputs], path)
-        paths.append(path)
-    # An output overwritten by a later call was handed out twice: results reused across calls.
-    if any(
-        not torch.equal(t, c)
-        for prev, clones in kept_outputs
-        for t, c in zip(prev, clones, strict=True)
-    ):
-        flags.append("output_reused")
-    phase["correctness"] = time.perf_counter() - start
-    send_message(
-        sock,
-        {
-            "type": "outputs",
-            "paths": paths,
-            "launches": launches,
-            "flags": sorted(set(flags)),
-            "aten_ops": dict(aten_ops),
-            "phase": phase,
-        },
-    )
-    if recv_message(sock)["type"] != "time":
-        return
+        if self.previous is not None:
+            earlier, prints = self.previous
+            if any(harness.storages_overlap(o, e) for o in tensors for e in earlier) or any(
+                fingerprint(e) != p for e, p in zip(earlier, prints, strict=True)
+            ):
+                flags.append("output_reused")
+        tampered = self.guard.verify() + audit.tampered()
+        if not alone:
+            tampered.append("the audit's dispatch mode was removed or covered")
+        io_bytes = sum(_nbytes(t) for t in input_tensors) + sum(_nbytes(t) for t in tensors)
+        self.phase["correctness"] = self.phase.get("correctness", 0.0) + (
+            time.perf_counter() - start
+        )
+        self.send(
+            {
+                "type": "outputs",
+                "outputs": compare.describe_outputs(outputs),
+                "launches": self.counter.total(),
+                "flags": flags,
+                "compute_ops": dict(audit.compute),
+                "copied_bytes": audit.copied_bytes,
+                "io_bytes": io_bytes,
+                "tampered": tampered,
+            }
+        )
+        for value in outputs:
+            if isinstance(value, torch.Tensor):
+                send_tensor_bytes(self.sock, value)
+        # Held until the next call: an output handed out again, or changed by that call, shows.
+        self.previous = (tensors, [fingerprint(t) for t in tensors])
+        del inputs, input_tensors
 
-    config = TimingConfig(**job["timing"])
-    count = placements(device, config)
-    input_sets = harness.timing_input_sets(task, job["input_seeds"][0], device, count)
-    calls = [harness.forward_call(model, inputs) for inputs in input_sets]
+    def time(self, seed: int) -> None:
+        config = TimingConfig(**self.job["timing"])
+        self.previous = None
+        input_sets = harness.timing_input_sets(
+            self.task, seed, self.device, placements(self.device, config)
+        )
+        model, counter = self.model, self.counter
+        made = [0]
+        spot = AtenAudit(counter)
+        spot_calls = [0]
+        alone = [True]
 
-    start = time.perf_counter()
-    try:
-        stats = time_fn(calls, device, config)
-        phase["timing"] = time.perf_counter() - start
+        def forward(inputs: list[Any]) -> None:
+            made[0] += 1
+            try:
+                with torch.no_grad():
+                    model(*inputs)
+            except Exception as exc:
+                raise SolutionFailure(compile_error_stage(exc), exc) from exc
+
+        def timed_call(inputs: list[Any]) -> Callable[[], None]:
+            return lambda: forward(inputs)
+
+        def spot_audit() -> None:
+            if self.rng.random() >= SPOT_AUDIT_PROBABILITY:
+                return
+            inputs = self.rng.choice(input_sets)
+            made[0] += 1
+            spot_calls[0] += 1
+            try:
+                with torch.no_grad(), spot:
+                    model(*inputs)
+                    alone[0] = alone[0] and spot.on_top()
+            except Exception as exc:
+                raise SolutionFailure(compile_error_stage(exc), exc) from exc
+
+        calls = [timed_call(inputs) for inputs in input_sets]
+        counter.counts.clear()
+        start = time.perf_counter()
+        stats = time_fn(calls, self.device, config, between_batches=spot_audit)
+        self.phase["timing"] = time.perf_counter() - start
+        launches, calls_made = counter.total(), made[0]
         start = time.perf_counter()
         profile = (
-            profile_kernels(calls[0], device, job["profile_calls"], counter)
-            if device.type == "cuda"
+            profile_kernels(calls[0], self.device, self.job["profile_calls"], counter)
+            if self.device.type == "cuda"
             else {}
         )
-        phase["profile"] = time.perf_counter() - start
-    except Exception as exc:
-        fail("runtime", exc)
-        return
-    send_message(
-        sock, {"type": "timing", "runtime": stats.__dict__, "profile": profile, "phase": phase}
-    )
+        self.phase["profile"] = time.perf_counter() - start
+        tampered = self.guard.verify() + spot.tampered()
+        if not alone[0]:
+            tampered.append("the audit's dispatch mode was removed or covered")
+        self.send(
+            {
+                "type": "timing",
+                "runtime": stats.__dict__,
+                "profile": profile,
+                "timed_calls": calls_made,
+                "timed_launches": launches,
+                "spot_audits": spot_calls[0],
+                "compute_ops": dict(spot.compute),
+                "tampered": tampered,
+            }
+        )
 
 
 def profile_kernels(
-    call, device: torch.device, calls: int, counter: LaunchCounter
+    call: Callable[[], None], device: torch.device, calls: int, counter: LaunchCounter
 ) -> dict[str, Any]:
-    """GPU kernels of ``calls`` forward calls under CUPTI: names, time, stream.
+    """GPU kernels of ``calls`` forward calls under CUPTI: names, time, stream; and the aten ops
+    that are not glue, from the profiler's CPU events.
 
     A marker kernel launched on the caller's current stream first tells which stream id the
     profiler gives that stream, so work on any other stream can be recognised.
@@ -450,14 +613,13 @@ def profile_kernels(
     marker_stream = None
     aten_ops: Counter[str] = Counter()
     for event in prof.profiler.kineto_results.events():
-        if (
-            event.device_type() == torch.autograd.DeviceType.CPU
-            and event.name() in ATEN_COMPUTE_OPS
-        ):
-            aten_ops[event.name()] += 1
+        name = event.name()
+        if event.device_type() == torch.autograd.DeviceType.CPU:
+            if name.startswith("aten::") and not vocabulary.is_glue_aten(name):
+                aten_ops[name] += 1
+            continue
         if event.device_type() != torch.autograd.DeviceType.CUDA or event.is_user_annotation():
             continue
-        name = event.name()
         if name.startswith(("Memcpy", "Memset", "cudaMemcpy")):
             continue
         stream = event.device_resource_id()
@@ -465,6 +627,7 @@ def profile_kernels(
             marker_stream = stream  # the first kernel is the marker
             continue
         kernels.append({"name": name, "us": event.duration_ns() / 1e3, "stream": stream})
+    aten_ops.pop("aten::fill_", None)
     return {
         "kernels": kernels,
         "current_stream": marker_stream,
@@ -474,55 +637,93 @@ def profile_kernels(
     }
 
 
-def warm_profiler(device: torch.device) -> None:
-    """Start CUPTI once on a trusted marker kernel, before any job arrives.
+@triton.jit
+def _warm_kernel(ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(ptr + offsets, tl.load(ptr + offsets, mask=offsets < n) + 1.0, mask=offsets < n)
 
-    The first profiler session of a process pays for loading and initialising CUPTI: 4 to 6 s
-    on an H100 host, measured inside the profile phase of every evaluation, where it was the
-    largest part. Paid here, it overlaps another evaluation like the CUDA context does.
-    """
-    from torch.profiler import ProfilerActivity, profile
 
-    marker = torch.zeros(1, device=device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        marker.fill_(1.0)
+def warm_up(device: torch.device, counter: LaunchCounter) -> dict[str, float]:
+    """Pay, before any job arrives, what the first evaluation would otherwise pay inside its
+    phases: the CUDA context, CUPTI's start (4 to 6 s on an H100 host) and what torch imports
+    the first time a Triton kernel is launched under a dispatch mode (about 5 s)."""
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.init()
+        torch.zeros(1, device=device)
+        seconds["cuda_init_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        from torch.profiler import ProfilerActivity, profile
+
+        marker = torch.zeros(1, device=device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            marker.fill_(1.0)
+            torch.cuda.synchronize()
+        list(prof.profiler.kineto_results.events())
+        seconds["profiler_init_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+    buffer = torch.zeros(64, device=device)
+    with torch.no_grad(), AtenAudit(counter):
+        _warm_kernel[(1,)](buffer, buffer.numel(), BLOCK=64)
+    if device.type == "cuda":
         torch.cuda.synchronize()
-    list(prof.profiler.kineto_results.events())
+    seconds["audit_init_seconds"] = time.perf_counter() - start
+    return seconds
+
+
+def take_channel() -> socket.socket:
+    """The protocol socket arrives as standard input; it is moved to an fd number drawn at
+    random and standard input becomes /dev/null: neither argv nor the environment names it."""
+    target = random.SystemRandom().randrange(300, 900)
+    os.dup2(0, target)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return socket.socket(fileno=target)
+
+
+def report_failure(sock: socket.socket, exc: BaseException, phase: dict[str, float]) -> None:
+    if isinstance(exc, SolutionFailure):
+        message = {"type": "error", "stage": exc.stage, "error": short_traceback(exc.cause)}
+    else:  # the harness itself failed: say so, never a verdict on the solution
+        where = traceback.extract_tb(exc.__traceback__)[-1:] or []
+        at = f" (at {where[0].name}:{where[0].lineno})" if where else ""
+        stage = exc.stage if isinstance(exc, HarnessFailure) else "harness"
+        message = {"type": "error", "stage": stage, "error": f"{exc!r}{at}"[-2000:]}
+    send_message(sock, {**message, "phase": phase})
 
 
 def main() -> None:
-    sock = socket.socket(fileno=int(sys.argv[1]))
-    import triton  # noqa: F401 - warm import
-
+    sock = take_channel()
     imported = time.perf_counter()
     device = torch.device(os.environ.get("KERNELRL_DEVICE", "cpu"))
-    profiler_seconds = 0.0
-    if device.type == "cuda":
-        torch.cuda.init()
-        torch.zeros(1, device=device)  # creates the CUDA context now, not during the job
-        cuda_ready = time.perf_counter()
-        warm_profiler(device)
-        profiler_seconds = time.perf_counter() - cuda_ready
     counter = LaunchCounter()
     counter.install()
+    guard_dispatch_stack()
     ready = {
         "type": "ready",
         "pid": os.getpid(),
         "import_seconds": imported - _IMPORT_STARTED,
-        "cuda_init_seconds": time.perf_counter() - imported - profiler_seconds,
-        "profiler_init_seconds": profiler_seconds,
         "network": NETWORK,
+        "isolation": ISOLATION,
+        **warm_up(device, counter),
     }
     send_message(sock, ready)
     try:
         job = recv_message(sock)
     except EOFError:
         os._exit(0)
-    apply_limits(job["limits"], device)
+    worker = None
     try:
-        run_job(sock, job, counter)
-    except Exception as exc:  # the harness itself failed: report it, never a verdict
-        send_message(sock, {"type": "error", "stage": "harness", "error": short_traceback(exc)})
+        apply_limits(job["limits"], device)
+        worker = Job(sock, job, counter)
+        worker.serve()
+    except (EOFError, BrokenPipeError, ConnectionError):
+        pass  # the trusted side hung up: nothing left to report to
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, none kills silently
+        with contextlib.suppress(OSError):
+            report_failure(sock, exc, worker.phase if worker else {})
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kernelrl.env.reference import ReferenceTimingCache
-from kernelrl.env.result import EvalResult, TimingStats
+from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.task import Task
 from kernelrl.env.timing import TimingConfig
 
@@ -60,6 +60,7 @@ CREATE TABLE IF NOT EXISTS reference_timings (
 
 # EvalResult.sandbox key set by pools for failures of the pool itself (a worker died, a batch
 # deadline passed): such results are stored like any other but never served from the cache.
+# The same holds for status harness_error (see ``is_cacheable``).
 POOL_ERROR_KEY = "pool_error"
 
 
@@ -69,7 +70,11 @@ def solution_key(solution: str) -> str:
 
 
 def is_cacheable(result: EvalResult) -> bool:
-    """A verdict about the solution, not about the infrastructure that evaluated it."""
+    """A verdict about the solution, not about the infrastructure that evaluated it: neither a
+    failure of the pool (``POOL_ERROR_KEY``) nor a ``harness_error`` (kernelrl's harness failed;
+    served again, it would poison every rerun of that completion with our failure)."""
+    if Status(result.status) is Status.HARNESS_ERROR:
+        return False
     return POOL_ERROR_KEY not in result.sandbox
 
 
@@ -179,16 +184,24 @@ class ResultsStore:
         device_name: str,
         versions: dict[str, str] | None = None,
     ) -> EvalResult | None:
-        """The latest cacheable result for this (task, solution, device), or None.
+        """The latest cacheable result for this (task, solution, device), or None. Never a
+        ``harness_error``, whatever the row's ``cacheable`` flag says.
 
         ``versions``: when given, only a result measured with exactly these library versions
         counts (a new torch or Triton may change both verdicts and timings).
         """
         query = (
             "SELECT result, versions FROM results WHERE task_hash = ? AND solution_hash = ?"
-            " AND device_name = ? AND backend = ? AND cacheable = 1 ORDER BY id DESC"
+            " AND device_name = ? AND backend = ? AND cacheable = 1 AND status != ?"
+            " ORDER BY id DESC"
         )
-        args = (task.hash, solution_key(solution), device_name, task.backend)
+        args = (
+            task.hash,
+            solution_key(solution),
+            device_name,
+            task.backend,
+            str(Status.HARNESS_ERROR),
+        )
         wanted = json.dumps(versions, sort_keys=True) if versions is not None else None
         for result_json, stored_versions in self._conn().execute(query, args):
             if wanted is None or stored_versions == wanted:

@@ -7,7 +7,12 @@ literal, read with ``ast.literal_eval`` so that loading a task never executes it
 - ``category``: what kind of computation it is (elementwise, matmul, ...);
 - ``atol`` / ``rtol``: tolerances overriding the dtype-aware defaults;
 - ``sizes``: ``{device_kind: {global_name: value}}`` overrides of module globals, so one task
-  runs in seconds under the Triton interpreter on CPU and at a realistic size on a GPU.
+  runs in seconds under the Triton interpreter on CPU and at a realistic size on a GPU. A task
+  that declares no ``cpu`` sizes gets them derived (env/sizes.py) when its published sizes are
+  too large for a CPU; ``"cpu": {}`` declares that the published sizes are fine as they are.
+
+``get_init_inputs()`` may follow KernelBench (a list of positional constructor arguments) or
+KernelBook (``[args, kwargs]``); :func:`init_args` tells the two apart.
 """
 
 from __future__ import annotations
@@ -59,9 +64,20 @@ class Task:
         """Content hash: reference timings and results are keyed by it, not by the id."""
         return hashlib.sha256(self.source.encode()).hexdigest()[:16]
 
-    def size_overrides(self, device_kind: str) -> dict[str, Any]:
-        """Module-global overrides for 'cpu' or 'cuda' (empty when the task has none)."""
-        return dict(self.sizes.get(device_kind, {}))
+    def size_overrides(self, device_kind: str, derive: bool = True) -> dict[str, Any]:
+        """Module-global overrides for 'cpu' or 'cuda' (empty when the task has none).
+
+        On CPU a task without declared ``cpu`` sizes gets sizes derived from its published
+        ones when those exceed the CPU budget (env/sizes.py; runs the task module on the meta
+        device in this process, once per task hash). Raises TaskError, one line, when none can
+        be derived. ``derive=False`` is for callers that must not execute task code outside a
+        sandbox (curation of raw corpora). GPU sizes are always the declared or published ones.
+        """
+        if device_kind in self.sizes or device_kind != "cpu" or not derive:
+            return dict(self.sizes.get(device_kind, {}))
+        from kernelrl.env import sizes  # lazy: imports torch, and runs only when asked
+
+        return sizes.cpu_size_overrides(self)
 
     def tolerances(self, dtype_name: str) -> tuple[float, float]:
         default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype_name, (1e-4, 1e-4))
@@ -81,6 +97,27 @@ class Task:
             self.sizes,
             self.level,
         )
+
+
+def init_args(init_inputs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """Constructor ``(args, kwargs)`` from what a task's ``get_init_inputs()`` returned.
+
+    KernelBench returns the positional arguments (``[in_features, out_features]``); KernelBook,
+    the PyTorch/Triton corpus behind KernelLLM, returns ``[args, kwargs]`` (``[[], {'dim': 4}]``).
+    The KernelBook form is recognised by its shape alone: exactly two items, a list/tuple then
+    a dict whose keys are all strings. Accepted ambiguity: a KernelBench task whose constructor
+    takes exactly (a list or tuple, a str-keyed dict) positionally is read as KernelBook; no
+    such task is known, and its author can pass ``[[the_list, the_dict], {}]`` to be explicit.
+    """
+    items = list(init_inputs)
+    if (
+        len(items) == 2
+        and isinstance(items[0], list | tuple)
+        and isinstance(items[1], dict)
+        and all(isinstance(key, str) for key in items[1])
+    ):
+        return list(items[0]), dict(items[1])
+    return items, {}
 
 
 def _read_metadata(source: str, origin: str) -> dict[str, Any]:

@@ -66,7 +66,12 @@ def summarize(samples_ms: list[float]) -> TimingStats:
     )
 
 
-def time_cuda(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -> TimingStats:
+def time_cuda(
+    fn: Callable[[], object],
+    config: TimingConfig = TimingConfig(),
+    between_batches: Callable[[], None] | None = None,
+) -> TimingStats:
+    """``between_batches`` runs after each batch's synchronisation, outside every timed span."""
     flush = (
         torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
         if config.flush_l2
@@ -96,6 +101,9 @@ def time_cuda(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -
             end.record()
         torch.cuda.synchronize()
         samples.extend(b.elapsed_time(e) for b, e in zip(starts, ends, strict=True))
+        if between_batches is not None:
+            between_batches()
+            torch.cuda.synchronize()
         if len(samples) >= config.min_reps and (
             summarize(samples).rel_err <= config.target_rel_err or time.perf_counter() > deadline
         ):
@@ -103,7 +111,12 @@ def time_cuda(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -
     return summarize(samples)
 
 
-def time_cpu(fn: Callable[[], object], config: TimingConfig = TimingConfig()) -> TimingStats:
+def time_cpu(
+    fn: Callable[[], object],
+    config: TimingConfig = TimingConfig(),
+    between_batches: Callable[[], None] | None = None,
+) -> TimingStats:
+    """``between_batches`` runs between repetitions, outside the timed spans."""
     fn()
     samples: list[float] = []
     deadline = time.perf_counter() + config.cpu_budget_s
@@ -113,6 +126,8 @@ def time_cpu(fn: Callable[[], object], config: TimingConfig = TimingConfig()) ->
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
+        if between_batches is not None:
+            between_batches()
     return summarize(samples)
 
 
@@ -125,12 +140,13 @@ def time_fn(
     calls: Sequence[Callable[[], object]],
     device: torch.device,
     config: TimingConfig = TimingConfig(),
+    between_batches: Callable[[], None] | None = None,
 ) -> TimingStats:
     """Time each call (one per input set, ``placements`` of them) and average their medians."""
     if device.type != "cuda":
-        return time_cpu(calls[0], config)
+        return time_cpu(calls[0], config, between_batches)
     share = replace(config, budget_s=config.budget_s / len(calls))
-    return average([time_cuda(call, share) for call in calls])
+    return average([time_cuda(call, share, between_batches) for call in calls])
 
 
 def average(runs: Sequence[TimingStats]) -> TimingStats:

@@ -3,6 +3,12 @@
 Task ids are what reports and the results store key on, so they must be unique within a sweep:
 KernelBench problems are named ``level<L>/<file stem>`` (problem numbers restart at 1 in every
 level), bundled and folder tasks keep their file stem.
+
+Categories: a task that declares none (KernelBench problems never do) gets the one its
+operators imply, read from its source's AST by ``kernelrl.data.curate.difficulty`` (the same
+inference curation uses), so per-category tables cover KernelBench too. That makes ``eval``
+import a sibling (``data``); the inference belongs at task loading (``env/task.py``) and moves
+there once the owner of that file agrees.
 """
 
 from __future__ import annotations
@@ -112,6 +118,18 @@ def _split_order(name: str) -> tuple[int, str]:
     return (int(match.group(1)) if match else 0, name)
 
 
+UNCATEGORIZED = ("", "uncategorized")
+
+
+def with_category(task: Task) -> Task:
+    """The task with its declared category, or else the one inferred from its operators."""
+    if task.category not in UNCATEGORIZED:
+        return task
+    from kernelrl.data.curate.difficulty import infer_category, task_ops
+
+    return dataclasses.replace(task, category=infer_category(task_ops(task.source)))
+
+
 def parse_id_ranges(spec: str) -> set[int]:
     """``'1-3,7'`` -> {1, 2, 3, 7}."""
     ids: set[int] = set()
@@ -182,4 +200,4 @@ def load_benchmark(
     ids = [t.id for t in selected]
     if len(set(ids)) != len(ids):
         raise TaskError("task ids are not unique within the selection")
-    return selected
+    return [with_category(t) for t in selected]

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from kernelrl.eval.metrics import FAST_P, best_view, last_view, speedup, sweep_summary
 from kernelrl.eval.records import SampleRecord
-from kernelrl.eval.report import _table, load_run, run_metadata, stats_config
+from kernelrl.eval.report import _table, load_run, load_selection, run_metadata, stats_config
 
 
 def _value(estimate: dict[str, Any] | None) -> float | None:
@@ -94,10 +94,12 @@ def _best_speedup(records: list[SampleRecord]) -> float | None:
 def compare_runs(folder_a: str | Path, folder_b: str | Path, view: str = "best") -> dict[str, Any]:
     config_a, records_a = load_run(folder_a)
     config_b, records_b = load_run(folder_b)
+    selection_a, selection_b = load_selection(folder_a), load_selection(folder_b)
     stats = stats_config(config_a)
-    summary_a, summary_b = sweep_summary(records_a, stats), sweep_summary(records_b, stats)
-    meta_a = run_metadata(config_a, records_a, Path(folder_a))
-    meta_b = run_metadata(config_b, records_b, Path(folder_b))
+    summary_a = sweep_summary(records_a, stats, selection_a)
+    summary_b = sweep_summary(records_b, stats, selection_b)
+    meta_a = run_metadata(config_a, records_a, Path(folder_a), selection_a)
+    meta_b = run_metadata(config_b, records_b, Path(folder_b), selection_b)
     pick = best_view if view == "best" else last_view
     solved_a, solved_b = _solved(pick(records_a)), _solved(pick(records_b))
     common = sorted(set(solved_a) & set(solved_b))

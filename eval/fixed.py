@@ -6,11 +6,23 @@ advance, and scores completions produced elsewhere with exactly the same metrics
 
 Sources, each adding samples to the tasks it covers (sample numbers continue across sources):
 
-- a folder: a file whose path relative to the folder, without its suffix, is a task id
-  (``01_relu.py``, ``level1/1_Square_matrix_multiplication_.py``) is one sample of that task;
-  ``<task id>__<label>.py`` and ``<task id>/<anything>.py`` add more samples, in name order;
+- a folder, read by file path relative to it (suffixes .py, .txt, .md, .cu):
+
+  - ``<task id>/<label>.py``: **the layout that cannot clash**, for any task id (KernelBench's
+    ``level1/1_Square_matrix_multiplication_``, ids with ``__`` or dots inside): every file in
+    the task's folder is one sample, in name order; the label is free text;
+  - ``<task id>.py``: one sample (``01_relu.py``, ``level1/1_Square_matrix_multiplication_.py``);
+  - ``<task id>__<label>.py`` (the older flat layout): read where exactly one task id fits, by
+    trying every ``__`` of the name as the separator (so ``35_GroupNorm___a.py`` is task
+    ``35_GroupNorm_`` when only that id fits). A name that two task ids fit (ids ``a`` and
+    ``a_``, file ``a___b.py``; or a file that is one task's ``<id>.py`` and another's
+    ``<id>__<label>.py``) is refused with one line naming both: move it to ``<task id>/``.
+
 - a JSONL file: rows ``{"task_id", "completion"}`` with optional ``"sample"`` and ``"turn"``
   (default: the next sample of the task, turn 0). Rows for later turns replay refinement.
+
+A task that no source covers gets no samples: the sweep counts it as failed with the reason
+``no solution`` (it is listed, never dropped from the denominators).
 """
 
 from __future__ import annotations
@@ -51,17 +63,24 @@ class FixedSolutions:
             self.origins[key] = origin
 
     def _task_of(self, relative: Path) -> str | None:
-        stem = relative.with_suffix("").as_posix()
-        if stem in self.task_ids:
-            return stem
-        if "__" in relative.name:
-            prefix = (relative.parent / relative.name.split("__", 1)[0]).as_posix()
-            if prefix.startswith("./"):
-                prefix = prefix[2:]
-            if prefix in self.task_ids:
-                return prefix
+        """The task a solution file belongs to, or None; ValueError where two tasks fit."""
         parent = relative.parent.as_posix()
-        return parent if parent in self.task_ids else None
+        if parent in self.task_ids:  # <task id>/<label>.py: unambiguous by construction
+            return parent
+        stem = relative.name[: -len(relative.suffix)] if relative.suffix else relative.name
+        prefix = "" if parent == "." else parent + "/"
+        candidates = [prefix + stem] if prefix + stem in self.task_ids else []
+        start = stem.find("__")
+        while start != -1:  # every "__" may be the separator; id and label must not be empty
+            if 0 < start < len(stem) - 2 and prefix + stem[:start] in self.task_ids:
+                candidates.append(prefix + stem[:start])
+            start = stem.find("__", start + 1)
+        if len(candidates) > 1:
+            raise ValueError(
+                f"fixed solutions: {relative.as_posix()} fits tasks {' and '.join(candidates)}; "
+                "move it to <task id>/<label>.py"
+            )
+        return candidates[0] if candidates else None
 
     def _read_folder(self, folder: Path) -> dict[tuple[str, int, int], tuple[str, str]]:
         found: dict[tuple[str, int, int], tuple[str, str]] = {}

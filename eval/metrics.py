@@ -1,6 +1,15 @@
 """Sweep metrics, computed from SampleRecords alone (so reports can be rebuilt at any time).
 
-Definitions (one *attempt* is one EvalResult; rates are over the attempts of a view):
+Denominators: every *selected* task counts (KernelBench defines fast_p over all tasks). A task
+with no scored attempt in a view (no solution, the pool could not evaluate it, only harness
+errors, the sweep stopped first) is *not evaluated*: it counts as failed, with its planned
+samples (at least one) as failed attempts in every rate and pass@k 0, and is listed with its
+reason. ``harness_error`` attempts are kernelrl's failures, not the solution's: they are counted
+apart (``harness_errors``) and left out of every rate and of pass@k's sample counts; a task
+left with no other attempt is not evaluated (failed, listed) as above.
+
+Definitions (one *attempt* is one scored EvalResult; rates are over the attempts of a view plus
+the failed attempts of its not-evaluated tasks):
 
 - parse rate: not ``format_error``;
 - compile rate: the solution got past compilation: ``runtime_error``, ``timeout``,
@@ -12,7 +21,9 @@ Definitions (one *attempt* is one EvalResult; rates are over the attempts of a v
   meaningful timings;
 - geometric-mean speedup over the correct attempts that have a speedup;
 - pass@k: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k) for a task with
-  n samples of which c are correct, averaged over the tasks with n >= k.
+  n scored samples of which c are correct, averaged over every selected task: a task with
+  fewer than k scored samples counts its missing ones as failed (a lower bound), a task with
+  none scores 0. ``None`` when k is above the samples any task was planned to get.
 
 Intervals: Wilson score intervals for rates (attempts treated as independent trials), percentile
 bootstrap for pass@k (resampling tasks) and for the geometric mean (resampling attempts).
@@ -33,14 +44,16 @@ from statistics import NormalDist
 from typing import Any
 
 from kernelrl.env.result import EvalResult, Status
-from kernelrl.eval.records import SampleRecord
+from kernelrl.eval.records import SampleRecord, SelectedTask
 
 FAST_P = (0.0, 1.0, 1.2, 2.0)
 BASELINES = ("eager", "compile")
 
-# How far an attempt got, for choosing the best turn. An integrity violation ranks lowest: a
-# solution that games the checks is worse than one that fails honestly.
+# How far an attempt got, for choosing the best turn. An integrity violation ranks lowest of the
+# solution's verdicts: a solution that games the checks is worse than one that fails honestly.
+# A harness error is no verdict at all: any scored turn is a better pick.
 STAGE_RANK = {
+    Status.HARNESS_ERROR: -1,
     Status.INTEGRITY_VIOLATION: 0,
     Status.FORMAT_ERROR: 1,
     Status.COMPILE_ERROR: 2,
@@ -51,6 +64,8 @@ STAGE_RANK = {
     Status.CORRECT: 6,
 }
 _RAN = {Status.RUNTIME_ERROR, Status.TIMEOUT, Status.INCORRECT, Status.CORRECT, Status.NOT_RUN}
+# Verdicts about kernelrl, not the solution: counted apart, never in a rate.
+UNSCORED = {Status.HARNESS_ERROR}
 
 
 # ---------------------------------------------------------------------------------- attempts
@@ -204,21 +219,87 @@ class StatsConfig:
     seed: int = 0
 
 
-def summarize(view: Sequence[SampleRecord], config: StatsConfig | None = None) -> dict[str, Any]:
-    """Every metric for one view (one attempt per task and sample)."""
+def selection_of(
+    records: Iterable[SampleRecord], selection: Sequence[SelectedTask] | None = None
+) -> list[SelectedTask]:
+    """The selected tasks in their order, then any task that has records but is missing from
+    ``selection`` by (level, id) (folders written before ``tasks.json``: every task)."""
+    chosen = {t.task_id: t for t in selection or ()}
+    samples: dict[str, set[int]] = defaultdict(set)
+    first: dict[str, SampleRecord] = {}
+    for record in records:
+        samples[record.task_id].add(record.sample)
+        first.setdefault(record.task_id, record)
+    extra = [
+        SelectedTask(
+            task_id, record.level, record.category or "uncategorized", len(samples[task_id])
+        )
+        for task_id, record in first.items()
+        if task_id not in chosen
+    ]
+    extra.sort(key=lambda t: (t.level or 0, t.task_id))
+    return list(chosen.values()) + extra
+
+
+def not_evaluated(
+    view: Sequence[SampleRecord], selection: Sequence[SelectedTask]
+) -> list[dict[str, Any]]:
+    """The selected tasks without a scored attempt in ``view``, each with why."""
+    scored = {r.task_id for r in view if r.result.scored}
+    harness = Counter(r.task_id for r in view if not r.result.scored)
+    rows = []
+    for task in selection:
+        if task.task_id in scored:
+            continue
+        if task.reason:
+            reason = task.reason
+        elif harness[task.task_id]:
+            reason = f"harness errors only ({harness[task.task_id]} attempts)"
+        else:
+            reason = "no attempt recorded"
+        rows.append(
+            {
+                "task_id": task.task_id,
+                "level": task.level,
+                "category": task.category,
+                "samples": max(1, task.samples),
+                "reason": reason,
+            }
+        )
+    return rows
+
+
+def summarize(
+    view: Sequence[SampleRecord],
+    config: StatsConfig | None = None,
+    selection: Sequence[SelectedTask] | None = None,
+) -> dict[str, Any]:
+    """Every metric for one view (one attempt per task and sample) over the selected tasks
+    (default: the tasks that have records in the view)."""
     config = config or StatsConfig()
-    results = [r.result for r in view]
+    selection = selection_of(view, selection)
+    missing = not_evaluated(view, selection)
+    failed = sum(row["samples"] for row in missing)  # a not-evaluated task's failed attempts
+    scored_view = [r for r in view if r.result.scored]
+    results = [r.result for r in scored_view]
     conf = config.confidence
+
+    def over_all(flags: list[bool]) -> Estimate:
+        return rate(flags + [False] * failed, conf)
+
     summary: dict[str, Any] = {
-        "tasks": len({r.task_id for r in view}),
-        "attempts": len(view),
-        "parse_rate": rate([parsed(r) for r in results], conf).to_dict(),
-        "compile_rate": rate([compiled(r) for r in results], conf).to_dict(),
-        "correct_rate": rate([r.correct for r in results], conf).to_dict(),
-        "integrity_rate": rate(
-            [r.status is Status.INTEGRITY_VIOLATION for r in results], conf
+        "tasks": len(selection),
+        "evaluated_tasks": len(selection) - len(missing),
+        "attempts": len(results) + failed,
+        "harness_errors": len(view) - len(scored_view),
+        "not_evaluated": missing,
+        "parse_rate": over_all([parsed(r) for r in results]).to_dict(),
+        "compile_rate": over_all([compiled(r) for r in results]).to_dict(),
+        "correct_rate": over_all([r.correct for r in results]).to_dict(),
+        "integrity_rate": over_all(
+            [r.status is Status.INTEGRITY_VIOLATION for r in results]
         ).to_dict(),
-        "status_counts": dict(sorted(Counter(str(r.status) for r in results).items())),
+        "status_counts": dict(sorted(Counter(str(r.result.status) for r in view).items())),
         "fast_p": {},
         "geomean_speedup": {},
         "pass_at_k": {},
@@ -227,9 +308,9 @@ def summarize(view: Sequence[SampleRecord], config: StatsConfig | None = None) -
         timed = baseline_timed(results, baseline)
         summary["fast_p"][baseline] = {
             _p_key(p): (
-                rate([is_fast(r, p, baseline) for r in results], conf).to_dict()
+                over_all([is_fast(r, p, baseline) for r in results]).to_dict()
                 if p == 0 or timed
-                else Estimate(None, n=len(results)).to_dict()
+                else Estimate(None, n=len(results) + failed).to_dict()
             )
             for p in FAST_P
         }
@@ -242,12 +323,14 @@ def summarize(view: Sequence[SampleRecord], config: StatsConfig | None = None) -
         else:
             estimate = Estimate(None, n=0)
         summary["geomean_speedup"][baseline] = estimate.to_dict()
-    per_task: dict[str, list[bool]] = defaultdict(list)
-    for record in view:
+    per_task: dict[str, list[bool]] = {t.task_id: [] for t in selection}
+    for record in scored_view:
         per_task[record.task_id].append(record.result.correct)
+    drawn = max([1] + [t.samples for t in selection] + [len(f) for f in per_task.values()])
     for k in config.pass_ks:
-        values = [pass_at_k(len(f), sum(f), k) for f in per_task.values() if len(f) >= k]
-        if values:
+        if k <= drawn:
+            # missing samples (fewer than k scored, or none) count as failed
+            values = [pass_at_k(max(len(f), k), sum(f), k) for f in per_task.values()]
             low, high = bootstrap_interval(
                 values, mean, conf, config.bootstrap_samples, config.seed
             )
@@ -262,46 +345,59 @@ def _p_key(p: float) -> str:
     return f"{p:g}"
 
 
-def task_rows(view: Sequence[SampleRecord]) -> list[dict[str, Any]]:
-    """One row per task: samples, correct ones, pass@1, best speedups, commonest status."""
+def task_rows(
+    view: Sequence[SampleRecord], selection: Sequence[SelectedTask] | None = None
+) -> list[dict[str, Any]]:
+    """One row per selected task: scored samples, correct ones, pass@1, best speedups, statuses,
+    harness errors, and for a task without a scored attempt the reason (else empty)."""
+    selection = selection_of(view, selection)
+    reasons = {row["task_id"]: row["reason"] for row in not_evaluated(view, selection)}
     groups: dict[str, list[SampleRecord]] = defaultdict(list)
     for record in view:
         groups[record.task_id].append(record)
     rows = []
-    for task_id, records in groups.items():
-        results = [r.result for r in records]
+    for task in selection:
+        records = groups.get(task.task_id, [])
+        results = [r.result for r in records if r.result.scored]
         eager = [s for r in results if (s := speedup(r, "eager")) is not None]
         compile_ = [s for r in results if (s := speedup(r, "compile")) is not None]
-        statuses = Counter(str(r.status) for r in results)
+        statuses = Counter(str(r.result.status) for r in records)
+        correct = sum(r.correct for r in results)
         rows.append(
             {
-                "task_id": task_id,
-                "level": records[0].level,
-                "samples": len(records),
-                "correct": sum(r.correct for r in results),
-                "pass_at_1": sum(r.correct for r in results) / len(results),
+                "task_id": task.task_id,
+                "level": task.level,
+                "category": task.category,
+                "samples": len(results),
+                "correct": correct,
+                "pass_at_1": correct / len(results) if results else 0.0,
                 "best_speedup_vs_eager": max(eager) if eager else None,
                 "best_speedup_vs_compile": max(compile_) if compile_ else None,
                 "statuses": dict(sorted(statuses.items())),
+                "harness_errors": len(records) - len(results),
                 "best_turn": min((r.turn for r in records if r.result.correct), default=None),
+                "not_evaluated": reasons.get(task.task_id, ""),
             }
         )
-    return sorted(rows, key=lambda row: (row["level"] or 0, row["task_id"]))
+    return rows
 
 
 def turn_curve(
-    records: Sequence[SampleRecord], config: StatsConfig | None = None
+    records: Sequence[SampleRecord],
+    config: StatsConfig | None = None,
+    selection: Sequence[SelectedTask] | None = None,
 ) -> list[dict[str, Any]]:
-    """Refinement progress: for each turn t, the metrics of the best attempt among turns <= t,
-    and the correctness of the attempts made at turn t itself."""
+    """Refinement progress: for each turn t, the metrics of the best attempt among turns <= t
+    (over every selected task), and the correctness of the scored attempts made at turn t."""
     config = config or StatsConfig()
     if not records:
         return []
+    selection = selection_of(records, selection)
     last_turn = max(r.turn for r in records)
     curve = []
     for turn in range(last_turn + 1):
-        best = summarize(best_view(records, turn), config)
-        at_turn = [r.result.correct for r in records if r.turn == turn]
+        best = summarize(best_view(records, turn), config, selection)
+        at_turn = [r.result.correct for r in records if r.turn == turn and r.result.scored]
         curve.append(
             {
                 "turn": turn,
@@ -323,33 +419,49 @@ def turn_curve(
 
 
 def sweep_summary(
-    records: Sequence[SampleRecord], config: StatsConfig | None = None
+    records: Sequence[SampleRecord],
+    config: StatsConfig | None = None,
+    selection: Sequence[SelectedTask] | None = None,
 ) -> dict[str, Any]:
-    """The whole report's numbers: last and best turn, overall, per level and per task."""
+    """The whole report's numbers: last and best turn, overall, per level, per category and per
+    task, every one over the selected tasks (default: the tasks that have records)."""
     config = config or StatsConfig()
+    selection = selection_of(records, selection)
     summary: dict[str, Any] = {"views": {}}
     views = {"last": last_view(records), "best": best_view(records)}
-    levels = sorted({r.level for r in records if r.level is not None})
-    # KernelBench problems carry no category ("uncategorized"): no table of one row then.
-    categories = sorted({r.category for r in records if r.category not in ("", "uncategorized")})
+    levels = sorted({t.level for t in selection if t.level is not None})
+    categories = sorted({t.category or "uncategorized" for t in selection})
+    if categories == ["uncategorized"]:
+        categories = []  # nothing known: no table of one row
+    by_level = {str(v): [t for t in selection if t.level == v] for v in levels}
+    by_category = {
+        c: [t for t in selection if (t.category or "uncategorized") == c] for c in categories
+    }
     for name, view in views.items():
         summary["views"][name] = {
-            "overall": summarize(view, config),
-            "levels": {
-                str(level): summarize([r for r in view if r.level == level], config)
-                for level in levels
-            },
-            "categories": {
-                category: summarize([r for r in view if r.category == category], config)
-                for category in categories
-            },
-            "tasks": task_rows(view),
+            "overall": summarize(view, config, selection),
+            "levels": {k: _part(view, config, part) for k, part in by_level.items()},
+            "categories": {k: _part(view, config, part) for k, part in by_category.items()},
+            "tasks": task_rows(view, selection),
         }
-    summary["turns"] = turn_curve(records, config)
+    summary["turns"] = turn_curve(records, config, selection)
     summary["max_turns"] = max((r.turn for r in records), default=-1) + 1
     summary["outcomes"] = outcomes(records)
     summary["generation"] = generation_stats(records)
+    summary["selection"] = {
+        "tasks": len(selection),
+        "not_evaluated": not_evaluated(records, selection),
+        "harness_errors": sum(not r.result.scored for r in records),
+        "harness_error_tasks": sorted({r.task_id for r in records if not r.result.scored}),
+    }
     return summary
+
+
+def _part(
+    view: Sequence[SampleRecord], config: StatsConfig, part: Sequence[SelectedTask]
+) -> dict[str, Any]:
+    ids = {t.task_id for t in part}
+    return summarize([r for r in view if r.task_id in ids], config, part)
 
 
 def outcomes(records: Sequence[SampleRecord]) -> dict[str, dict[str, int]]:

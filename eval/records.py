@@ -21,6 +21,48 @@ Key = tuple[str, int, int]  # (task_id, sample, turn)
 
 SAMPLES_FILE = "samples.jsonl"  # the store
 CONFIG_FILE = "config.json"  # the settings the samples were made with
+TASKS_FILE = "tasks.json"  # the selected tasks, with why a task got no attempt
+NO_SOLUTION = "no solution"  # the reason of a task that the fixed client has nothing for
+
+
+@dataclass
+class SelectedTask:
+    """One task the sweep selected. Every rate's denominator counts it, attempts or not.
+
+    ``samples`` is how many samples were planned (0: the fixed client had none); ``reason`` says
+    why the sweep produced no evaluated attempt for it (``no solution``, ``not evaluated: ...``),
+    empty when nothing went wrong on the sweep's side.
+    """
+
+    task_id: str
+    level: int | None = None
+    category: str = "uncategorized"
+    samples: int = 1
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SelectedTask:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def write_tasks(path: str | Path, tasks: list[SelectedTask]) -> None:
+    """Write ``tasks.json`` atomically (a report read mid-write sees the old or the new file)."""
+    path = Path(path)
+    scratch = path.with_suffix(".json.tmp")
+    scratch.write_text(json.dumps([t.to_dict() for t in tasks], indent=1) + "\n")
+    os.replace(scratch, path)
+
+
+def read_tasks(path: str | Path) -> list[SelectedTask] | None:
+    """The selection of a results folder's ``tasks.json``; None for folders written before it."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    return [SelectedTask.from_dict(row) for row in json.loads(path.read_text())]
 
 
 @dataclass

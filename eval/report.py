@@ -1,7 +1,9 @@
 """A sweep's report: ``summary.json`` (every number), ``report.md`` (tables), ``plots/``.
 
-Everything is computed from the results folder alone (``samples.jsonl`` + ``config.json``), so
-a report can be rebuilt, or two runs compared, long after the sweep ran.
+Everything is computed from the results folder alone (``samples.jsonl``, ``config.json`` and
+``tasks.json``, the selected tasks), so a report can be rebuilt, or two runs compared, long
+after the sweep ran. Rates are over every selected task: the tasks that were not evaluated are
+counted as failed and listed with their reason; harness errors get a line of their own.
 """
 
 from __future__ import annotations
@@ -14,10 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kernelrl.eval.metrics import FAST_P, StatsConfig, sweep_summary
-from kernelrl.eval.records import CONFIG_FILE, SAMPLES_FILE, SampleRecord, read_records
+from kernelrl.eval.records import (
+    CONFIG_FILE,
+    SAMPLES_FILE,
+    TASKS_FILE,
+    SampleRecord,
+    SelectedTask,
+    read_records,
+    read_tasks,
+)
+
+HARNESS_NOTE = "not the solution's fault; rerun"
 
 
 # ---------------------------------------------------------------------------------- formatting
@@ -76,6 +89,13 @@ def headline_rows(overall: dict[str, Any]) -> list[tuple[str, str]]:
         )
     for k, estimate in overall["pass_at_k"].items():
         rows.append((f"pass@{k}", fmt_pass(estimate)))
+    rows.append(
+        (
+            "not evaluated (counted as failed)",
+            f"{len(overall['not_evaluated'])} of {overall['tasks']} tasks",
+        )
+    )
+    rows.append(("harness errors", f"{overall['harness_errors']} ({HARNESS_NOTE})"))
     return rows
 
 
@@ -115,6 +135,11 @@ def stats_config(config: dict[str, Any]) -> StatsConfig:
     )
 
 
+def load_selection(folder: str | Path) -> list[SelectedTask] | None:
+    """The selected tasks of a results folder (None where it predates ``tasks.json``)."""
+    return read_tasks(Path(folder) / TASKS_FILE)
+
+
 def load_run(folder: str | Path) -> tuple[dict[str, Any], list[SampleRecord]]:
     folder = Path(folder)
     samples = folder / SAMPLES_FILE
@@ -126,7 +151,10 @@ def load_run(folder: str | Path) -> tuple[dict[str, Any], list[SampleRecord]]:
 
 
 def run_metadata(
-    config: dict[str, Any], records: Sequence[SampleRecord], folder: Path
+    config: dict[str, Any],
+    records: Sequence[SampleRecord],
+    folder: Path,
+    selection: Sequence[SelectedTask] | None = None,
 ) -> dict[str, Any]:
     results = [r.result for r in records]
     devices = Counter(r.device_name or r.device for r in results)
@@ -139,7 +167,7 @@ def run_metadata(
         "backend": config.get("backend", ""),
         "benchmark": config.get("benchmark", ""),
         "benchmark_path": config.get("benchmark_path", ""),
-        "tasks": len({r.task_id for r in records}),
+        "tasks": len({r.task_id for r in records} | {t.task_id for t in selection or ()}),
         "samples": config.get("samples"),
         "turns": config.get("turns"),
         "temperature": config.get("temperature"),
@@ -155,8 +183,9 @@ def run_metadata(
 def build_summary(folder: str | Path) -> tuple[dict[str, Any], list[SampleRecord], dict[str, Any]]:
     folder = Path(folder)
     config, records = load_run(folder)
-    summary = sweep_summary(records, stats_config(config))
-    summary["run"] = run_metadata(config, records, folder)
+    selection = load_selection(folder)
+    summary = sweep_summary(records, stats_config(config), selection)
+    summary["run"] = run_metadata(config, records, folder, selection)
     summary["examples"] = first_errors(records)
     return summary, records, config
 
@@ -217,11 +246,15 @@ def markdown(
     else:
         out += [_table(["metric", "value"], head_last), ""]
     out += [
-        "Rates are over attempts (tasks x samples) with Wilson intervals; pass@k uses the "
-        "unbiased estimator with a bootstrap over tasks; speedups are geometric means over "
-        "correct attempts with a bootstrap interval. fast_p = correct and speedup > p.",
+        "Rates are over attempts (tasks x samples) of every selected task with Wilson "
+        "intervals: a task that was not evaluated counts as failed (its planned samples, at "
+        "least one). pass@k uses the unbiased estimator over every selected task with a "
+        "bootstrap over tasks; speedups are geometric means over correct attempts with a "
+        "bootstrap interval. fast_p = correct and speedup > p. Harness errors are left out of "
+        "every rate.",
         "",
     ]
+    out += selection_lines(summary)
     view_name = "best turn" if multi_turn else "all attempts"
     view = best if multi_turn else last
     if view["levels"]:
@@ -317,7 +350,8 @@ def markdown(
             f"{t['correct']}/{t['samples']}",
             _num(t["best_speedup_vs_eager"]),
             _num(t["best_speedup_vs_compile"]),
-            ", ".join(f"{k} {v}" for k, v in t["statuses"].items()),
+            ", ".join(f"{k} {v}" for k, v in t["statuses"].items())
+            or f"not evaluated: {t['not_evaluated']}",
         )
         + ((("-" if t["best_turn"] is None else t["best_turn"] + 1),) if multi_turn else ())
         for t in view["tasks"]
@@ -330,6 +364,35 @@ def markdown(
             target = path.relative_to(folder) if folder else path
             out += [f"![{title}]({target.as_posix()})", ""]
     return "\n".join(out)
+
+
+def selection_lines(summary: dict[str, Any], limit: int | None = None) -> list[str]:
+    """Markdown: the tasks counted as failed without an evaluation, and the harness errors."""
+    selection = summary["selection"]
+    missing = selection["not_evaluated"]
+    out = [
+        f"Selected tasks: {selection['tasks']}; evaluated: {selection['tasks'] - len(missing)}; "
+        f"not evaluated (counted as failed): {len(missing)}.",
+        "",
+    ]
+    if selection["harness_errors"]:
+        tasks = selection["harness_error_tasks"]
+        out += [
+            f"**harness errors: {selection['harness_errors']}** ({HARNESS_NOTE}): left out of "
+            f"every rate; tasks: {', '.join(tasks[:limit] if limit else tasks)}"
+            + (" ..." if limit and len(tasks) > limit else ""),
+            "",
+        ]
+    if missing:
+        out += ["## Not evaluated (counted as failed)", ""]
+        shown = missing[:limit] if limit else missing
+        rows = [
+            (t["task_id"], "-" if t["level"] is None else t["level"], t["reason"]) for t in shown
+        ]
+        out += [_table(["task", "level", "reason"], rows), ""]
+        if len(shown) < len(missing):
+            out += [f"... and {len(missing) - len(shown)} more (summary.json lists all)", ""]
+    return out
 
 
 def write_report(folder: str | Path, plots: bool = True) -> dict[str, Any]:
@@ -364,5 +427,24 @@ def console_table(summary: dict[str, Any]) -> Table:
     return table
 
 
-def print_summary(summary: dict[str, Any], console: Console) -> None:
+def print_summary(summary: dict[str, Any], console: Console, limit: int = 20) -> None:
+    """The headline table, then the tasks counted as failed unevaluated and the harness errors."""
     console.print(console_table(summary))
+    selection = summary["selection"]
+    missing = selection["not_evaluated"]
+    if missing:
+        console.print(
+            f"[yellow]{len(missing)} of {selection['tasks']} tasks not evaluated, counted as "
+            "failed[/yellow]:",
+            soft_wrap=True,
+        )
+        for row in missing[:limit]:
+            console.print(f"  {row['task_id']}: {row['reason']}", soft_wrap=True, markup=False)
+        if len(missing) > limit:
+            console.print(f"  ... and {len(missing) - limit} more (summary.json lists all)")
+    if selection["harness_errors"]:
+        console.print(
+            f"[red]harness errors: {selection['harness_errors']}[/red] ({HARNESS_NOTE}); tasks: "
+            + escape(", ".join(selection["harness_error_tasks"][:limit])),
+            soft_wrap=True,
+        )

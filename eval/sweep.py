@@ -6,9 +6,15 @@ to ``samples.jsonl`` the moment it arrives. Turn t+1 of a sample needs the feedb
 t, so turns are sequential: every evaluation of turn t finishes before turn t+1 starts.
 
 Resuming: the store is read first and every (task, sample, turn) already there is skipped, so
-a killed sweep restarts where it stopped. The folder's ``config.json`` records the settings
-that define the samples; resuming with different ones is refused (their samples would not be
-comparable), ``overwrite`` starts over.
+a killed sweep restarts where it stopped; a ``harness_error`` attempt (kernelrl failed, not the
+solution) is not kept as done: resuming evaluates it again. The folder's ``config.json``
+records the settings that define the samples; resuming with different ones is refused (their
+samples would not be comparable), ``overwrite`` starts over.
+
+Every selected task is written to ``tasks.json`` with its planned samples, and with a reason
+where it gets no evaluated attempt (``no solution``: the fixed client has none;
+``not evaluated: <error>``: the pool failed on it). Reports count these tasks as failed in every
+denominator and list them; a task is never dropped silently.
 """
 
 from __future__ import annotations
@@ -38,9 +44,19 @@ from kernelrl.env.task import Task
 from kernelrl.eval.clients import Generation, GenerationClient, Request
 from kernelrl.eval.config import EvalSweepConfig
 from kernelrl.eval.prompts import PromptBuilder
-from kernelrl.eval.records import CONFIG_FILE, SAMPLES_FILE, Key, SampleRecord, SamplesFile
+from kernelrl.eval.records import (
+    CONFIG_FILE,
+    NO_SOLUTION,
+    SAMPLES_FILE,
+    TASKS_FILE,
+    Key,
+    SampleRecord,
+    SamplesFile,
+    SelectedTask,
+    write_tasks,
+)
 
-OUTPUT_FILES = (SAMPLES_FILE, CONFIG_FILE, "summary.json", "report.md")
+OUTPUT_FILES = (SAMPLES_FILE, CONFIG_FILE, TASKS_FILE, "summary.json", "report.md")
 
 
 def sample_seed(base: int, task_id: str, sample: int, turn: int) -> int:
@@ -113,11 +129,33 @@ class Sweep:
             t.id: (samples_for(t.id) if callable(samples_for) else config.samples)
             for t in self.tasks
         }
+        self.selected = list(self.tasks)  # every task counts in the report, attempts or not
         self.skipped_tasks = [t.id for t in self.tasks if self.samples[t.id] == 0]
         self.tasks = [t for t in self.tasks if self.samples[t.id] > 0]
         self._lock = threading.Lock()
         self.records: dict[Key, SampleRecord] = {}
         self.failures: list[str] = []
+        self.not_evaluated: dict[str, str] = {}  # task id -> the pool's error (first one)
+
+    def selection(self) -> list[SelectedTask]:
+        """The selected tasks for ``tasks.json``, with why a task has no evaluated attempt."""
+        scored = {k[0] for k, r in self.records.items() if r.result.scored}
+        rows = []
+        for task in self.selected:
+            reason = ""
+            if self.samples[task.id] == 0:
+                reason = NO_SOLUTION
+            elif task.id in self.not_evaluated and task.id not in scored:
+                reason = f"not evaluated: {self.not_evaluated[task.id]}"
+            rows.append(
+                SelectedTask(task.id, task.level, task.category, self.samples[task.id], reason)
+            )
+        return rows
+
+    def _load_done(self, store: SamplesFile) -> dict[Key, SampleRecord]:
+        """Attempts already in the store for these tasks; harness errors are done again."""
+        known = {t.id for t in self.tasks}
+        return {k: r for k, r in store.load().items() if k[0] in known and r.result.scored}
 
     # ------------------------------------------------------------------ planning
     def _wants(self, task: Task, sample: int, turn: int) -> bool:
@@ -172,8 +210,7 @@ class Sweep:
         if self.config.overwrite or not samples.exists():
             self.records = {}
         else:
-            known = {t.id for t in self.tasks}
-            self.records = {k: r for k, r in SamplesFile(samples).load().items() if k[0] in known}
+            self.records = self._load_done(SamplesFile(samples))
         return sum(
             self._wants(task, sample, turn)
             for turn in range(self.config.turns)
@@ -186,8 +223,9 @@ class Sweep:
         started = time.perf_counter()
         folder = prepare_output(self.config)
         store = SamplesFile(folder / SAMPLES_FILE)
-        known_tasks = {t.id for t in self.tasks}
-        self.records = {k: r for k, r in store.load().items() if k[0] in known_tasks}
+        store.path.touch()  # a results folder even if no task gets an attempt
+        self.records = self._load_done(store)
+        write_tasks(folder / TASKS_FILE, self.selection())
         resumed = len(self.records)
         if resumed:
             self.console.print(
@@ -195,9 +233,12 @@ class Sweep:
             )
         if self.skipped_tasks:
             self.console.print(
-                f"[yellow]{len(self.skipped_tasks)} tasks have no fixed solution and are skipped"
-                f"[/yellow]: {', '.join(self.skipped_tasks[:8])}"
-                + (" ..." if len(self.skipped_tasks) > 8 else "")
+                f"[yellow]{len(self.skipped_tasks)} of {len(self.selected)} tasks have no fixed "
+                f"solution: they count as failed ('{NO_SOLUTION}')[/yellow]: "
+                f"{', '.join(self.skipped_tasks[:8])}"
+                + (" ..." if len(self.skipped_tasks) > 8 else ""),
+                soft_wrap=True,
+                markup=True,
             )
         new = 0
         columns = (
@@ -242,6 +283,7 @@ class Sweep:
                 for bar in (generate_bar, evaluate_bar):
                     done = progress.tasks[bar].completed
                     progress.update(bar, total=done + remaining)
+        write_tasks(folder / TASKS_FILE, self.selection())
         records = sorted(self.records.values(), key=lambda r: (r.task_id, r.sample, r.turn))
         return SweepOutcome(
             records, folder, new - len(self.failures), self.failures, time.perf_counter() - started
@@ -303,8 +345,10 @@ class Sweep:
         try:
             self._record(future, task, sample, turn, generation, seconds, store)
         except Exception as exc:  # not evaluated (e.g. a broken task), or not written
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             with self._lock:
                 self.failures.append(f"{task.id} sample {sample} turn {turn}: {exc}")
+                self.not_evaluated.setdefault(task.id, error)
         finally:
             progress.advance(bar)
             done.set_result(None)

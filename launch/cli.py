@@ -55,6 +55,16 @@ def _env_check_suite(args: argparse.Namespace) -> int:
     pool = make_pool(args.pool, config, workers=args.workers, per_gpu=args.per_gpu)
     with pool:
         results = run_suite(pool, pairs, console, repeats=args.repeats)
+    # Harness errors are kernelrl's failures, not the bundled solutions': a line of their own.
+    harness = [r for r in results if not r.scored]
+    scored = [r for r in results if r.scored]
+    console.print(
+        f"solutions: {sum(r.correct for r in scored)} of {len(scored)} scored evaluations correct; "
+        f"harness errors: {len(harness)} (not the solution's fault; rerun)"
+        + (f": {', '.join(sorted({r.task_id for r in harness}))}" if harness else ""),
+        soft_wrap=True,
+        markup=False,
+    )
     if args.json_out:
         lines = "\n".join(r.to_json() for r in results) + "\n"
         if args.json_out == "-":

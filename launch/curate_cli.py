@@ -8,6 +8,10 @@ word after ``curate`` verbatim (prefix character ``+``) because only the recipe'
 knows the flags. A missing or malformed recipe, an unknown key or a bad value is one line on
 stderr and exit code 2 (``ValueError`` handled by ``kernelrl.launch.cli.main``).
 
+Tables, progress bars and logs go to stderr (as for ``kernelrl eval``). Ctrl-C ends with one
+line saying what was kept under ``output_dir/.curate_state`` and exit status 130; the same
+command resumes from there (finished steps are loaded, journaled records are not rerun).
+
 Model handling lives here, not in ``kernelrl.data`` (dependency arrows): with
 ``pass_rate_model`` set, the model name is resolved (``launch.models``) and a generation
 client from ``kernelrl.eval.clients`` produces the k samples per task.
@@ -82,17 +86,29 @@ def _curate(args: argparse.Namespace) -> int:
     import datasets
     from rich.console import Console
 
-    from kernelrl.data.curate.pipeline import CurateConfig, run_curation
+    from kernelrl.data.curate.pipeline import CurateConfig, CurationInterrupted, run_curation
 
-    datasets.disable_progress_bars()  # the step tables say what happened
+    datasets.disable_progress_bars()  # the step tables and our progress bars say what happens
 
     (config,) = parse_recipe(words, (CurateConfig,), "kernelrl curate")
-    console = Console()
-    generate, client = make_generate(config) if config.pass_rate_model else (None, None)
+    # Tables, progress and logs on stderr, as `kernelrl eval` does; stdout stays for data.
+    console = Console(stderr=True)
+    generate, client = None, None
     try:
+        if config.pass_rate_model:
+            generate, client = make_generate(config)
         result = run_curation(
             config, generate=generate, console=console, command="kernelrl curate " + " ".join(words)
         )
+    except CurationInterrupted as exc:
+        print(f"kernelrl curate: {exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before the first step (loading a model, reading sources)
+        print(
+            "kernelrl curate: interrupted before any step finished; nothing to resume",
+            file=sys.stderr,
+        )
+        return 130
     finally:
         if client is not None:
             client.close()

@@ -11,6 +11,9 @@ Rewards read EvalResults; they never run kernels. Public API:
   ``GRPOConfig(reward_weights=...)``.
 - ``reward_components(result, config) -> dict`` (unweighted) and ``total_reward(result, config)``
   (weighted sum) for multi-turn per-turn rewards and logging.
+- ``is_scored(result)``: False for a missing result or a ``harness_error`` (kernelrl's failure,
+  not the solution's): such a completion gets no reward (None from the TRL functions, NaN from
+  ``reward_components``/``total_reward``), never 0.
 
 See ``kernelrl.rewards.components`` for the exact definition of every component.
 """
@@ -18,6 +21,7 @@ See ``kernelrl.rewards.components`` for the exact definition of every component.
 from kernelrl.rewards.components import (
     SCORERS,
     as_eval_result,
+    is_scored,
     reward_components,
     total_reward,
 )
@@ -45,6 +49,7 @@ __all__ = [
     "correctness_reward",
     "format_reward",
     "integrity_penalty",
+    "is_scored",
     "profiling_reward",
     "reward_components",
     "speedup_reward",

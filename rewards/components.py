@@ -32,6 +32,11 @@ Components (unweighted values):
   reward without a profile.
 - ``integrity_penalty``: ``-integrity_penalty_per_check * n`` for status
   ``integrity_violation``, where n is the number of failed checks (at least 1), else 0.
+
+Unscored results: a ``harness_error`` (``EvalResult.scored`` is False) is a failure of
+kernelrl's harness, not of the solution, so it has no reward at all: every component is NaN in
+``reward_components`` and ``total_reward`` is NaN, and the TRL functions return None. Scoring
+it 0 would punish the policy for our bug; NaN makes the omission loud if anything sums it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,14 @@ def as_eval_result(value: EvalResult | dict[str, Any]) -> EvalResult:
     if isinstance(value, dict):
         return EvalResult.from_dict(value)
     raise TypeError(f"expected an EvalResult or its dict form, got {type(value).__name__}")
+
+
+def is_scored(result: EvalResult | dict[str, Any] | None) -> bool:
+    """Whether a result carries a verdict on the solution: False for None (no evaluation came
+    back) and for ``harness_error`` (our harness failed, see ``EvalResult.scored``)."""
+    if result is None:
+        return False
+    return Status(as_eval_result(result).status) is not Status.HARNESS_ERROR
 
 
 def _status(result: EvalResult) -> Status:
@@ -110,14 +123,18 @@ assert tuple(SCORERS) == COMPONENT_NAMES
 def reward_components(
     result: EvalResult | dict[str, Any], config: RewardConfig | None = None
 ) -> dict[str, float]:
-    """All components of one result, unweighted, in ``COMPONENT_NAMES`` order."""
+    """All components of one result, unweighted, in ``COMPONENT_NAMES`` order; all NaN for an
+    unscored result (``harness_error``)."""
     config = config or RewardConfig()
     result = as_eval_result(result)
+    if not is_scored(result):
+        return {name: math.nan for name in SCORERS}
     return {name: scorer(result, config) for name, scorer in SCORERS.items()}
 
 
 def total_reward(result: EvalResult | dict[str, Any], config: RewardConfig | None = None) -> float:
-    """Weighted sum of the components: the scalar reward of one result (one turn)."""
+    """Weighted sum of the components: the scalar reward of one result (one turn); NaN for an
+    unscored result (``harness_error``), never 0."""
     config = config or RewardConfig()
     weights = config.weights()
     return sum(weights[name] * value for name, value in reward_components(result, config).items())

@@ -10,9 +10,11 @@ component name, so TRL logs ``rewards/<name>/mean`` for each separately.
 ``build_reward_funcs(config)`` returns the functions bound to a RewardConfig and their weights,
 ready for ``GRPOTrainer(reward_funcs=..., args=GRPOConfig(reward_weights=...))``.
 
-An ``eval_results`` entry may be None where the evaluation itself could not be carried out
-(infrastructure failure, not the model's fault): every function returns None for it, which TRL
-turns into NaN and leaves out of the group baseline instead of scoring it 0.
+An ``eval_results`` entry may be None where the evaluation itself could not be carried out, or
+an EvalResult with status ``harness_error`` (kernelrl's harness failed, even after the pool's
+retry): neither is the model's fault, so every function returns None for it. TRL (1.16) turns
+None into NaN; a completion for which every function returned None is "unscorable": left out of
+its group's mean and std and given advantage 0, instead of being scored 0.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernelrl.rewards.components import SCORERS, as_eval_result
+from kernelrl.rewards.components import SCORERS, as_eval_result, is_scored
 from kernelrl.rewards.config import COMPONENT_NAMES, RewardConfig
 
 RewardFunc = Callable[..., list[float | None]]
@@ -40,7 +42,8 @@ def _score(name: str, completions: Sequence[Any], kwargs: dict[str, Any]) -> lis
         )
     config = kwargs.get("reward_config") or RewardConfig()
     scorer = SCORERS[name]
-    return [None if r is None else scorer(as_eval_result(r), config) for r in results]
+    scored = [as_eval_result(r) if is_scored(r) else None for r in results]
+    return [None if r is None else scorer(r, config) for r in scored]
 
 
 def format_reward(

@@ -21,8 +21,15 @@ Pure tensor functions, no trainer state, so they are tested against hand-compute
 - ``leave_one_out_advantages(rewards[N], group_size, valid=None)``: TRLOO for single-turn
   batches in TRL's flat layout; NaN rewards count as invalid.
 - ``pack_turns(samples, group_size)`` / ``unpack_turns(values, valid)``: between ragged
-  per-sample turn rewards (``list[list[float]]``, None for an excluded sample; samples laid out
-  group after group) and the ``[G, K, T]`` grid with its ``valid`` mask.
+  per-sample turn rewards (``list[list[float | None]]``, None for an excluded sample; samples
+  laid out group after group) and the ``[G, K, T]`` grid with its ``valid`` mask. A turn reward
+  that is None or NaN is an *unscored* turn (its EvalResult was a ``harness_error``: kernelrl
+  failed, not the solution): invalid, like an unreached turn, never 0.
+
+Unscored samples (``harness_error``, see ``kernelrl.env.result.Status``): their reward is NaN /
+None, never 0. Every estimator here leaves them out of their group's baseline (and GRPO's std)
+and gives them advantage 0; a group with no scored sample gets advantage 0 throughout, no NaN.
+A group of 4 with one unscored sample is a group of 3 for its baseline.
 - ``turn_returns(rewards[G, K, T], valid, mode, gamma)``: the return credited to each turn.
   ``"own"``: the turn's own reward. ``"discounted"``: ``R_t = sum_{s >= t, valid_s}
   gamma^(s - t) r_s``, so a turn that sets up a later fix is credited for it. Invalid turns
@@ -31,6 +38,7 @@ Pure tensor functions, no trainer state, so they are tested against hand-compute
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -132,12 +140,15 @@ def leave_one_out_advantages(
 
 
 def pack_turns(
-    samples: Sequence[Sequence[float] | None], group_size: int, max_turns: int | None = None
+    samples: Sequence[Sequence[float | None] | None],
+    group_size: int,
+    max_turns: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Ragged per-sample turn rewards -> ``(rewards[G, K, T], valid[G, K, T])``.
 
     ``samples[i]`` holds the rewards of the turns sample i reached (sample i belongs to group
     ``i // group_size``), or None when the sample is excluded (failed, truncated, rejected).
+    A reward that is None or NaN is an unscored turn (harness_error): invalid, holds 0.
     ``T`` is ``max_turns`` or the longest sample; unreached turns are invalid and hold 0.
     """
     if group_size < 1 or len(samples) % group_size:
@@ -150,15 +161,20 @@ def pack_turns(
     valid = torch.zeros(len(samples), turns, dtype=torch.bool)
     for index, sample in enumerate(samples):
         if sample:
-            rewards[index, : len(sample)] = torch.tensor(list(sample), dtype=torch.float32)
-            valid[index, : len(sample)] = True
+            values = torch.tensor(
+                [math.nan if r is None else float(r) for r in sample], dtype=torch.float32
+            )
+            scored = ~torch.isnan(values)
+            rewards[index, : len(sample)] = torch.where(scored, values, torch.zeros(()))
+            valid[index, : len(sample)] = scored
     shape = (len(samples) // group_size, group_size, turns)
     return rewards.view(shape), valid.view(shape)
 
 
 def unpack_turns(values: Tensor, valid: Tensor) -> list[list[float]]:
     """``values[G, K, T]`` -> per-sample lists of the values at valid turns (inverse of
-    ``pack_turns`` for samples whose valid turns form a prefix; an excluded sample gives [])."""
+    ``pack_turns`` for samples whose valid turns form a prefix, i.e. no unscored turn before a
+    scored one; an excluded sample gives [])."""
     _check_grid(values, valid)
     flat_values = values.reshape(-1, values.shape[-1])
     flat_valid = valid.reshape(-1, valid.shape[-1])

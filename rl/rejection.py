@@ -19,9 +19,14 @@ judged, so it is not rejected on share; it is counted as ``share_unknown`` in th
 correct CPU result has passed the ``no_kernel_executed`` and ``torch_fallback_runtime``
 dynamic checks, the CPU-side evidence that its kernels did the work.)
 
+Unscored samples (status ``harness_error``: kernelrl's harness failed, not the solution) are
+neither a failure nor rejected: nothing is known about them. They keep weight 1 (they carry no
+reward and get advantage 0 anyway, see ``kernelrl.rl.advantages``), are counted as ``unscored``
+and left out of the rejection rate, which is a share of the *scored* samples.
+
 ``rejection_weights(results, config) -> (weights[N] float32, stats)``; stats hold ``rate``
-(rejected / N, to log), ``rejected``, ``integrity``, ``low_kernel_share``, ``share_unknown``
-and ``total``.
+(rejected / scored samples, to log), ``rejected``, ``integrity``, ``low_kernel_share``,
+``share_unknown``, ``unscored`` and ``total``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import torch
 from torch import Tensor
 
 from kernelrl.env.result import EvalResult, Status
-from kernelrl.rewards import as_eval_result
+from kernelrl.rewards import as_eval_result, is_scored
 
 RejectionMode = Literal["drop", "downweight"]
 
@@ -75,9 +80,12 @@ class RejectionConfig:
 
 
 def rejection_reason(result: EvalResult | dict[str, Any], config: RejectionConfig) -> str | None:
-    """``"integrity"``, ``"low_kernel_share"`` or None (kept)."""
+    """``"integrity"``, ``"low_kernel_share"`` or None (kept; also for an unscored
+    ``harness_error``, which says nothing about the solution)."""
     result = as_eval_result(result)
     status = Status(result.status)
+    if status is Status.HARNESS_ERROR:
+        return None
     if status is Status.INTEGRITY_VIOLATION:
         return "integrity" if config.drop_integrity_violations else None
     share = result.own_kernel_share
@@ -96,8 +104,11 @@ def rejection_weights(
     config = config or RejectionConfig()
     results = [as_eval_result(r) for r in results]
     weights = torch.ones(len(results), dtype=torch.float32)
-    counts = {"integrity": 0, "low_kernel_share": 0, "share_unknown": 0}
+    counts = {"integrity": 0, "low_kernel_share": 0, "share_unknown": 0, "unscored": 0}
     for index, result in enumerate(results):
+        if not is_scored(result):
+            counts["unscored"] += 1
+            continue
         reason = rejection_reason(result, config)
         if reason is not None:
             weights[index] = config.rejected_weight
@@ -106,7 +117,7 @@ def rejection_weights(
             counts["share_unknown"] += 1
     rejected = counts["integrity"] + counts["low_kernel_share"]
     stats: dict[str, float] = {
-        "rate": rejected / len(results) if results else 0.0,
+        "rate": rejected / max(len(results) - counts["unscored"], 1),
         "rejected": float(rejected),
         "total": float(len(results)),
         **{key: float(value) for key, value in counts.items()},

@@ -12,6 +12,12 @@ the budget (a longer completion is cut there, exactly as if it had been generate
 limit), no turn starts with fewer than ``min_turn_tokens`` left (the rollout ends with reason
 ``context``), and feedback longer than ``max_feedback_tokens`` loses its middle.
 
+Unscored turns: a turn whose evaluation came back ``harness_error`` (kernelrl's harness failed
+even after the pool's retry) or not at all is *unscored*: it has no reward (never 0) and its
+tokens get no advantage. The rollout of that sample stops there (``stop_reason="env_error"``):
+the feedback would describe our failure, not the kernel, and a revision of a kernel nobody judged
+would be a turn built on nothing.
+
 Deferred last turn: with ``defer_last=True`` the evaluation of the last turn is submitted to
 the pool but not waited for; the trainer collects it later, so evaluation overlaps with the
 generation of the next batch (one-step off-policy).
@@ -60,6 +66,13 @@ class Turn:
     result: EvalResult | Future | None = None
     error: str = ""  # why the result is missing (infrastructure failure)
 
+    @property
+    def scored(self) -> bool:
+        """Whether this turn has a verdict on its kernel: evaluated, and not a harness_error.
+        Resolves a deferred evaluation first."""
+        result = self.resolve()
+        return result is not None and result.scored
+
     def resolve(self, timeout: float | None = None) -> EvalResult | None:
         """The EvalResult, waiting for a deferred evaluation; None if evaluation itself failed."""
         if isinstance(self.result, Future):
@@ -79,7 +92,7 @@ class Trajectory:
     env_mask: list[int] = field(default_factory=list)
     turn_index: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
-    stop_reason: str = ""  # correct | max_turns | context | env_error
+    stop_reason: str = ""  # correct | max_turns | context | env_error (unscored last turn)
     policy_step: int = 0  # optimizer step of the weights that generated it
 
     def _append(
@@ -325,7 +338,7 @@ class MultiTurnRollout:
             still = []
             for i in active:
                 trajectory, result = trajectories[i], results[i]
-                if result is None:
+                if result is None or not result.scored:  # no verdict: our failure
                     trajectory.stop_reason = "env_error"
                 elif cfg.stop_when_correct and result.correct:
                     trajectory.stop_reason = "correct"

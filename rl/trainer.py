@@ -11,6 +11,9 @@ logging are TRL's. What this class overrides, and why:
 - ``_calculate_rewards``: rewards come from the EvalResults of every turn, through the TRL
   reward functions of ``kernelrl.rewards`` (one per component, so TRL logs each separately).
   TRL receives the last turn's components; the per-turn rewards are kept for the advantages.
+  A turn whose EvalResult is a ``harness_error`` (or missing) is unscored: NaN in every
+  component, never 0; it gets advantage 0, stays out of every baseline, and its tokens are
+  masked out of the loss (``env/harness_error_frac``, ``env/unscored_turn_frac`` count them).
 - ``_generate_and_score_completions``: after TRL has scored the batch, its per-sample
   advantages are replaced by turn-level ones (GRPO per turn, or TRLOO), multiplied by the
   profiling-based rejection weights and laid over each turn's tokens; with
@@ -405,6 +408,10 @@ class KernelGRPOTrainer(GRPOTrainer):
                         f"reward function {name} returned {len(values)} values for {len(rows)}"
                     )
                 per_turn[rows, t, k] = torch.tensor(values)
+        for i, trajectory in enumerate(trajectories):  # whatever a reward function said
+            for t, turn in enumerate(trajectory.turns):
+                if not turn.scored:  # harness_error or no result: no reward, not 0
+                    per_turn[i, t] = float("nan")
         self._turn_rewards = per_turn
         last = torch.stack(
             [per_turn[i, max(len(traj.turns) - 1, 0)] for i, traj in enumerate(trajectories)]
@@ -470,6 +477,12 @@ class KernelGRPOTrainer(GRPOTrainer):
         turn_map = torch.nn.functional.pad(turn_map, (0, width - turn_map.shape[1]), value=-1)
         token_advantages = advantages_local.gather(1, turn_map.clamp(min=0)) * (turn_map >= 0)
         output["advantages"] = token_advantages.to(device=device, dtype=torch.float32)
+        # Tokens of unscored turns (reached, no reward: harness_error) leave the loss entirely.
+        reached = torch.tensor([[t < len(tr.turns) for t in range(turns)] for tr in trajectories])
+        unscored = (reached & ~valid_local.cpu()).gather(1, turn_map.clamp(min=0)) & (turn_map >= 0)
+        if unscored.any() and "tool_mask" in output:
+            keep_tokens = (~unscored).to(device=device, dtype=output["tool_mask"].dtype)
+            output["tool_mask"] = output["tool_mask"] * keep_tokens
         self._log_rollout_metrics(
             mode, trajectories, batch, rewards, valid, keep, advantages, stats_total
         )
@@ -503,6 +516,11 @@ class KernelGRPOTrainer(GRPOTrainer):
         evaluated = max(sum(statuses.values()), 1)
         for status in Status:
             metrics[f"env/{status}"].append(statuses[status] / evaluated)
+        # Unscored turns: our harness failed (after the pool's retry) or no result came back.
+        generated = max(sum(len(t.turns) for t in trajectories), 1)
+        unscored = sum(not turn.scored for t in trajectories for turn in t.turns)
+        metrics["env/harness_error_frac"].append(statuses[Status.HARNESS_ERROR] / evaluated)
+        metrics["env/unscored_turn_frac"].append(unscored / generated)
         metrics["env/correct_final"].append(float(np.mean(finals)))
         metrics["rejection/rate"].append(
             ((keep < 1) & valid).sum().item() / max(valid.sum().item(), 1)

@@ -249,3 +249,172 @@ def test_pack_and_unpack_turns() -> None:
         pack_turns(samples, group_size=3, max_turns=2)
     with pytest.raises(ValueError, match="groups of 4"):
         pack_turns(samples, group_size=4)
+
+
+# --------------------------------------------------------------------------- unscored samples
+# A harness_error (kernelrl's failure, not the solution's) has no reward: NaN / None, never 0.
+NAN = float("nan")
+
+
+def test_grpo_group_of_four_with_one_unscored_sample() -> None:
+    # [2, unscored, 0, 4]: a group of 3 for the statistics: mean 2, deviations [0, -2, 2],
+    # unbiased var (0 + 4 + 4) / 2 = 4, std 2. Scoring the unscored one 0 instead would give
+    # mean 1.5 and a negative advantage to a sample that was never judged.
+    rewards = torch.tensor([2.0, NAN, 0.0, 4.0])
+    s = 2.0 + 1e-4
+    close(grpo_advantages(rewards, 4), [0.0, 0.0, -2 / s, 2 / s])
+    close(grpo_advantages(rewards, 4, scale=False), [0.0, 0.0, -2.0, 2.0])
+
+
+def test_entirely_unscored_group_gets_zero_advantages_and_no_nan() -> None:
+    # Group 0 scored normally, group 1 all unscored (the harness was down for that prompt).
+    rewards = torch.tensor([1.0, 3.0, 1.0, 3.0, NAN, NAN, NAN, NAN])
+    s = math.sqrt(4 / 3) + 1e-4  # deviations [-1, 1, -1, 1], unbiased var 4/3
+    for scale, expected in ((True, [-1 / s, 1 / s, -1 / s, 1 / s]), (False, [-1, 1, -1, 1])):
+        advantages = grpo_advantages(rewards, 4, scale=scale)
+        assert not torch.isnan(advantages).any()
+        close(advantages, expected + [0.0] * 4)
+    loo = leave_one_out_advantages(rewards, 4)
+    assert not torch.isnan(loo).any()
+    # k0: 1 - (3+1+3)/3 = -4/3; k1: 3 - (1+1+3)/3 = 4/3
+    close(loo, [-4 / 3, 4 / 3, -4 / 3, 4 / 3, 0.0, 0.0, 0.0, 0.0])
+    grid, valid = pack_turns([[NAN], [None], [NAN], [None]], group_size=4)
+    assert not valid.any()
+    out = trloo_advantages(grid, valid)
+    assert not torch.isnan(out).any() and not out.any()
+    returns = turn_returns(grid, valid, "discounted", 0.9)
+    assert not torch.isnan(returns).any() and not returns.any()
+
+
+def test_trloo_unscored_turn_leaves_the_baseline_of_that_turn_only() -> None:
+    # One prompt, 4 samples, 2 turns. Sample 1's turn 0 was a harness_error (unscored) but its
+    # turn 1 was evaluated; sample 3 stopped after turn 0 (correct).
+    samples = [[1.0, 2.0], [None, 4.0], [3.0, 0.0], [5.0]]
+    rewards, valid = pack_turns(samples, group_size=4)
+    assert valid.tolist() == [[[T, T], [F, T], [T, T], [T, F]]]
+    assert not torch.isnan(rewards).any()
+    # Turn 0: scored samples 0, 2, 3 (sample 1 is out of every baseline):
+    #   s0: 1 - (3+5)/2 = -3;  s2: 3 - (1+5)/2 = 0;  s3: 5 - (1+3)/2 = 3;  s1: 0 (unscored)
+    # Turn 1: scored samples 0, 1, 2:
+    #   s0: 2 - (4+0)/2 = 0;  s1: 4 - (2+0)/2 = 3;  s2: 0 - (2+4)/2 = -3;  s3: not reached
+    close(trloo_advantages(rewards, valid), [[[-3.0, 0.0], [0.0, 3.0], [0.0, -3.0], [3.0, 0.0]]])
+    # GRPO per turn, as the trainer does it (unscored -> NaN): turn 0 over [1, 3, 5]:
+    # mean 3, deviations [-2, 0, 2], unbiased std 2.
+    turn0 = torch.where(valid[0, :, 0], rewards[0, :, 0], torch.nan)
+    s = 2.0 + 1e-4
+    close(grpo_advantages(turn0, 4), [-2 / s, 0.0, 0.0, 2 / s])
+    # Discounted returns: the unscored turn 0 of sample 1 returns 0 (invalid), its turn 1 its own.
+    returns = turn_returns(rewards, valid, "discounted", 0.5)
+    close(returns, [[[1.0 + 0.5 * 2.0, 2.0], [0.0, 4.0], [3.0, 0.0], [5.0, 0.0]]])
+
+
+# --------------------------------------------------------------------------- through the trainer
+def _trainer_for_scoring(advantage: str):  # noqa: ANN202 - a KernelGRPOTrainer
+    """The trainer's own reward and advantage code (``_calculate_rewards``,
+    ``_apply_advantages``) on hand-built rollouts: only the state they read, no model."""
+    import collections
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from kernelrl.rewards import build_reward_funcs
+    from kernelrl.rl.rejection import RejectionConfig
+    from kernelrl.rl.trainer import KernelGRPOTrainer
+
+    trainer = object.__new__(KernelGRPOTrainer)
+    funcs, weights = build_reward_funcs()
+    trainer.accelerator = Accelerator(cpu=True)
+    trainer.args = SimpleNamespace(
+        max_turns=2, rejection_sampling=True, turn_return="own", turn_gamma=1.0,
+        advantage=advantage, scale_rewards="group", report_to=[],
+        rejection_config=RejectionConfig,
+    )  # fmt: skip
+    trainer.reward_funcs, trainer.reward_func_names = funcs, [f.__name__ for f in funcs]
+    trainer.reward_weights = torch.tensor(weights)
+    trainer.num_generations = trainer.num_generations_eval = 4
+    trainer.pad_to_multiple_of = None
+    trainer.model = SimpleNamespace(training=True)
+    trainer.state = SimpleNamespace(global_step=0)
+    trainer._metrics = {"train": collections.defaultdict(list)}
+    trainer._log_metric = lambda name, value: None
+    return trainer
+
+
+def _rollouts():  # noqa: ANN202 - (trajectories, RolloutBatch)
+    from kernelrl.env.result import EvalResult, Status
+    from kernelrl.env.task import Task
+    from kernelrl.rl.rollout import RolloutStats, Trajectory, Turn
+    from kernelrl.rl.trainer import RolloutBatch
+
+    def evaluated(status: Status) -> EvalResult:
+        # CPU results: correct = 0.1 + 1 + 0.5 (profiling fallback) = 1.6; failures 0.1.
+        return EvalResult("t", "triton", status, device="cpu", custom_kernel_launches=1)
+
+    task = Task("t", "src")
+    plans = [  # statuses of each sample's turns (the rollout stops after a harness_error)
+        [Status.INCORRECT, Status.CORRECT],
+        [Status.HARNESS_ERROR],
+        [Status.CORRECT],
+        [Status.COMPILE_ERROR, Status.HARNESS_ERROR],
+    ]
+    trajectories = []
+    for plan in plans:
+        trajectory = Trajectory(task=task, prompt_ids=[1])
+        for t, status in enumerate(plan):
+            if t:
+                trajectory._append([9], None, -1)  # feedback tokens
+            trajectory._append([5, 6], None, t)
+            trajectory.turns.append(Turn([5, 6], "code", False, evaluated(status)))
+        trajectories.append(trajectory)
+    return trajectories, RolloutBatch(("k",), trajectories, RolloutStats())
+
+
+@pytest.mark.parametrize("advantage", ["trloo", "grpo"])
+def test_trainer_leaves_harness_error_turns_unscored(advantage: str) -> None:
+    trainer = _trainer_for_scoring(advantage)
+    trajectories, batch = _rollouts()
+    inputs = [{"prompt": "p", "kernelrl_rollout": t} for t in trajectories]
+    last = trainer._calculate_rewards(inputs, ["p"] * 4, ["c"] * 4, [[5, 6]] * 4)
+    # TRL gets the last turn's components: NaN rows (all functions returned None) for the
+    # samples whose last turn is unscored, which TRL itself treats as unscorable.
+    assert torch.isnan(last[1]).all() and torch.isnan(last[3]).all()
+    assert not torch.isnan(last[0]).any() and not torch.isnan(last[2]).any()
+    turn_rewards = trainer._turn_rewards
+    assert torch.isnan(turn_rewards[1, 0]).all() and torch.isnan(turn_rewards[3, 1]).all()
+
+    width = max(len(t.completion_ids) for t in trajectories)
+    output = {
+        "completion_ids": torch.zeros(4, width, dtype=torch.long),
+        "tool_mask": torch.ones(4, width, dtype=torch.long),
+    }
+    trainer._apply_advantages(output, batch, "train")
+    # Turn rewards: s0 [0.1, 1.6], s1 [unscored], s2 [1.6], s3 [0.1, unscored].
+    if advantage == "trloo":
+        # Turn 0 over s0, s2, s3: s0 0.1 - (1.6 + 0.1)/2 = -0.75; s2 1.6 - 0.1 = 1.5; s3 -0.75.
+        # Turn 1: s0 is the only scored sample (s3's unscored turn is no baseline of 0): 0.
+        a0 = [-0.75, 0.0, 1.5, -0.75]
+    else:
+        # Turn 0 over [0.1, 1.6, 0.1]: mean 0.6, unbiased std sqrt(0.75).
+        s = math.sqrt(0.75) + 1e-4
+        a0 = [-0.5 / s, 0.0, 1.0 / s, -0.5 / s]
+    advantages = output["advantages"]
+    assert not torch.isnan(advantages).any()
+    # Token layout: s0 [t0, t0, fb, t1, t1]; s1 [t0, t0]; s2 [t0, t0]; s3 [t0, t0, fb, t1, t1].
+    expected = [
+        [a0[0], a0[0], 0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0],
+        [a0[2], a0[2], 0.0, 0.0, 0.0],
+        [a0[3], a0[3], 0.0, 0.0, 0.0],
+    ]
+    torch.testing.assert_close(advantages, torch.tensor(expected), rtol=1e-5, atol=1e-5)
+    # Tokens of unscored turns leave the loss: s1's only turn, s3's second turn.
+    assert output["tool_mask"].tolist() == [
+        [1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1],
+        [1, 1, 1, 1, 1],
+        [1, 1, 1, 0, 0],
+    ]
+    metrics = trainer._metrics["train"]
+    assert metrics["env/harness_error_frac"] == [pytest.approx(2 / 6)]
+    assert metrics["env/unscored_turn_frac"] == [pytest.approx(2 / 6)]
+    assert metrics["rejection/rate"] == [0.0]  # a harness_error is not a rejected failure

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 from pathlib import Path
 
@@ -62,7 +61,10 @@ def validated(listener, tmp_path_factory):
         "return x * 2",
         imports=(
             "import os, socket\n"
-            f"open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+            "try:\n"
+            f"    open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+            "except OSError:\n"
+            "    pass\n"
             f"socket.create_connection(('127.0.0.1', {port}), timeout=3).sendall(b'stolen')\n"
         ),
     )
@@ -117,9 +119,11 @@ def test_bad_reference_is_removed_with_reason(
 
 
 def test_records_run_in_a_sandboxed_child_without_network(validated, listener) -> None:
-    """The untrusted record ran in another process, and its connection attempt went nowhere."""
-    _, _, marker = validated
-    assert marker.exists() and int(marker.read_text()) != os.getpid()
+    """The untrusted record ran confined: its file write did not reach this machine's /tmp
+    (the sandbox's /tmp is private, the rest read-only) and its connection went nowhere."""
+    _, removed, marker = validated
+    assert "Network is unreachable" in removed["hostile"].detail  # it did run, in the sandbox
+    assert not marker.exists()
     with pytest.raises(BlockingIOError):
         listener.accept()
 

@@ -1,7 +1,8 @@
 """Fixed-solutions sweeps through the real environment on CPU, with metrics checked by hand.
 
 Five bundled tasks; sample 0 of each is its bundled Triton solution (correct), sample 1 a
-deliberately wrong one from tests/solutions/eval/ whose file name states the expected status:
+deliberately wrong one from tests/solutions/eval/<task id>/ whose file name states the expected
+status:
 
     task              sample 0   sample 1
     01_relu           correct    incorrect            (leaky slope)
@@ -24,14 +25,17 @@ so a completion evaluated once is not evaluated again by a later test.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from kernelrl.data.bundled import SOLUTIONS_DIR
+from kernelrl.data.bundled import SOLUTIONS_DIR, TASKS_DIR
 from kernelrl.env.cached_pool import CachedPool
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pool import LocalPool
@@ -102,8 +106,9 @@ def test_every_wrong_solution_gets_its_status(fixed_run: Path) -> None:
     assert len(records) == 10
     for record in records:
         origin = Path(record.extra["origin"])
-        if origin.parent == WRONG:
-            expected = origin.name.split("__")[1]
+        if origin.parent.parent == WRONG:
+            assert origin.parent.name == record.task_id
+            expected = origin.name.split("__")[0]
             assert record.sample == 1 and str(record.result.status) == expected, origin.name
         else:
             assert origin.parent == SOLUTIONS_DIR / "triton"
@@ -179,8 +184,8 @@ def test_resume_skips_what_is_done(fixed_run: Path, pool, tmp_path: Path) -> Non
 def multi_turn_source(path: Path) -> Path:
     """01_relu refined over two turns: sample 0 goes wrong -> right, sample 1 right -> prose."""
     right = (SOLUTIONS_DIR / "triton" / "01_relu.py").read_text()
-    wrong = (WRONG / "01_relu__incorrect__leaky_slope.py").read_text()
-    prose = (WRONG / "14_softmax_rows__format_error__prose_only.md").read_text()
+    wrong = (WRONG / "01_relu" / "incorrect__leaky_slope.py").read_text()
+    prose = (WRONG / "14_softmax_rows" / "format_error__prose_only.md").read_text()
     rows = [
         {"task_id": "01_relu", "sample": 0, "turn": 0, "completion": wrong},
         {"task_id": "01_relu", "sample": 0, "turn": 1, "completion": right},
@@ -292,3 +297,165 @@ def test_sweep_through_a_ray_pool(tmp_path: Path) -> None:
         ("14_softmax_rows", 0): Status.CORRECT,
         ("14_softmax_rows", 1): Status.FORMAT_ERROR,
     }
+
+
+# ------------------------------------------------- KernelBench-style ids: trailing "_" and "__"
+def kernelbench_like(root: Path) -> Path:
+    """A KernelBench layout whose ids end in "_" or hold "__", from bundled tasks without their
+    declared category (KernelBench problems have none)."""
+    level1 = root / "KernelBench" / "level1"
+    level1.mkdir(parents=True)
+    for source, name in (("01_relu", "1_ReLU_"), ("06_row_sum", "2_Row__sum"), ("01_relu", "3_X")):
+        text = (TASKS_DIR / f"{source}.py").read_text()
+        (level1 / f"{name}.py").write_text(re.sub(r'\n\s*"category": "[a-z]+",', "", text))
+    return root
+
+
+def test_kernelbench_ids_with_underscores_are_evaluated(tmp_path: Path, pool) -> None:
+    root = kernelbench_like(tmp_path / "kb")
+    solutions = tmp_path / "solutions"
+    relu = (SOLUTIONS_DIR / "triton" / "01_relu.py").read_text()
+    row_sum = (SOLUTIONS_DIR / "triton" / "06_row_sum.py").read_text()
+    # the folder layout for the id with "__", the older flat layout for the trailing "_"
+    (solutions / "level1" / "2_Row__sum").mkdir(parents=True)
+    (solutions / "level1" / "2_Row__sum" / "bundled.py").write_text(row_sum)
+    (solutions / "level1" / "1_ReLU___bundled.py").write_text(relu)
+    config = sweep_config(
+        tmp_path / "run",
+        benchmark="kernelbench",
+        benchmark_path=str(root),
+        fixed_solutions=[str(solutions)],
+        task_regex="",
+        pass_k=[1],
+    )
+    tasks = load_tasks(config)
+    assert {t.id: t.category for t in tasks} == {
+        "level1/1_ReLU_": "elementwise",  # derived from the operators, not "uncategorized"
+        "level1/2_Row__sum": "reduction",
+        "level1/3_X": "elementwise",
+    }
+    outcome = run(config, pool)
+    assert {r.task_id: r.result.status for r in outcome.records} == {
+        "level1/1_ReLU_": Status.CORRECT,
+        "level1/2_Row__sum": Status.CORRECT,
+    }
+    summary = write_report(outcome.folder, plots=False)
+    overall = summary["views"]["last"]["overall"]
+    # 3_X has no solution: it is failed and listed, never dropped -> 2/3 correct
+    assert (overall["correct_rate"]["count"], overall["correct_rate"]["n"]) == (2, 3)
+    assert overall["pass_at_k"]["1"]["value"] == pytest.approx(2 / 3)
+    assert [(t["task_id"], t["reason"]) for t in overall["not_evaluated"]] == [
+        ("level1/3_X", "no solution")
+    ]
+    assert sorted(summary["views"]["last"]["categories"]) == ["elementwise", "reduction"]
+    records = read_records(outcome.folder / "samples.jsonl")
+    assert {r.task_id: r.category for r in records}["level1/2_Row__sum"] == "reduction"
+    report = (outcome.folder / "report.md").read_text()
+    assert "| level1/3_X | 1 | no solution |" in report
+
+
+def test_a_name_two_task_ids_fit_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a___x.py").write_text("A")  # task "a" label "_x", or task "a_" label "x"
+    with pytest.raises(ValueError, match=r"a___x.py fits tasks a and a_; move it to <task id>/"):
+        FixedSolutions([tmp_path], ["a", "a_"])
+    fixed = FixedSolutions([tmp_path], ["a_"])  # one id fits: read
+    assert fixed.samples_for("a_") == 1
+    (tmp_path / "a___x.py").unlink()
+    (tmp_path / "a_").mkdir()
+    (tmp_path / "a_" / "x.py").write_text("B")  # the folder layout never clashes
+    fixed = FixedSolutions([tmp_path], ["a", "a_"])
+    assert (fixed.samples_for("a"), fixed.samples_for("a_")) == (0, 1)
+
+
+class FailingFor:
+    """The real pool, except that evaluations of one task fail (the pool's own failure, e.g. a
+    lost worker): what the sweep must report as 'not evaluated', never drop."""
+
+    def __init__(self, inner, task_id: str) -> None:
+        self.inner, self.task_id = inner, task_id
+
+    def submit(self, tasks, solutions):
+        futures = []
+        for task, solution in zip(tasks, solutions, strict=True):
+            if task.id == self.task_id:
+                failed: Future = Future()
+                failed.set_exception(RuntimeError("worker lost"))
+                futures.append(failed)
+            else:
+                futures.extend(self.inner.submit([task], [solution]))
+        return futures
+
+
+def test_an_unevaluable_task_counts_in_the_denominator(tmp_path: Path, pool) -> None:
+    config = sweep_config(
+        tmp_path / "run",
+        fixed_solutions=[str(SOLUTIONS_DIR / "triton")],
+        task_regex="^(01_relu|02_gelu_tanh)$",
+        pass_k=[1],
+    )
+    tasks = load_tasks(config)
+    client = FixedSolutions(config.fixed_solutions, [t.id for t in tasks])
+    outcome = Sweep(config, tasks, client, FailingFor(pool, "02_gelu_tanh")).run()
+    assert [r.task_id for r in outcome.records] == ["01_relu"] and len(outcome.failures) == 1
+    summary = write_report(outcome.folder, plots=False)
+    overall = summary["views"]["last"]["overall"]
+    # one good task and one unevaluable one: 50%, not 100%
+    assert overall["pass_at_k"]["1"]["value"] == pytest.approx(0.5)
+    assert (overall["correct_rate"]["count"], overall["correct_rate"]["n"]) == (1, 2)
+    assert overall["not_evaluated"][0]["task_id"] == "02_gelu_tanh"
+    assert overall["not_evaluated"][0]["reason"] == "not evaluated: RuntimeError: worker lost"
+    # resuming with a working pool evaluates it; the reason goes away
+    outcome = Sweep(config, tasks, client, pool).run()
+    assert outcome.new_records == 1
+    summary = write_report(outcome.folder, plots=False)
+    assert summary["views"]["last"]["overall"]["pass_at_k"]["1"]["value"] == pytest.approx(1.0)
+    assert summary["selection"]["not_evaluated"] == []
+
+
+# ------------------------------------------------------------- the real KernelBench, levels 1-3
+@pytest.mark.skipif(not os.environ.get("KERNELBENCH_DIR"), reason="KERNELBENCH_DIR is not set")
+def test_kernelbench_levels_1_to_3_are_all_covered(tmp_path: Path) -> None:
+    """Selection, solution lookup and categories cover all 250 problems: none is skipped.
+    Nothing is evaluated (that needs a GPU): with no solutions every task is listed as failed."""
+    config = EvalSweepConfig(
+        output_dir=str(tmp_path / "run"),
+        benchmark="kernelbench",
+        benchmark_path=os.environ["KERNELBENCH_DIR"],
+        levels=[1, 2, 3],
+        client="fixed",
+        fixed_solutions=[str(tmp_path / "no_solutions")],
+        plots=False,
+    )
+    (tmp_path / "no_solutions").mkdir()
+    tasks = load_tasks(config)
+    ids = [t.id for t in tasks]
+    assert len(ids) == 250 and len(set(ids)) == 250
+    assert sum(i.endswith("_") for i in ids) > 0 and sum("__" in i for i in ids) > 0
+    assert all(t.category != "uncategorized" for t in tasks), [
+        t.id for t in tasks if t.category == "uncategorized"
+    ]
+    # every id is found in every layout: <id>/<label>.py, <id>.py and <id>__<label>.py
+    for layout in ("{id}/sample.py", "{id}.py", "{id}__sample.py"):
+        folder = tmp_path / layout.split("{")[0] / layout.replace("/", "_").replace(".", "_")
+        for task_id in ids:
+            path = folder / layout.format(id=task_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("x")
+        fixed = FixedSolutions([folder], ids)
+        assert [i for i in ids if fixed.samples_for(i) != 1] == [] and fixed.unmatched == [], layout
+    # the sweep with no solutions: all 250 listed as failed, every denominator 250
+    client = FixedSolutions(config.fixed_solutions, ids)
+    outcome = Sweep(config, tasks, client, pool=None).run()
+    assert outcome.records == []
+    summary = write_report(outcome.folder, plots=False)
+    overall = summary["views"]["last"]["overall"]
+    assert overall["tasks"] == 250 and overall["correct_rate"]["n"] == 250
+    assert overall["fast_p"]["eager"]["0"]["n"] == 250
+    assert (overall["pass_at_k"]["1"]["value"], overall["pass_at_k"]["1"]["n"]) == (0.0, 250)
+    assert [t["task_id"] for t in overall["not_evaluated"]] == ids
+    assert {t["reason"] for t in overall["not_evaluated"]} == {"no solution"}
+    levels = summary["views"]["last"]["levels"]
+    assert {k: v["tasks"] for k, v in levels.items()} == {"1": 100, "2": 100, "3": 50}
+    categories = summary["views"]["last"]["categories"]
+    assert sum(v["tasks"] for v in categories.values()) == 250
+    assert "uncategorized" not in categories

@@ -6,6 +6,7 @@ from the definitions in kernelrl/eval/metrics.py by arithmetic written out in th
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -24,7 +25,14 @@ from kernelrl.eval.metrics import (
     turn_curve,
     wilson_interval,
 )
-from kernelrl.eval.records import SampleRecord, SamplesFile, read_records
+from kernelrl.eval.records import (
+    SampleRecord,
+    SamplesFile,
+    SelectedTask,
+    read_records,
+    write_tasks,
+)
+from kernelrl.eval.report import write_report
 
 Z = 1.959963984540054  # standard normal quantile at 0.975 (95% two-sided)
 
@@ -288,3 +296,117 @@ def test_records_round_trip_and_torn_line(tmp_path) -> None:
     again = loaded[("t", 1, 0)]
     assert again.result.status is Status.CORRECT and again.result.speedup_vs_eager == 1.5
     assert again.completion == "t/1/0"
+
+
+# ------------------------------------------------------------- denominators over every selected task
+def test_a_task_that_was_not_evaluated_counts_as_failed_and_is_listed() -> None:
+    # One good task and one the sweep could not evaluate: pass@1 is 1/2, not 1/1 (KernelBench's
+    # fast_p is over all tasks). The unevaluated task adds its one planned sample as a failure.
+    good = [record("l1/1_a", 0, Status.CORRECT, 2.0, 1.5, level=1, ran=3)]
+    selection = [
+        SelectedTask("l1/1_a", 1, "elementwise", 1),
+        SelectedTask("l1/2_b", 1, "matmul", 1, reason="not evaluated: RuntimeError: pool died"),
+    ]
+    s = summarize(good, StatsConfig(pass_ks=(1,)), selection)
+    assert (s["tasks"], s["evaluated_tasks"], s["attempts"]) == (2, 1, 2)
+    assert s["pass_at_k"]["1"]["value"] == pytest.approx(0.5) and s["pass_at_k"]["1"]["n"] == 2
+    for key in ("parse_rate", "compile_rate", "correct_rate"):
+        assert (s[key]["count"], s[key]["n"]) == (1, 2), key
+    assert (s["fast_p"]["eager"]["1"]["count"], s["fast_p"]["eager"]["1"]["n"]) == (1, 2)
+    assert s["fast_p"]["eager"]["2"]["count"] == 0  # 2.0 is not > 2
+    assert s["geomean_speedup"]["eager"]["value"] == pytest.approx(2.0)  # correct attempts only
+    assert [(row["task_id"], row["reason"]) for row in s["not_evaluated"]] == [
+        ("l1/2_b", "not evaluated: RuntimeError: pool died")
+    ]
+    # without a selection the same records give 1/1: the selection is what makes the difference
+    assert summarize(good)["correct_rate"]["value"] == 1.0
+    # a task planned with 3 samples and none evaluated counts 3 failed attempts
+    selection[1] = SelectedTask("l1/2_b", 1, "matmul", 3, reason="no solution")
+    s = summarize(good, StatsConfig(pass_ks=(1,)), selection)
+    assert (s["correct_rate"]["count"], s["correct_rate"]["n"]) == (1, 4)
+    assert s["pass_at_k"]["1"]["value"] == pytest.approx(0.5)
+
+
+def test_harness_errors_are_counted_apart() -> None:
+    # a: correct. b: sample 0 a harness error, sample 1 incorrect. c: harness errors only.
+    records = [
+        record("a", 0, Status.CORRECT, 1.5, ran=3),
+        record("b", 0, Status.HARNESS_ERROR),
+        record("b", 1, Status.INCORRECT, ran=1),
+        record("c", 0, Status.HARNESS_ERROR),
+    ]
+    s = summarize(records, StatsConfig(pass_ks=(1, 2)))
+    assert s["harness_errors"] == 2
+    # rates: a's attempt, b's scored attempt, c's one sample failed (not evaluated) -> 1/3
+    assert (s["correct_rate"]["count"], s["correct_rate"]["n"]) == (1, 3)
+    assert (s["compile_rate"]["count"], s["parse_rate"]["count"]) == (2, 2)
+    assert s["status_counts"] == {"correct": 1, "harness_error": 2, "incorrect": 1}
+    # pass@1 per task: a 1/1, b 0/1 (its harness error is not a sample), c 0 -> 1/3
+    assert s["pass_at_k"]["1"]["value"] == pytest.approx(1 / 3)
+    # pass@2: b was planned 2 samples, its lost one counts as failed: a 1 (n=2 after the
+    # missing sample, c=1), b 0, c 0 -> 1/3; pass@3: no task was planned 3 samples -> n/a
+    s = summarize(records, StatsConfig(pass_ks=(2, 3)))
+    assert s["pass_at_k"]["2"]["value"] == pytest.approx(1 / 3)
+    assert s["pass_at_k"]["3"]["value"] is None
+    assert [(r["task_id"], r["reason"]) for r in s["not_evaluated"]] == [
+        ("c", "harness errors only (1 attempts)")
+    ]
+    rows = {row["task_id"]: row for row in task_rows(records)}
+    assert (rows["b"]["samples"], rows["b"]["harness_errors"], rows["b"]["not_evaluated"]) == (
+        1,
+        1,
+        "",
+    )
+    assert rows["c"]["not_evaluated"].startswith("harness errors only")
+    summary = sweep_summary(records, StatsConfig(pass_ks=(1,)))
+    assert summary["selection"]["harness_errors"] == 2
+    assert summary["selection"]["harness_error_tasks"] == ["b", "c"]
+    assert summary["outcomes"]["harness_error"] == {"1": 2, "all": 2}
+    # the best turn of a sample is never a harness error when a scored turn exists
+    turns = [
+        record("t", 0, Status.FORMAT_ERROR, turn=0),
+        record("t", 0, Status.HARNESS_ERROR, turn=1),
+    ]
+    assert best_view(turns)[0].result.status is Status.FORMAT_ERROR
+
+
+def test_groups_and_report_cover_every_selected_task(tmp_path) -> None:
+    records = [
+        record("level1/1_a_", 0, Status.CORRECT, 1.5, level=1, ran=3),
+        record("level2/1_b__c", 0, Status.HARNESS_ERROR, level=2),
+    ]
+    selection = [
+        SelectedTask("level1/1_a_", 1, "elementwise", 1),
+        SelectedTask("level1/2_m", 1, "matmul", 0, reason="no solution"),
+        SelectedTask("level2/1_b__c", 2, "fused", 1),
+    ]
+    summary = sweep_summary(records, StatsConfig(pass_ks=(1,)), selection)
+    last = summary["views"]["last"]
+    assert last["overall"]["tasks"] == 3 and last["overall"]["correct_rate"]["n"] == 3
+    assert {k: (v["tasks"], v["correct_rate"]["n"]) for k, v in last["levels"].items()} == {
+        "1": (2, 2),
+        "2": (1, 1),
+    }
+    assert sorted(last["categories"]) == ["elementwise", "fused", "matmul"]
+    assert last["categories"]["matmul"]["correct_rate"]["value"] == 0.0
+    assert [t["task_id"] for t in last["tasks"]] == [t.task_id for t in selection]
+    # the report folder: samples.jsonl + tasks.json, rebuilt from the folder alone
+    store = SamplesFile(tmp_path / "samples.jsonl")
+    for r in records:
+        store.append(r)
+    write_tasks(tmp_path / "tasks.json", selection)
+    (tmp_path / "config.json").write_text('{"samples": 1}')
+    written = write_report(tmp_path, plots=False)
+    assert written["views"]["last"]["overall"]["correct_rate"]["n"] == 3
+    report = (tmp_path / "report.md").read_text()
+    assert "| correct | 33.3%" in report and "(1/3) |" in report
+    assert "## Not evaluated (counted as failed)" in report
+    assert "| level1/2_m | 1 | no solution |" in report
+    assert "| level2/1_b__c | 2 | harness errors only (1 attempts) |" in report
+    assert "**harness errors: 1** (not the solution's fault; rerun)" in report
+    assert "| harness errors | 1 (not the solution's fault; rerun) |" in report
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert [t["task_id"] for t in saved["selection"]["not_evaluated"]] == [
+        "level1/2_m",
+        "level2/1_b__c",
+    ]

@@ -8,15 +8,17 @@ none of the hacks may come out correct either.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from kernelrl.env.dynamic_checks import DYNAMIC_CHECKS
-from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.pool import LocalPool
 from kernelrl.env.result import EvalResult, Status
-from kernelrl.env.task import load_task
+from kernelrl.env.task import load_task, task_from_source
 
 ROOT = Path(__file__).resolve().parent.parent
 RELU_TASK = load_task(ROOT / "data" / "tasks" / "01_relu.py")
@@ -48,7 +50,17 @@ def results_with_static_checks() -> dict[str, EvalResult]:
 
 def test_every_status_and_dynamic_check_has_a_solution() -> None:
     covered = {expected_of(p) for p in SOLUTIONS}
-    missing_statuses = STATUSES - covered - {"format_error", "integrity_violation", "not_run"}
+    # harness_error is ours, never a solution's: test_a_limit_of_ours_is_a_harness_error makes one.
+    missing_statuses = (
+        STATUSES
+        - covered
+        - {
+            "format_error",
+            "integrity_violation",
+            "not_run",
+            "harness_error",
+        }
+    )
     assert not missing_statuses, f"no solution exercises {missing_statuses}"
     cpu_checks = set(DYNAMIC_CHECKS) - {"side_stream", "timing_unconfirmed"}  # GPU-only evidence
     assert cpu_checks - covered - {"output_aliases_input"} == set()
@@ -126,3 +138,65 @@ def test_correct_result_is_complete(results_without_static_checks: dict[str, Eva
     assert result.speedup_vs_eager is None  # interpreter timings are not comparable
     round_trip = EvalResult.from_dict(result.to_dict())
     assert round_trip == result
+
+
+# A task whose inputs do not fit under the host memory limit we give the sandbox: the failure is
+# our configuration's, whatever the solution is.
+_LARGE_INPUT_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.zeros(768 * 2**20)]  # 3 GiB
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_limit_of_ours_is_a_harness_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELRL_CPU_BUDGET_MIB", "16384")  # let the task keep its size on CPU
+    task = task_from_source(_LARGE_INPUT_TASK, "large_input")
+    solution = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    config = EvalConfig(device="cpu", timeout_s=60, host_memory_bytes=2 * 2**30)
+    evaluator = Evaluator(config)
+    try:
+        result = evaluator.evaluate(task, solution)
+    finally:
+        evaluator.close()
+    assert result.status is Status.HARNESS_ERROR, result.error
+    assert not result.scored
+    assert "not the solution's fault" in result.error
+    assert "crashed" not in result.feedback.lower()
+
+
+def test_a_hard_memory_ulimit_below_ours_still_evaluates(tmp_path: Path) -> None:
+    """``ulimit -v`` below the sandbox's own limit: the limit is kept, not a failed setrlimit."""
+    script = tmp_path / "check.py"
+    script.write_text(
+        "from pathlib import Path\n"
+        "from kernelrl.env.evaluator import EvalConfig, Evaluator\n"
+        "from kernelrl.env.task import load_task\n"
+        f"root = Path({str(ROOT)!r})\n"
+        "task = load_task(root / 'data/tasks/01_relu.py')\n"
+        "evaluator = Evaluator(EvalConfig(device='cpu', timeout_s=60))\n"
+        "result = evaluator.evaluate(task, (root / 'data/solutions/triton/01_relu.py').read_text())\n"
+        "evaluator.close()\n"
+        "print(result.status, result.error)\n"
+    )
+    limit_kib = 12 * 2**20  # 12 GiB, below the default 16 GiB sandbox limit
+    done = subprocess.run(
+        ["bash", "-c", f"ulimit -v {limit_kib} && {sys.executable} {script}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("correct"), done.stdout + done.stderr[-2000:]

@@ -1,4 +1,5 @@
-"""LocalPool: recovery from dead children, async API, backpressure, broken tasks."""
+"""LocalPool: recovery from dead children, async API, backpressure, broken tasks, harness errors
+(retried once, never cached)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from kernelrl.env.cached_pool import CachedPool
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pool import LocalPool
-from kernelrl.env.result import Status
+from kernelrl.env.pool import HARNESS_FIRST_ERROR_KEY, HARNESS_RETRIES_KEY, LocalPool
+from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.sandbox import ChildPool
+from kernelrl.env.store import ResultsStore
 from kernelrl.env.task import TaskError, load_task, task_from_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +78,82 @@ def test_submit_blocks_when_queue_is_full() -> None:
 def test_mismatched_lengths_rejected(pool: LocalPool) -> None:
     with pytest.raises(ValueError, match="2 tasks but 1 solutions"):
         pool.submit([RELU, RELU], [GOOD])
+
+
+# ----------------------------------------------------------------------------- harness errors
+class FlakyHarness:
+    """The pool's real evaluation (a real sandboxed child runs the solution every time), whose
+    first ``failures`` results are turned into the harness_error our harness reports when it
+    fails after the child ran (say, the outputs could not be read back). Installed on the
+    pool's Evaluator in this process: LocalPool evaluates in threads of this process. It also
+    records which sandbox child each evaluation got, to prove the retry took a fresh one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, pool: LocalPool, failures: int) -> None:
+        (self.evaluator,) = pool.evaluators
+        self.real_evaluate = self.evaluator.evaluate
+        self.real_acquire = self.evaluator.children.acquire
+        self.failures = failures
+        self.calls = 0
+        self.child_pids: list[int] = []
+        monkeypatch.setattr(self.evaluator, "evaluate", self.evaluate)
+        monkeypatch.setattr(self.evaluator.children, "acquire", self.acquire)
+
+    def acquire(self):  # noqa: ANN201 - the sandbox's Child
+        child = self.real_acquire()
+        self.child_pids.append(child.process.pid)
+        return child
+
+    def evaluate(self, task, solution: str) -> EvalResult:  # noqa: ANN001
+        result = self.real_evaluate(task, solution)
+        self.calls += 1
+        if self.calls <= self.failures:
+            result.status = Status.HARNESS_ERROR
+            result.error = f"injected harness failure {self.calls}: outputs not serialisable"
+        return result
+
+
+def test_harness_error_is_evaluated_once_more_in_a_fresh_child(
+    pool: LocalPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flaky = FlakyHarness(monkeypatch, pool, failures=1)
+    (result,) = pool.evaluate([RELU], [GOOD])
+    assert result.status is Status.CORRECT and result.scored  # the retry's real verdict
+    assert flaky.calls == 2
+    assert len(set(flaky.child_pids)) == 2  # two children: the retry starts from scratch
+    assert result.sandbox[HARNESS_RETRIES_KEY] == 1
+    assert "injected harness failure 1" in result.sandbox[HARNESS_FIRST_ERROR_KEY]
+
+
+def test_a_second_harness_error_is_returned_marked_as_retried(
+    pool: LocalPool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flaky = FlakyHarness(monkeypatch, pool, failures=10)
+    (result,) = pool.evaluate([RELU], [GOOD])
+    assert flaky.calls == 2, "a harness_error is retried once, not until it passes"
+    assert result.status is Status.HARNESS_ERROR and not result.scored
+    assert result.sandbox[HARNESS_RETRIES_KEY] == 1
+    assert "injected harness failure 2" in result.error
+    assert "twice" in result.error and "injected harness failure 1" in result.error
+
+
+def test_cached_pool_never_serves_a_harness_error(
+    pool: LocalPool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    store = ResultsStore(tmp_path / "results.db")
+    cached = CachedPool(pool, store)
+    flaky = FlakyHarness(monkeypatch, pool, failures=2)
+    (first,) = cached.evaluate([RELU], [GOOD])
+    assert first.status is Status.HARNESS_ERROR and flaky.calls == 2
+    (row,) = store.rows()  # kept for the record, but not as a verdict to reuse
+    assert row["status"] == "harness_error" and not row["cacheable"]
+    # The rerun evaluates the completion again (our harness works now) instead of replaying
+    # our failure; that real verdict is cached and served from then on.
+    (second,) = cached.evaluate([RELU], [GOOD])
+    assert second.status is Status.CORRECT and flaky.calls == 3
+    (third,) = cached.evaluate([RELU], [GOOD])
+    assert third.status is Status.CORRECT and flaky.calls == 3
+    assert (cached.hits, cached.misses) == (1, 2)
+    store.close()
 
 
 def _state(pid: int) -> str:

@@ -37,6 +37,7 @@ def test_drop_mode() -> None:
         "integrity": 1.0,
         "low_kernel_share": 1.0,
         "share_unknown": 1.0,
+        "unscored": 0.0,
     }
 
 
@@ -84,6 +85,25 @@ def test_config_validation() -> None:
         RejectionConfig(min_own_kernel_share=1.5)
     with pytest.raises(ValueError):
         RejectionConfig(weight=-0.1)
+
+
+def test_harness_error_is_not_a_failure_nor_rejected() -> None:
+    """Our harness failed: nothing is known about the solution. Not rejected (weight 1, in
+    either mode), counted as unscored, and out of the rejection rate's denominator."""
+    # Fields that would make it a lazy correct sample if the status were not believed.
+    unscored = result(Status.HARNESS_ERROR, own_kernel_share=0.1, checks_failed=["side_stream"])
+    config = RejectionConfig()
+    assert rejection_reason(unscored, config) is None
+    batch = [*BATCH, unscored, unscored.to_dict()]
+    for mode in ("drop", "downweight"):
+        weights, stats = rejection_weights(batch, RejectionConfig(mode=mode))
+        assert weights[-2:].tolist() == [1.0, 1.0]
+        assert stats["unscored"] == 2.0 and stats["total"] == 8.0
+        assert stats["rejected"] == 2.0  # the lazy and the cheating ones, as without them
+        assert stats["rate"] == pytest.approx(2 / 6)  # of the 6 scored samples
+        assert stats["share_unknown"] == 1.0
+    weights, stats = rejection_weights([unscored])
+    assert weights.tolist() == [1.0] and stats["rate"] == 0.0
 
 
 def test_dropped_samples_leave_the_trloo_baseline() -> None:

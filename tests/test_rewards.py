@@ -53,7 +53,7 @@ def component(name: str, r: EvalResult, config: RewardConfig | None = None) -> f
     return reward_components(r, config)[name]
 
 
-@pytest.mark.parametrize("status", list(Status))
+@pytest.mark.parametrize("status", [s for s in Status if s is not Status.HARNESS_ERROR])
 def test_format_and_correctness_by_status(status: Status) -> None:
     r = result(status)
     assert component("format_reward", r) == (0.0 if status is Status.FORMAT_ERROR else 1.0)
@@ -131,7 +131,7 @@ def test_integrity_penalty_per_failed_check() -> None:
     unnamed = result(Status.INTEGRITY_VIOLATION)
     assert component("integrity_penalty", unnamed) == -1.0
     for status in Status:
-        if status is not Status.INTEGRITY_VIOLATION:
+        if status not in (Status.INTEGRITY_VIOLATION, Status.HARNESS_ERROR):  # that one: NaN
             assert component("integrity_penalty", result(status, checks_failed=["x"])) == 0.0
 
 
@@ -214,6 +214,42 @@ def test_trl_functions_need_aligned_eval_results() -> None:
 def test_trl_functions_none_for_unevaluated() -> None:
     results = [BATCH[0], None, BATCH[0].to_dict()]
     assert correctness_reward(["p"] * 3, ["a", "b", "c"], eval_results=results) == [1.0, None, 1.0]
+
+
+def harness_error(**fields) -> EvalResult:
+    # Fields that would score if the status were believed: they must not leak into a reward.
+    return result(
+        Status.HARNESS_ERROR,
+        error="the harness could not serialise the outputs",
+        speedup_vs_eager=4.0,
+        own_kernel_share=0.9,
+        custom_kernel_launches=3,
+        timing_meaningful=True,
+        **fields,
+    )
+
+
+def test_harness_error_has_no_reward_not_zero() -> None:
+    r = harness_error()
+    assert not r.scored
+    components = reward_components(r)
+    assert list(components) == list(COMPONENT_NAMES)
+    assert all(math.isnan(v) for v in components.values())
+    assert math.isnan(total_reward(r))
+    assert math.isnan(total_reward(r.to_dict()))  # the dict form that crossed a process
+
+
+def test_trl_functions_none_for_harness_error() -> None:
+    """Every component returns None for it, so TRL sees a completion for which *all* reward
+    functions returned None: unscorable (NaN reward, out of the group baseline, advantage 0)."""
+    results = [BATCH[0], harness_error(), harness_error().to_dict(), BATCH[2]]
+    funcs, _ = build_reward_funcs()
+    for func in funcs:
+        values = func(["p"] * 4, ["a", "b", "c", "d"], eval_results=results)
+        assert values[1] is None and values[2] is None, func.__name__
+        assert values[0] is not None and values[3] is not None, func.__name__
+    assert correctness_reward(["p"] * 4, ["a"] * 4, eval_results=results) == [1.0, None, None, 0.0]
+    assert integrity_penalty(["p"] * 4, ["a"] * 4, eval_results=results) == [0.0, None, None, -2.0]
 
 
 def test_build_reward_funcs_names_weights_and_binding() -> None:

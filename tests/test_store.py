@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernelrl.env.result import EvalResult, Status, TimingStats
-from kernelrl.env.store import POOL_ERROR_KEY, ResultsStore, solution_key
+from kernelrl.env.store import POOL_ERROR_KEY, ResultsStore, is_cacheable, solution_key
 from kernelrl.env.task import load_task
 from kernelrl.env.timing import TimingConfig
 
@@ -76,6 +76,27 @@ def test_pool_failures_are_stored_but_never_served(tmp_path: Path) -> None:
         store.put(RELU, GOOD, lost)
         assert store.count() == 1
         assert store.get(RELU, GOOD, "cpu (x86_64)") is None
+
+
+def test_harness_errors_are_stored_but_never_served(tmp_path: Path) -> None:
+    """A harness_error is kernelrl's failure, not a verdict: served from the store it would make
+    every rerun of that completion fail the same way without being evaluated again."""
+    path = tmp_path / "results.db"
+    with ResultsStore(path) as store:
+        ours = make_result(Status.HARNESS_ERROR, error="outputs could not be serialised")
+        store.put(RELU, GOOD, ours)
+        (row,) = store.rows()
+        assert row["status"] == "harness_error" and row["cacheable"] is False
+        assert store.get(RELU, GOOD, "cpu (x86_64)") is None
+        # An earlier real verdict is not hidden by a later harness failure.
+        store.put(RELU, GOOD + "\n", make_result(Status.INCORRECT))
+        store.put(RELU, GOOD + "\n", ours)
+        assert store.get(RELU, GOOD + "\n", "cpu (x86_64)").status is Status.INCORRECT
+        # A harness_error row marked cacheable (written by an older kernelrl) is still not served.
+        store._conn().execute("UPDATE results SET cacheable = 1")
+        assert store.get(RELU, GOOD, "cpu (x86_64)") is None
+    assert not is_cacheable(ours)
+    assert is_cacheable(make_result(Status.RUNTIME_ERROR))  # the solution's crash: a verdict
 
 
 def test_reads_back_as_hf_dataset(tmp_path: Path) -> None:

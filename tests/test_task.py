@@ -6,13 +6,18 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 from kernelrl.data.bundled import TASKS_DIR, bundled_pairs, bundled_tasks
+from kernelrl.env import harness
+from kernelrl.env.reference import ReferenceRunner
 from kernelrl.env.task import (
     TaskError,
+    init_args,
     load_task,
     load_task_folder,
     task_from_record,
+    task_from_source,
     tasks_from_dataset,
 )
 
@@ -88,3 +93,104 @@ def test_missing_file_and_folder() -> None:
         load_task("/nonexistent/task.py")
     with pytest.raises(TaskError, match="does not exist"):
         load_task_folder("/nonexistent")
+
+
+# A task in KernelBook's convention: get_init_inputs returns [args, kwargs].
+KERNELBOOK_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, dim, scale=1.0):
+        super().__init__()
+        self.scale = scale
+        self.weight = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        return x * self.weight * self.scale
+
+
+def get_inputs():
+    return [torch.rand([4, 4, 4, 4])]
+
+
+def get_init_inputs():
+    return [[], {'dim': 4, 'scale': 3.0}]
+"""
+
+KERNELBOOK_SOLUTION = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(x_ptr, w_ptr, out_ptr, n, dim, scale, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + offsets, mask=mask)
+    w = tl.load(w_ptr + offsets % dim, mask=mask)
+    tl.store(out_ptr + offsets, x * w * scale, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, dim, scale=1.0):
+        super().__init__()
+        self.scale = scale
+        self.weight = nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        n = x.numel()
+        scale_kernel[(triton.cdiv(n, 64),)](
+            x, self.weight, out, n, self.weight.numel(), self.scale, BLOCK=64
+        )
+        return out
+"""
+
+
+@pytest.mark.parametrize(
+    ("init_inputs", "expected"),
+    [
+        ([], ([], {})),
+        ([4, 8], ([4, 8], {})),
+        ((4, 8), ([4, 8], {})),  # a tuple works as a list, as it did before
+        ([[], {"dim": 4, "scale": 3.0}], ([], {"dim": 4, "scale": 3.0})),  # KernelBook
+        (([2], {"bias": False}), ([2], {"bias": False})),
+        ([[], {}], ([], {})),  # KernelBook's no-argument form
+        # Not KernelBook: the first item is not a list, a key is not a string, three items.
+        ([4, {"dim": 4}], ([4, {"dim": 4}], {})),
+        ([[4], {1: 2}], ([[4], {1: 2}], {})),
+        ([[4], {"dim": 4}, 5], ([[4], {"dim": 4}, 5], {})),
+        ([(3, 3), 8], ([(3, 3), 8], {})),  # KernelBench: a kernel_size tuple, then an int
+    ],
+)
+def test_init_args_tells_kernelbook_from_kernelbench(
+    init_inputs: object, expected: tuple[list, dict]
+) -> None:
+    assert init_args(init_inputs) == expected
+
+
+def test_kernelbook_task_builds_through_the_harness() -> None:
+    module = harness.load_module(KERNELBOOK_TASK, "kernelrl_test_kernelbook_task")
+    model = harness.build_model(module.Model, module, 7, torch.device("cpu"))
+    assert model.scale == 3.0 and model.weight.shape == (4,)
+    (x,) = harness.make_inputs(module, 1, torch.device("cpu"))
+    torch.testing.assert_close(model(x), x * model.weight * 3.0)
+    # The trusted reference runner, which reported "Tensor and dict" before, runs it too.
+    task = task_from_source(KERNELBOOK_TASK, "kernelbook_scale")
+    (outputs,) = ReferenceRunner(torch.device("cpu")).outputs(task, 7, [1])
+    torch.testing.assert_close(outputs[0], x * model.weight * 3.0)
+
+
+def test_kernelbook_task_evaluates_correct_on_cpu() -> None:
+    from kernelrl.env.evaluator import EvalConfig
+    from kernelrl.env.pool import LocalPool
+
+    task = task_from_source(KERNELBOOK_TASK, "kernelbook_scale")
+    with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1) as pool:
+        (result,) = pool.evaluate([task], [KERNELBOOK_SOLUTION])
+    assert result.status == "correct", result.feedback

@@ -156,6 +156,18 @@ def write_card(
             lines.append(f"- measured on: {', '.join(devices)}")
         else:
             lines.append("No SFT example survived selection.")
+    dedup = next((r for r in reports if r.step == "dedup"), None)
+    if dedup is not None:
+        lines += [
+            "",
+            "## Deduplication",
+            "",
+            f"{len(dedup.removed)} of {dedup.count_in} records removed as duplicates of the same "
+            f"computation; {len(dedup.notes.get('shape_variants', []))} shape variants (same "
+            "computation, other sizes) "
+            + ("merged" if dedup.notes.get("shape_variants_merged") else "kept")
+            + "; see `dedup.md`.",
+        ]
     decontam = next((r for r in reports if r.step == "decontaminate"), None)
     if decontam is not None:
         lines += [

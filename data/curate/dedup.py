@@ -1,44 +1,56 @@
-"""Exact and near-duplicate removal: normalised tokens, MinHash LSH (``datasketch``).
+"""Exact and near-duplicate removal by what tasks compute, not by how they are worded.
 
-Records are compared on their normalised token streams (``tokens.normalized_tokens``), so
-renamed variables, other comments or other formatting do not hide a copy. Exact duplicates
-share the hash of that stream. Near duplicates are found with MinHash LSH over token n-grams;
-every LSH candidate is confirmed with the exact Jaccard similarity of the n-gram sets (LSH only
-proposes), so the threshold means what it says. The first record of a group (input order) is
-kept; the report names, for each removed record, the kept one and the similarity.
+Each record is described by its computation signature (``dedup_signature.signature``: the
+canonical AST of ``Model`` and its helpers, the operator sequence, what ``forward`` returns,
+and the shapes of the input generators). Docstrings, comments, annotations and names are not
+part of any signal, so KernelBench's shared docstring template cannot make two problems alike.
 
-Calibration: KernelBench-format files hold a few dozen tokens of content, so two different
-single-operator tasks can share much of their text. Among the 31 bundled tasks the highest
-Jaccard similarity of two different tasks is 0.75 (row sum vs row softmax, 5-grams), hence the
-default threshold of 0.8; renamed copies and copies at other sizes are exact duplicates after
-normalisation.
+- **exact duplicate**: same canonical computation and same shapes (a renamed, re-commented or
+  reformatted copy).
+- **near duplicate**: same operator sequence (layout ops such as ``.contiguous()`` aside), same
+  returned value, same shapes, and a Jaccard similarity of the canonical computation's token
+  n-grams at or above ``threshold``. The three exact gates are what keep conv2d and conv3d,
+  depthwise and standard convolution, or an RNN's output and its hidden state apart; the
+  similarity only confirms that the rest of the code is the same too.
+- **shape variants** (same computation, other sizes; tall-skinny vs square matmul) are
+  different kernel problems by default: ``shape_variants=True`` merges them (reason
+  ``shape_variant``). Either way the report lists them in ``notes["shape_variants"]``.
+
+The first record of a group (input order) is kept; the report names, for each removed record,
+the kept one, the similarity and the reason. Candidates are grouped by their exact gates
+(hash buckets), so the pairwise similarity only runs inside a bucket: linear in the corpus.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
-from datasketch import MinHash, MinHashLSH
 from rich.console import Console
 
+from kernelrl.data.curate.dedup_signature import Signature, signature
 from kernelrl.data.curate.report import StepReport, log_step, timed
-from kernelrl.data.curate.tokens import normalized_tokens, shingles
+from kernelrl.data.curate.tokens import shingles
 
 
 @dataclass
 class DedupConfig:
-    threshold: float = 0.8  # Jaccard similarity of token n-gram sets at or above which = duplicate
+    threshold: float = 0.8  # Jaccard of canonical-computation n-grams, inside the exact gates
     ngram: int = 5
-    num_perm: int = 128
-    normalize_numbers: bool = False  # True: tasks differing only in sizes count as duplicates
-    seed: int = 1
+    shape_variants: bool = False  # True: same computation at other sizes counts as a duplicate
 
 
 def jaccard(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
+
+
+@dataclass
+class _Kept:
+    id: str
+    signature: Signature
+    grams: set[str]
 
 
 def dedup(
@@ -48,55 +60,124 @@ def dedup(
     console: Console | None = None,
     step_name: str = "dedup",
 ) -> tuple[Dataset, StepReport]:
-    """Drop exact and near duplicates of ``text_field``, keeping the first of each group."""
+    """Drop exact and near duplicates of the computation in ``text_field``, keep the first."""
     config = config or DedupConfig()
     report = StepReport(step_name, count_in=len(dataset))
     keep: list[int] = []
+    variants: list[dict[str, Any]] = []
     with timed(report):
-        lsh = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm)
-        exact: dict[str, str] = {}
-        grams: dict[str, set[str]] = {}  # LSH key (the row index) -> n-grams of a kept record
-        ids: dict[str, str] = {}
+        exact: dict[tuple[str, str], str] = {}  # (computation, shapes) -> kept id
+        structures: dict[str, _Kept] = {}  # structure (numbers blanked) -> first kept record
+        buckets: dict[tuple[Any, ...], list[_Kept]] = {}
         for index, row in enumerate(dataset):
             record_id = row["id"]
-            tokens = normalized_tokens(row[text_field] or "", config.normalize_numbers)
-            digest = hashlib.sha256(" ".join(tokens).encode()).hexdigest()
-            if digest in exact:
+            sig = signature(row[text_field] or "")
+            if (sig.computation, sig.shapes) in exact:
+                other = exact[(sig.computation, sig.shapes)]
                 report.remove(
                     record_id,
                     "exact_duplicate",
-                    f"same normalised tokens as {exact[digest]}",
-                    duplicate_of=exact[digest],
+                    f"same computation and shapes as {other}",
+                    duplicate_of=other,
                     similarity=1.0,
                 )
                 continue
-            mine = shingles(tokens, config.ngram)
-            signature = MinHash(num_perm=config.num_perm, seed=config.seed)
-            signature.update_batch([g.encode() for g in mine])
+            twin = structures.get(sig.structure)
+            if twin is not None and config.shape_variants:
+                report.remove(
+                    record_id,
+                    "shape_variant",
+                    f"same computation as {twin.id} at other sizes ({sig.shapes_text})",
+                    duplicate_of=twin.id,
+                    similarity=1.0,
+                )
+                continue
+            grams = shingles(sig.tokens, config.ngram)
+            key = _gates(sig, config.shape_variants)
             best: tuple[float, str] | None = None
-            for candidate in lsh.query(signature):
-                similarity = jaccard(mine, grams[candidate])
+            for kept in buckets.get(key, []):
+                similarity = jaccard(grams, kept.grams)
                 if similarity >= config.threshold and (best is None or similarity > best[0]):
-                    best = (similarity, ids[candidate])
+                    best = (similarity, kept.id)
             if best is not None:
+                gates = (
+                    "ops, output and literals"
+                    if config.shape_variants
+                    else ("ops, output, numbers and shapes")
+                )
                 report.remove(
                     record_id,
                     "near_duplicate",
-                    f"Jaccard {best[0]:.2f} of token {config.ngram}-grams with {best[1]}",
+                    f"same {gates} as {best[1]}; Jaccard {best[0]:.2f} of computation "
+                    f"{config.ngram}-grams",
                     duplicate_of=best[1],
                     similarity=round(best[0], 4),
                 )
                 continue
-            exact[digest] = record_id
-            grams[str(index)], ids[str(index)] = mine, record_id
-            lsh.insert(str(index), signature)
+            if twin is not None:  # kept: a shape variant of an earlier record
+                variants.append(
+                    {"id": record_id, "same_computation_as": twin.id, "shapes": sig.shapes_text}
+                )
+            mine = _Kept(record_id, sig, grams)
+            exact[(sig.computation, sig.shapes)] = record_id
+            structures.setdefault(sig.structure, mine)
+            buckets.setdefault(key, []).append(mine)
             keep.append(index)
     result = dataset.select(keep)
     report.count_out = len(result)
+    report.notes["shape_variants"] = variants
+    report.notes["shape_variants_merged"] = config.shape_variants
     log_step(report, console)
     return result, report
+
+
+def _gates(sig: Signature, shape_variants: bool) -> tuple[Any, ...]:
+    """What near duplicates must share exactly; sizes only when shape variants stay apart."""
+    if shape_variants:
+        return (sig.ops, sig.returns, sig.flags)
+    return (sig.ops, sig.returns, sig.flags, sig.numbers, sig.shapes)
 
 
 def duplicate_pairs(report: StepReport) -> list[dict[str, Any]]:
     """(removed, kept, similarity) for every duplicate the step removed."""
     return [{"removed": r.id, **r.data} for r in report.removed]
+
+
+def write_dedup_report(report: StepReport, path: Path) -> Path:
+    """A markdown listing: every removed record, its kept twin, similarity and reason; and the
+    shape variants (same computation, other sizes) with what decided about them."""
+    lines = [
+        f"# Deduplication: {report.count_in} records in, {report.count_out} kept, "
+        f"{len(report.removed)} removed",
+        "",
+        "## Removed",
+        "",
+    ]
+    if report.removed:
+        lines += [
+            "| removed | kept | similarity | reason | why |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {r.id} | {r.data.get('duplicate_of', '')} | {r.data.get('similarity', 0):.2f} "
+            f"| {r.reason} | {r.detail} |"
+            for r in report.removed
+        ]
+    else:
+        lines.append("None.")
+    variants = report.notes.get("shape_variants", [])
+    merged = report.notes.get("shape_variants_merged", False)
+    lines += [
+        "",
+        "## Shape variants: same computation, other sizes "
+        + ("(merged: `dedup_shape_variants: true`)" if merged else "(kept: the default)"),
+        "",
+    ]
+    if variants:
+        lines += ["| kept | same computation as | its shapes |", "| --- | --- | --- |"]
+        lines += [f"| {v['id']} | {v['same_computation_as']} | `{v['shapes']}` |" for v in variants]
+    else:
+        lines.append("None." if not merged else "Listed above as `shape_variant` removals.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path

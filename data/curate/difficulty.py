@@ -21,8 +21,10 @@ from typing import Any
 from datasets import Dataset
 from rich.console import Console
 
-from kernelrl.data.curate.report import StepReport, log_step, timed
+from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
+from kernelrl.data.curate.resume import Journal
 from kernelrl.data.schema import make_dataset, task_of
+from kernelrl.env.vocabulary import ALLOCATION_OPS
 
 # Generation callable: prompts (message lists) and k -> k completions per prompt.
 Generate = Callable[[Sequence[list[dict[str, str]]], int], list[list[str]]]
@@ -301,14 +303,15 @@ OP_CATEGORY: dict[str, str] = {
     op: category for category, ops in _CATEGORY_OPS.items() for op in ops
 }
 # Calls that are not operators of the computation.
+# Allocation comes from the shared op vocabulary (``env.vocabulary``), so curation and the
+# integrity checks agree on what is not computation; the rest is Python and nn plumbing.
 _IGNORED = """
 super __init__ size dim shape numel len range int float bool isinstance print tuple list dict
-zeros ones empty zeros_like ones_like empty_like full full_like arange linspace tensor
-randn rand randint randn_like rand_like manual_seed no_grad dropout dropout2d identity
+linspace randn rand randint randn_like rand_like manual_seed no_grad dropout dropout2d identity
 parameter register_buffer register_parameter modulelist sequential item detach cpu cuda
 contiguous_format device dtype
 """
-IGNORED_CALLS = frozenset(_IGNORED.split())
+IGNORED_CALLS = frozenset(_IGNORED.split()) | ALLOCATION_OPS
 _BINOPS = {
     ast.Add: "+",
     ast.Sub: "-",
@@ -427,12 +430,44 @@ def pass_rates(tasks: Dataset, generate: Generate, pool: Any, k: int) -> list[fl
     return [sum(r.correct for r in results[i * k : (i + 1) * k]) / k for i in range(len(rows))]
 
 
+def journaled_pass_rates(
+    tasks: Dataset,
+    generate: Generate,
+    pool: Any,
+    k: int,
+    journal: Journal | None = None,
+    console: Console | None = None,
+    chunk: int = 16,
+) -> list[float]:
+    """``pass_rates`` in chunks of tasks, each task's rate journaled as its chunk ends (an
+    interrupted run resumes), with a progress bar on ``console``."""
+    rows = list(tasks)
+    hashes = [task_of(row).hash for row in rows]
+    rates: dict[int, float] = {}
+    for i, task_hash in enumerate(hashes):
+        entry = journal.get(task_hash) if journal is not None else None
+        if entry is not None:
+            rates[i] = float(entry["pass_rate"])
+    todo = [i for i in range(len(rows)) if i not in rates]
+    with step_progress(console, f"pass rate (k={k})", len(rows), len(rates)) as progress:
+        for start in range(0, len(todo), chunk):
+            part = todo[start : start + chunk]
+            part_rates = pass_rates(tasks.select(part), generate, pool, k)
+            for i, rate in zip(part, part_rates, strict=True):
+                rates[i] = rate
+                if journal is not None:
+                    journal.add(hashes[i], rows[i]["id"], {"pass_rate": rate})
+            progress.advance(len(part))
+    return [rates[i] for i in range(len(rows))]
+
+
 def tag_difficulty(
     tasks: Dataset,
     config: DifficultyConfig | None = None,
     generate: Generate | None = None,
     pool: Any = None,
     console: Console | None = None,
+    journal: Journal | None = None,
 ) -> tuple[Dataset, StepReport]:
     """Add ops, categories, runtime bucket, pass rate (with a model) and difficulty."""
     config = config or DifficultyConfig()
@@ -442,7 +477,7 @@ def tag_difficulty(
         if generate is not None:
             if pool is None:
                 raise ValueError("a pass rate needs a pool to evaluate the samples")
-            rates = list(pass_rates(tasks, generate, pool, config.k))
+            rates = list(journaled_pass_rates(tasks, generate, pool, config.k, journal, console))
             report.notes["pass_rate_k"] = config.k
         rows: list[dict[str, Any]] = []
         for row, rate in zip(tasks, rates, strict=True):

@@ -13,7 +13,9 @@ is made when the caller gives none.
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,11 +30,18 @@ from kernelrl.data.curate.decontaminate import (
     decontaminate,
     write_decontamination_report,
 )
-from kernelrl.data.curate.dedup import DedupConfig, dedup
+from kernelrl.data.curate.dedup import DedupConfig, dedup, write_dedup_report
 from kernelrl.data.curate.difficulty import DifficultyConfig, Generate, tag_difficulty
 from kernelrl.data.curate.normalize import normalize_tasks
 from kernelrl.data.curate.plots import make_plots
 from kernelrl.data.curate.report import StepReport, log_step, steps_table, timed, write_reports
+from kernelrl.data.curate.resume import (
+    STATE_DIR,
+    Journal,
+    StepStore,
+    dataset_fingerprint,
+    fingerprint,
+)
 from kernelrl.data.curate.sft_select import (
     SelectConfig,
     attach_to_tasks,
@@ -96,10 +105,15 @@ class CurateConfig(PoolChoice):
     )
     reject_constant_outputs: bool = True
     # dedup
-    dedup_threshold: float = 0.8
+    dedup_threshold: float = field(
+        default=0.8,
+        metadata={"help": "Jaccard of computation n-grams for near duplicates (same ops/shapes)"},
+    )
     dedup_ngram: int = 5
-    dedup_num_perm: int = 128
-    dedup_normalize_numbers: bool = False
+    dedup_shape_variants: bool = field(
+        default=False,
+        metadata={"help": "merge tasks with the same computation at other sizes (off: kept)"},
+    )
     # decontaminate
     decontam_ngram: int = 8
     decontam_threshold: float = 0.7
@@ -166,11 +180,14 @@ class CurationResult:
 
 
 def _save_parquet(dataset: Dataset, folder: Path) -> Path:
+    """Written to a temporary name and renamed: a killed run never leaves half a file."""
     folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "train-00000-of-00001.parquet"
+    tmp = folder / ".train.parquet.tmp"
+    dataset.to_parquet(str(tmp))
     for old in folder.glob("*.parquet"):
         old.unlink()
-    path = folder / "train-00000-of-00001.parquet"
-    dataset.to_parquet(str(path))
+    os.replace(tmp, path)
     return path
 
 
@@ -196,6 +213,63 @@ class _LazyPool:
             self.pool.close()
 
 
+class CurationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run; the message says what was kept and how to resume."""
+
+
+class _Steps:
+    """Runs steps through their checkpoints (``resume.StepStore``); collects the reports."""
+
+    def __init__(self, out: Path, console: Console | None) -> None:
+        self.store = StepStore(out)
+        self.console = console
+        self.reports: list[StepReport] = []
+        self.journals: list[Journal] = []
+        self.index = 0
+        self.current = ""
+
+    def run(
+        self,
+        name: str,
+        data: Dataset,
+        settings: Any,
+        step: Callable[[Dataset], tuple[Dataset, StepReport]],
+    ) -> Dataset:
+        """``step(data)``, or its checkpoint when one matches its input and ``settings``."""
+        self.index += 1
+        self.current = name
+        key = fingerprint(name, settings, dataset_fingerprint(data))
+        loaded = self.store.load(self.index, name, key)
+        if loaded is not None:
+            result, report = loaded
+            if self.console is not None:
+                self.console.print(f"{name}: finished in an earlier run, loaded its checkpoint")
+        else:
+            result, report = step(data)
+            self.store.save(self.index, name, key, result, report)
+        self.reports.append(report)
+        return result
+
+    def journal(self, name: str, settings: Any) -> Journal:
+        journal = self.store.journal(name, fingerprint(name, settings))
+        if journal.loaded and self.console is not None:
+            self.console.print(
+                f"{name}: {journal.loaded} records finished in an earlier run "
+                f"(journal {journal.path}); running the rest"
+            )
+        self.journals.append(journal)
+        return journal
+
+    def interrupted(self, out: Path) -> str:
+        kept = ", ".join(self.store.kept) or "no step"
+        records = sum(len(j.entries) for j in self.journals if j.entries)
+        partial = f" and {records} finished records of {self.current}" if records else ""
+        return (
+            f"interrupted during {self.current}: kept {kept}{partial} in {out / STATE_DIR}; "
+            "rerun the same command to resume"
+        )
+
+
 def run_curation(
     config: CurateConfig,
     pool: Any = None,
@@ -203,7 +277,12 @@ def run_curation(
     console: Console | None = None,
     command: str = "",
 ) -> CurationResult:
-    """Run the recipe's steps and write everything under ``config.output_dir``."""
+    """Run the recipe's steps and write everything under ``config.output_dir``.
+
+    Finished steps are checkpointed and per-record results of the sandboxed steps journaled
+    under ``output_dir/.curate_state`` (``resume``): the same call after an interruption
+    resumes. Ctrl-C raises ``CurationInterrupted`` whose message says what was kept.
+    """
     if not config.output_dir:
         raise ValueError("output_dir is required")
     if not config.task_sources:
@@ -211,53 +290,16 @@ def run_curation(
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = set(config.steps)
-    reports: list[StepReport] = []
+    runner = _Steps(out, console)
     lazy = _LazyPool(config, pool)
     started = time.perf_counter()
     try:
-        tasks = load_tasks(config.task_sources)
-        if "normalize" in steps:
-            tasks, report = normalize_tasks(
-                tasks, config.backend, config.prompt_template, console, one_shot=config.one_shot
-            )
-            reports.append(report)
-        if "dedup" in steps:
-            dedup_config = DedupConfig(
-                config.dedup_threshold,
-                config.dedup_ngram,
-                config.dedup_num_perm,
-                config.dedup_normalize_numbers,
-            )
-            tasks, report = dedup(tasks, dedup_config, console=console)
-            reports.append(report)
-        if "decontaminate" in steps and config.benchmark_sources:
-            benchmark = Benchmark.from_sources(
-                config.benchmark_sources,
-                DecontaminateConfig(config.decontam_ngram, config.decontam_threshold),
-            )
-            tasks, report = decontaminate(tasks, benchmark, console=console)
-            reports.append(report)
-            write_decontamination_report(report, out / "decontamination.md")
-        if "validate" in steps:
-            tasks, report = validate_tasks(tasks, config.validate_config(), console)
-            reports.append(report)
-        if "difficulty" in steps:
-            difficulty_config = DifficultyConfig(
-                config.pass_rate_k, config.min_pass_rate, config.max_pass_rate
-            )
-            tasks, report = tag_difficulty(
-                tasks,
-                difficulty_config,
-                generate,
-                lazy.get() if generate is not None else None,
-                console,
-            )
-            reports.append(report)
-        sft = None
-        if "sft" in steps and (config.sample_sources or config.trajectory_sources):
-            sft = _curate_sft(config, tasks, lazy, reports, out, console)
+        tasks, sft = _run_steps(config, steps, runner, lazy, generate, out, console)
+    except KeyboardInterrupt as exc:
+        raise CurationInterrupted(runner.interrupted(out)) from exc
     finally:
         lazy.close()
+    reports = runner.reports
 
     _save_parquet(tasks, out / "tasks")
     if sft is not None:
@@ -282,14 +324,138 @@ def run_curation(
     return CurationResult(tasks, sft, reports, out, card)
 
 
+def _run_steps(
+    config: CurateConfig,
+    steps: set[str],
+    runner: _Steps,
+    lazy: _LazyPool,
+    generate: Generate | None,
+    out: Path,
+    console: Console | None,
+) -> tuple[Dataset, Dataset | None]:
+    tasks = load_tasks(config.task_sources)
+    if "normalize" in steps:
+        template = config.prompt_template
+        settings = {
+            "backend": config.backend,
+            "template": Path(template).read_text()
+            if template and Path(template).is_file()
+            else template,
+            "one_shot": config.one_shot,
+        }
+        tasks = runner.run(
+            "normalize",
+            tasks,
+            settings,
+            lambda data: normalize_tasks(
+                data, config.backend, config.prompt_template, console, one_shot=config.one_shot
+            ),
+        )
+    if "dedup" in steps:
+        dedup_config = DedupConfig(
+            config.dedup_threshold, config.dedup_ngram, config.dedup_shape_variants
+        )
+        tasks = runner.run(
+            "dedup", tasks, dedup_config, lambda data: dedup(data, dedup_config, console=console)
+        )
+        write_dedup_report(runner.reports[-1], out / "dedup.md")
+    if "decontaminate" in steps and config.benchmark_sources:
+        # Text-only and cheap, and its benchmark is read afresh: never checkpointed.
+        runner.current = "decontaminate"
+        benchmark = Benchmark.from_sources(
+            config.benchmark_sources,
+            DecontaminateConfig(config.decontam_ngram, config.decontam_threshold),
+        )
+        tasks, report = decontaminate(tasks, benchmark, console=console)
+        runner.reports.append(report)
+        write_decontamination_report(report, out / "decontamination.md")
+    if "validate" in steps:
+        validate_config = config.validate_config()
+        settings = {"config": validate_config, "device": validate_config.resolved_device()}
+        journal = runner.journal("validate", settings)
+        tasks = runner.run(
+            "validate",
+            tasks,
+            settings,
+            lambda data: validate_tasks(data, validate_config, console, journal),
+        )
+    if "difficulty" in steps:
+        difficulty_config = DifficultyConfig(
+            config.pass_rate_k, config.min_pass_rate, config.max_pass_rate
+        )
+        model = None
+        if generate is not None:
+            model = {
+                key: getattr(config, key)
+                for key in (
+                    "pass_rate_model",
+                    "pass_rate_client",
+                    "pass_rate_max_new_tokens",
+                    "pass_rate_temperature",
+                    "seed",
+                    "eval_timeout_s",
+                    "device",
+                )
+            }
+        settings = {"config": difficulty_config, "model": model}
+        journal = runner.journal("difficulty", {"k": config.pass_rate_k, "model": model})
+        tasks = runner.run(
+            "difficulty",
+            tasks,
+            settings,
+            lambda data: tag_difficulty(
+                data,
+                difficulty_config,
+                generate,
+                lazy.get() if generate is not None else None,
+                console,
+                journal=journal if generate is not None else None,
+            ),
+        )
+    sft = None
+    if "sft" in steps and (config.sample_sources or config.trajectory_sources):
+        runner.current = "sft"
+        sft = _curate_sft(config, tasks, lazy, runner, out, console)
+    return tasks, sft
+
+
+def _evaluate_step(
+    name: str,
+    evaluate: Callable[..., tuple[Dataset, int]],
+    tasks: Dataset,
+    lazy: _LazyPool,
+    console: Console | None,
+) -> Callable[[Dataset], tuple[Dataset, StepReport]]:
+    """A checkpointable step that fills missing EvalResults of records through the pool."""
+
+    def step(records: Dataset) -> tuple[Dataset, StepReport]:
+        report = StepReport(name, count_in=len(records))
+        with timed(report):
+            records, evaluated = (
+                evaluate(records, tasks, lazy.get(), console) if len(records) else (records, 0)
+            )
+        report.count_out, report.notes["evaluated"] = len(records), evaluated
+        log_step(report, console)
+        return records, report
+
+    return step
+
+
 def _curate_sft(
     config: CurateConfig,
     tasks: Dataset,
     lazy: _LazyPool,
-    reports: list[StepReport],
+    runner: _Steps,
     out: Path,
     console: Console | None,
 ) -> Dataset:
+    reports = runner.reports
+    settings = {
+        "tasks": dataset_fingerprint(tasks),
+        "device": config.device,
+        "eval_timeout_s": config.eval_timeout_s,
+        "pool": config.pool,
+    }
     parts = []
     if config.sample_sources:
         samples, report = attach_to_tasks(
@@ -297,14 +463,12 @@ def _curate_sft(
         )
         reports.append(report)
         samples = fill_prompts(samples, tasks, "samples")
-        report = StepReport("evaluate_samples", count_in=len(samples))
-        with timed(report):
-            samples, evaluated = (
-                evaluate_missing(samples, tasks, lazy.get()) if len(samples) else (samples, 0)
-            )
-        report.count_out, report.notes["evaluated"] = len(samples), evaluated
-        reports.append(report)
-        log_step(report, console)
+        samples = runner.run(
+            "evaluate_samples",
+            samples,
+            settings,
+            _evaluate_step("evaluate_samples", evaluate_missing, tasks, lazy, console),
+        )
         _save_parquet(samples, out / "evaluated" / "samples")
         parts.append(samples_to_sft(samples, tasks, config.sft_reasoning_format))
     if config.trajectory_sources:
@@ -313,16 +477,12 @@ def _curate_sft(
         )
         reports.append(report)
         trajectories = fill_prompts(trajectories, tasks, "trajectories")
-        report = StepReport("evaluate_turns", count_in=len(trajectories))
-        with timed(report):
-            trajectories, evaluated = (
-                evaluate_missing_turns(trajectories, tasks, lazy.get())
-                if len(trajectories)
-                else (trajectories, 0)
-            )
-        report.count_out, report.notes["evaluated"] = len(trajectories), evaluated
-        reports.append(report)
-        log_step(report, console)
+        trajectories = runner.run(
+            "evaluate_turns",
+            trajectories,
+            settings,
+            _evaluate_step("evaluate_turns", evaluate_missing_turns, tasks, lazy, console),
+        )
         _save_parquet(trajectories, out / "evaluated" / "trajectories")
         revisions, report = trajectories_to_sft(
             trajectories,

@@ -12,6 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 
@@ -44,6 +53,13 @@ class StepReport:
         data["reasons"] = dict(self.reasons)
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepReport:
+        """The inverse of ``to_dict`` (a resumed run reads finished steps' reports back)."""
+        fields = {k: v for k, v in data.items() if k != "reasons"}
+        fields["removed"] = [Removal(**r) for r in data.get("removed", [])]
+        return cls(**fields)
+
 
 @contextmanager
 def timed(report: StepReport) -> Iterator[StepReport]:
@@ -66,6 +82,42 @@ def steps_table(reports: list[StepReport], title: str = "curation steps") -> Tab
             r.step, str(r.count_in), str(r.count_out), str(len(r.removed)), why, f"{r.seconds:.1f}"
         )
     return table
+
+
+class _NoProgress:
+    def advance(self, amount: int = 1) -> None:
+        return None
+
+
+class StepProgress:
+    """One rich progress bar for a step that runs code; ``advance`` as records finish."""
+
+    def __init__(self, progress: Progress, bar: TaskID) -> None:
+        self.progress, self.bar = progress, bar
+
+    def advance(self, amount: int = 1) -> None:
+        self.progress.advance(self.bar, amount)
+
+
+@contextmanager
+def step_progress(
+    console: Console | None, description: str, total: int, completed: int = 0
+) -> Iterator[StepProgress | _NoProgress]:
+    """A progress bar on ``console`` (the CLI's stderr console, like ``kernelrl eval``);
+    nothing without a console. ``completed`` counts records resumed from a journal."""
+    if console is None:
+        yield _NoProgress()
+        return
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(description, total=total, completed=completed)
+        yield StepProgress(progress, bar)
 
 
 def log_step(report: StepReport, console: Console | None) -> None:

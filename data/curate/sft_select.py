@@ -23,7 +23,7 @@ from typing import Any
 from datasets import Dataset
 from rich.console import Console
 
-from kernelrl.data.curate.report import StepReport, log_step, timed
+from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.tokens import normalized_tokens
 from kernelrl.data.schema import make_dataset, result_columns, result_of, task_of
 from kernelrl.env.parse import FormatError, extract_solution
@@ -98,21 +98,46 @@ def fill_prompts(records: Dataset, tasks: Dataset, kind: str) -> Dataset:
     return make_dataset(rows, kind)
 
 
-def evaluate_missing(samples: Dataset, tasks: Dataset, pool: Any) -> tuple[Dataset, int]:
+def _evaluate(
+    pool: Any,
+    tasks: list[Any],
+    solutions: list[str],
+    console: Console | None,
+    description: str,
+    chunk: int = 16,
+) -> list[Any]:
+    """``pool.evaluate`` in chunks, so that a progress bar on ``console`` can follow it."""
+    results: list[Any] = []
+    with step_progress(console, description, len(tasks)) as progress:
+        for start in range(0, len(tasks), chunk):
+            results += pool.evaluate(tasks[start : start + chunk], solutions[start : start + chunk])
+            progress.advance(len(tasks[start : start + chunk]))
+    return results
+
+
+def evaluate_missing(
+    samples: Dataset, tasks: Dataset, pool: Any, console: Console | None = None
+) -> tuple[Dataset, int]:
     """Fill ``result`` of samples that have none, through the pool; returns (samples, count)."""
     by_id = {row["id"]: task_of(row) for row in tasks}
     rows = list(samples)
     todo = [i for i, row in enumerate(rows) if not row.get("result")]
     if todo:
-        results = pool.evaluate(
-            [by_id[rows[i]["task_id"]] for i in todo], [rows[i]["completion"] or "" for i in todo]
+        results = _evaluate(
+            pool,
+            [by_id[rows[i]["task_id"]] for i in todo],
+            [rows[i]["completion"] or "" for i in todo],
+            console,
+            "evaluate samples",
         )
         for i, result in zip(todo, results, strict=True):
             rows[i]["result"] = result.to_json()
     return make_dataset(rows, "samples"), len(todo)
 
 
-def evaluate_missing_turns(trajectories: Dataset, tasks: Dataset, pool: Any) -> tuple[Dataset, int]:
+def evaluate_missing_turns(
+    trajectories: Dataset, tasks: Dataset, pool: Any, console: Console | None = None
+) -> tuple[Dataset, int]:
     """Fill ``result`` of trajectory turns that have none, through the pool."""
     by_id = {row["id"]: task_of(row) for row in tasks}
     rows = list(trajectories)
@@ -123,9 +148,12 @@ def evaluate_missing_turns(trajectories: Dataset, tasks: Dataset, pool: Any) -> 
         if not turn.get("result")
     ]
     if todo:
-        results = pool.evaluate(
+        results = _evaluate(
+            pool,
             [by_id[rows[i]["task_id"]] for i, _ in todo],
             [rows[i]["turns"][t]["completion"] or "" for i, t in todo],
+            console,
+            "evaluate trajectory turns",
         )
         for (i, t), result in zip(todo, results, strict=True):
             rows[i]["turns"][t]["result"] = result.to_json()

@@ -30,10 +30,8 @@ A reference passes when, on the target device:
 from __future__ import annotations
 
 import json
-import pickle
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -41,13 +39,14 @@ import torch
 from datasets import Dataset
 from rich.console import Console
 
-from kernelrl.data.curate.report import StepReport, log_step, timed
+from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
+from kernelrl.data.curate.resume import Journal
 from kernelrl.data.schema import make_dataset, task_of
-from kernelrl.env.compare import compare_outputs
 from kernelrl.env.evaluator import resolve_device
+from kernelrl.env.protocol import TASK_MODULE
 from kernelrl.env.reference import device_name
-from kernelrl.env.sandbox import Child, ChildDied, ChildPool
-from kernelrl.env.sandbox_child import TASK_MODULE
+from kernelrl.env.sandbox import ChildDied, ChildPool
+from kernelrl.env.session import SandboxSession
 from kernelrl.env.task import Task
 from kernelrl.env.timing import TimingConfig
 
@@ -71,13 +70,70 @@ class ValidateConfig:
         return resolve_device(self.device)
 
 
+# Values of each output kept to compare two runs: a strided sample, so that a 6 GiB output of a
+# KernelBench task costs 8 MiB here, whatever its size.
+SAMPLED_VALUES = 2**20
+
+
+@dataclass
+class OutputDigest:
+    """One output of one run, reduced as it streams in: shape, dtype, how many values are not
+    finite, and every ``stride``-th value in fp64 (a plain value is kept as it is)."""
+
+    shape: tuple[int, ...] = ()
+    dtype: str = ""
+    value: Any = None
+    non_finite: int = 0
+    stride: int = 1
+    sample: torch.Tensor | None = None
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.sample is not None
+
+
+class _Digester:
+    """Builds the digests of one call's outputs chunk by chunk."""
+
+    def __init__(self, described: list[dict[str, Any]]) -> None:
+        self.digests: list[OutputDigest] = []
+        self._parts: list[list[torch.Tensor]] = []
+        self._seen: list[int] = []
+        for entry in described:
+            if entry.get("kind") != "tensor":
+                self.digests.append(OutputDigest(value=entry.get("value", entry.get("type"))))
+            else:
+                shape = tuple(int(d) for d in entry["shape"])
+                numel = 1
+                for dim in shape:
+                    numel *= dim
+                stride = max(-(-numel // SAMPLED_VALUES), 1)
+                self.digests.append(OutputDigest(shape, str(entry["dtype"]), stride=stride))
+            self._parts.append([])
+            self._seen.append(0)
+
+    def add(self, index: int, chunk: torch.Tensor) -> None:
+        digest, start = self.digests[index], self._seen[index]
+        self._seen[index] += chunk.numel()
+        if chunk.is_floating_point() or chunk.is_complex():
+            digest.non_finite += int((~torch.isfinite(chunk)).sum())
+        first = (-start) % digest.stride
+        self._parts[index].append(chunk[first :: digest.stride].to(torch.float64).clone())
+
+    def finish(self) -> list[OutputDigest]:
+        for digest, parts in zip(self.digests, self._parts, strict=True):
+            if digest.dtype:
+                digest.sample = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+        return self.digests
+
+
 @dataclass
 class Probe:
     """What one sandboxed run of a reference reported."""
 
     failure: str | None = None  # a removal reason when the run failed
     detail: str = ""
-    outputs: list[list[Any]] = field(default_factory=list)
+    outputs: list[list[OutputDigest]] = field(default_factory=list)
     runtime_ms: float | None = None
     aten_ops: dict[str, int] = field(default_factory=dict)
     flags: list[str] = field(default_factory=list)
@@ -112,22 +168,15 @@ class ReferenceProber:
         child = self.children.acquire()
         probe = Probe(network=str(child.ready_info.get("network", "")))
         try:
-            self._run(child, task, model_seed, input_seeds, time_it, probe)
+            session = SandboxSession(child, config.timeout_s, config.host_memory_bytes)
+            self._run(session, task, model_seed, input_seeds, time_it, probe)
         except ChildDied as exc:
             probe.failure = "reference_timeout" if exc.timed_out else "reference_crashes"
             tail = child.output_tail(400).strip()
             probe.detail = f"the reference's process {exc}" + (
                 f"; last output: {tail}" if tail else ""
             )
-        except (
-            KeyError,
-            TypeError,
-            ValueError,
-            OSError,
-            RuntimeError,
-            EOFError,
-            pickle.UnpicklingError,
-        ) as exc:
+        except (KeyError, TypeError, ValueError, OSError, RuntimeError, EOFError) as exc:
             probe.failure = "unreadable_outputs"
             probe.detail = f"the sandbox reported unreadable results ({type(exc).__name__}: {exc})"
         finally:
@@ -145,7 +194,7 @@ class ReferenceProber:
 
     def _run(
         self,
-        child: Child,
+        session: SandboxSession,
         task: Task,
         model_seed: int,
         input_seeds: list[int],
@@ -153,17 +202,17 @@ class ReferenceProber:
         probe: Probe,
     ) -> None:
         config = self.config
-        deadline = time.monotonic() + config.timeout_s
-        child.send(
+        loaded = session.start(
             {
-                "type": "job",
                 "device": "cpu" if self.kind == "cpu" else "cuda:0",
                 "backend": task.backend,
                 "task_source": task.source,
-                "size_overrides": task.size_overrides(self.kind),
+                # No derived CPU sizes: deriving runs the task's code here, outside the sandbox,
+                # and a corpus record is not trusted yet.
+                "size_overrides": task.size_overrides(self.kind, derive=False),
                 "solution_source": REFERENCE_AS_SOLUTION,
+                "expose_task": True,
                 "model_seed": model_seed,
-                "input_seeds": input_seeds,
                 "timing": asdict(config.timing),
                 "profile_calls": 1,
                 "limits": {
@@ -174,41 +223,50 @@ class ReferenceProber:
                 },
             }
         )
-        report = child.receive(deadline, config.host_memory_bytes)
-        probe.phase.update(report.get("phase", {}))
-        if report["type"] == "error":
-            stage = report.get("stage")
-            probe.failure = (
-                "reference_does_not_load"
-                if stage in ("harness", "compile")
-                else "reference_crashes"
-            )
-            probe.detail = str(report.get("error", ""))[-600:]
+        if self._failed(loaded, probe, loading=True):
             return
-        if report["type"] != "outputs":
-            raise ValueError(f"unexpected message {report['type']!r}")
-        probe.aten_ops = {str(k): int(v) for k, v in report.get("aten_ops", {}).items()}
-        probe.flags = [str(f) for f in report.get("flags", [])]
-        probe.outputs = [
-            torch.load(child.scratch / f"outputs_{index}.pt", weights_only=True, map_location="cpu")
-            for index in range(len(input_seeds))
-        ]
+        for seed in input_seeds:
+            session.send_call(seed)
+            report = session.receive()
+            if self._failed(report, probe, loading=False):
+                return
+            if report["type"] != "outputs":
+                raise ValueError(f"unexpected message {report['type']!r}")
+            for name, count in report.get("compute_ops", {}).items():
+                probe.aten_ops[str(name)] = probe.aten_ops.get(str(name), 0) + int(count)
+            probe.flags = sorted(set(probe.flags) | {str(f) for f in report.get("flags", [])})
+            digester = _Digester(report["outputs"])
+            session.read_tensors(report["outputs"], digester.add)
+            probe.outputs.append(digester.finish())
+            probe.phase.update(report.get("phase", {}))
         if not time_it:
             return
         lock = self.gpu_lock if self.kind == "cuda" else _NO_LOCK
         with lock:
-            child.send({"type": "time"})
-            timing = child.receive(deadline, config.host_memory_bytes)
-        if timing["type"] == "error":
-            probe.failure = "reference_crashes"
-            probe.detail = str(timing.get("error", ""))[-600:]
+            session.send_time(input_seeds[0])
+            timing = session.receive()
+        if self._failed(timing, probe, loading=False):
             return
         probe.phase.update(timing.get("phase", {}))
         probe.runtime_ms = float(timing["runtime"]["median_ms"])
-        # On a GPU the child names the aten ops from the profiled timing calls, not before.
+        # On a GPU the child names the aten ops from the profiled timing calls too.
         profiled = (timing.get("profile") or {}).get("aten_ops") or {}
         if profiled and not probe.aten_ops:
             probe.aten_ops = {str(k): int(v) for k, v in profiled.items()}
+
+    @staticmethod
+    def _failed(message: dict[str, Any], probe: Probe, loading: bool) -> bool:
+        if message["type"] != "error":
+            return False
+        stage = message.get("stage")
+        if stage == "harness":
+            probe.failure = "harness_error"
+        elif loading and stage in ("compile", "task"):
+            probe.failure = "reference_does_not_load"
+        else:
+            probe.failure = "reference_crashes"
+        probe.detail = str(message.get("error", ""))[-600:]
+        return True
 
 
 class _NullLock:
@@ -229,28 +287,58 @@ def seeds_for(task: Task, config: ValidateConfig) -> tuple[int, list[int]]:
     return model_seed, [(base + 7919 * (k + 1)) % (2**31) for k in range(config.num_input_sets)]
 
 
-def _non_finite(outputs: list[list[Any]]) -> str | None:
+def _non_finite(outputs: list[list[OutputDigest]]) -> str | None:
     for set_index, values in enumerate(outputs):
-        for k, value in enumerate(values):
-            if isinstance(value, torch.Tensor) and (
-                value.is_floating_point() or value.is_complex()
-            ):
-                bad = ~torch.isfinite(value)
-                if bool(bad.any()):
-                    return f"input set {set_index}, output {k}: {int(bad.sum())}/{value.numel()} values are NaN or Inf"
+        for k, digest in enumerate(values):
+            if digest.non_finite:
+                numel = 1
+                for dim in digest.shape:
+                    numel *= dim
+                return f"input set {set_index}, output {k}: {digest.non_finite}/{numel} values are NaN or Inf"
     return None
 
 
-def _same(a: list[Any], b: list[Any]) -> bool:
+def _same(a: list[OutputDigest], b: list[OutputDigest]) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
-        if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-            if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
-                return False
-        elif x != y:
+        if x.is_tensor != y.is_tensor or (x.shape, x.dtype) != (y.shape, y.dtype):
+            return False
+        if x.is_tensor and not torch.equal(x.sample, y.sample):
+            return False
+        if not x.is_tensor and x.value != y.value:
             return False
     return True
+
+
+def _disagreement(
+    task: Task, a: list[OutputDigest], b: list[OutputDigest], index: int
+) -> tuple[str | None, float]:
+    """Where two runs of one input set differ beyond the task's tolerances (sampled values)."""
+    if len(a) != len(b):
+        return f"input set {index}: {len(a)} vs {len(b)} outputs", 0.0
+    worst = 0.0
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
+        if (x.shape, x.dtype, x.is_tensor) != (y.shape, y.dtype, y.is_tensor):
+            return f"input set {index}, output {k}: shape or type differs", worst
+        if not x.is_tensor:
+            if x.value != y.value:
+                return f"input set {index}, output {k}: {x.value!r} vs {y.value!r}", worst
+            continue
+        atol, rtol = task.tolerances(x.dtype)
+        both_finite = torch.isfinite(x.sample) & torch.isfinite(y.sample)
+        diff = torch.where(both_finite, (x.sample - y.sample).abs(), 0.0)
+        if diff.numel():
+            worst = max(worst, float(diff.max()))
+        bad = (diff > atol + rtol * y.sample.abs().nan_to_num()) | (
+            ~both_finite & ~(x.sample.isnan() & y.sample.isnan()) & (x.sample != y.sample)
+        )
+        if bool(bad.any()):
+            return (
+                f"input set {index}, output {k}: {int(bad.sum())} of {bad.numel()} sampled "
+                f"values differ beyond atol={atol:g}, rtol={rtol:g}"
+            ), worst
+    return None, worst
 
 
 def judge(
@@ -260,7 +348,7 @@ def judge(
     for probe in (first, second):
         if probe.failure:
             return probe.failure, probe.detail, {}
-    if not any(isinstance(v, torch.Tensor) for values in first.outputs for v in values):
+    if not any(digest.is_tensor for values in first.outputs for digest in values):
         return "no_tensor_output", "forward returned no tensor", {}
     bad = _non_finite(first.outputs)
     if bad:
@@ -273,13 +361,10 @@ def judge(
         )
     max_diff = 0.0
     for index, (a, b) in enumerate(zip(first.outputs, second.outputs, strict=False)):
-        comparison = compare_outputs(task, b, a, index)
-        max_diff = max(max_diff, comparison.max_abs_err)
-        if not comparison.correct:
-            detail = (
-                "two runs with equal seeds disagree beyond the task's tolerances: "
-                + "; ".join(comparison.problems[:2])
-            )
+        problem, diff = _disagreement(task, a, b, index)
+        max_diff = max(max_diff, diff)
+        if problem:
+            detail = "two runs with equal seeds disagree beyond the task's tolerances: " + problem
             return "nondeterministic", detail, {}
     if (
         config.reject_constant_outputs
@@ -304,48 +389,90 @@ def judge(
 
 
 def validate_tasks(
-    tasks: Dataset, config: ValidateConfig | None = None, console: Console | None = None
+    tasks: Dataset,
+    config: ValidateConfig | None = None,
+    console: Console | None = None,
+    journal: Journal | None = None,
 ) -> tuple[Dataset, StepReport]:
-    """Keep the tasks whose references pass (see the module docstring); add runtime and ops."""
+    """Keep the tasks whose references pass (see the module docstring); add runtime and ops.
+
+    With a ``journal`` (``resume.Journal`` keyed by this config), each task's verdict is
+    appended as soon as both of its runs are judged, and tasks already in the journal are not
+    run again: an interrupted validation resumes where it stopped. Progress goes to
+    ``console`` as a bar, one step per task.
+    """
     config = config or ValidateConfig()
     report = StepReport("validate", count_in=len(tasks))
     rows = list(tasks)
-    kept: list[dict[str, Any]] = []
-    with timed(report), ReferenceProber(config) as prober:
-        task_list = [task_of(row) for row in rows]
-        jobs = []
-        with ThreadPoolExecutor(max_workers=max(config.workers, 1)) as executor:
-            for task in task_list:
+    task_list = [task_of(row) for row in rows]
+    verdicts: dict[int, dict[str, Any]] = {}
+    for index, task in enumerate(task_list):
+        entry = journal.get(task.hash) if journal is not None else None
+        if entry is not None:
+            verdicts[index] = entry
+    todo = [i for i in range(len(rows)) if i not in verdicts]
+    if verdicts:
+        report.notes["resumed_from_journal"] = len(verdicts)
+    with (
+        timed(report),
+        ReferenceProber(config) as prober,
+        step_progress(console, "validate", len(rows), completed=len(verdicts)) as progress,
+    ):
+        executor = ThreadPoolExecutor(max_workers=max(config.workers, 1))
+        try:
+            pending: dict[Future[Probe], tuple[int, int]] = {}
+            for index in todo:
+                task = task_list[index]
                 model_seed, input_seeds = seeds_for(task, config)
                 # The second run repeats every input set but skips timing and the profiled call
                 # (seconds on CPU). All of them: a reference drawing one of 64 channels from an
                 # unseeded RNG agreed with itself on one input set in 1 of 64 validations.
-                jobs.append(
-                    (
-                        executor.submit(prober.run, task, model_seed, input_seeds, True),
-                        executor.submit(prober.run, task, model_seed, input_seeds, False),
-                    )
-                )
-            for row, task, (first_future, second_future) in zip(rows, task_list, jobs, strict=True):
-                first, second = first_future.result(), second_future.result()
-                reason, detail, details = judge(task, first, second, config)
-                if reason:
-                    report.remove(row["id"], reason, detail)
+                for which, time_it in ((0, True), (1, False)):
+                    future = executor.submit(prober.run, task, model_seed, input_seeds, time_it)
+                    pending[future] = (index, which)
+            probes: dict[int, list[Probe | None]] = {i: [None, None] for i in todo}
+            for future in as_completed(pending):
+                index, which = pending[future]
+                probes[index][which] = future.result()
+                first, second = probes[index]
+                if first is None or second is None:
                     continue
-                model_seed, input_seeds = seeds_for(task, config)
-                details.update(device=prober.kind, model_seed=model_seed, input_seeds=input_seeds)
-                kept.append(
-                    {
-                        **row,
-                        "validated": True,
-                        "ref_device": prober.device_name,
-                        "ref_runtime_ms": first.runtime_ms,
-                        "aten_ops": sorted(first.aten_ops),
-                        "validation": json.dumps(details, sort_keys=True),
-                    }
-                )
+                verdicts[index] = _verdict(task_list[index], first, second, config, prober)
+                if journal is not None:
+                    journal.add(task_list[index].hash, rows[index]["id"], verdicts[index])
+                del probes[index]
+                progress.advance()
+        finally:
+            # Ctrl-C: runs not started are cancelled; the few in flight end (time-limited).
+            executor.shutdown(wait=True, cancel_futures=True)
         report.notes["device"] = prober.device_name
+    kept: list[dict[str, Any]] = []
+    for index, row in enumerate(rows):
+        verdict = verdicts[index]
+        if verdict.get("reason"):
+            report.remove(row["id"], verdict["reason"], verdict.get("detail", ""))
+        else:
+            kept.append({**row, "validated": True, **verdict["fields"]})
     result = make_dataset(kept, "tasks")
     report.count_out = len(result)
     log_step(report, console)
     return result, report
+
+
+def _verdict(
+    task: Task, first: Probe, second: Probe, config: ValidateConfig, prober: ReferenceProber
+) -> dict[str, Any]:
+    """A task's validation outcome as JSON (what the journal keeps)."""
+    reason, detail, details = judge(task, first, second, config)
+    if reason:
+        return {"reason": reason, "detail": detail}
+    model_seed, input_seeds = seeds_for(task, config)
+    details.update(device=prober.kind, model_seed=model_seed, input_seeds=input_seeds)
+    return {
+        "fields": {
+            "ref_device": prober.device_name,
+            "ref_runtime_ms": first.runtime_ms,
+            "aten_ops": sorted(first.aten_ops),
+            "validation": json.dumps(details, sort_keys=True),
+        }
+    }

@@ -22,8 +22,8 @@ class Model(nn.Module):
         return self.ln(inp + y)
 
 
-tokens = 4096
-d_model = 768
+tokens = 2048
+d_model = 1024
 mult = 4
 
 

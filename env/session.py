@@ -1,0 +1,82 @@
+"""The trusted side of the sandbox protocol: the one place that speaks it.
+
+A session drives one sandboxed child through one job:
+
+    start(job)          -> "loaded" | "error" | "not_run"      (load, compile, build the model)
+    send_call(seed); receive()  -> "outputs" | "error"           (one forward call on fresh inputs)
+    read_tensors(described, on_chunk)                            (that call's output bytes)
+    send_time(seed); receive()  -> "timing" | "error"            (timing and profile)
+
+Input seeds are sent one call at a time, so the child never holds the seeds of calls it has not
+made yet. A call's outputs are described in its message and their bytes follow in chunks,
+straight from the harness after the call: they are never written where the solution could
+rewrite them, and the receiver holds one chunk of host memory at a time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kernelrl.env.compare import DTYPES
+from kernelrl.env.protocol import CHUNK_BYTES
+from kernelrl.env.sandbox import Child
+
+
+class SandboxSession:
+    def __init__(self, child: Child, timeout_s: float, max_rss_bytes: int | None) -> None:
+        self.child = child
+        self.deadline = time.monotonic() + timeout_s
+        self.max_rss_bytes = max_rss_bytes
+        self._buffer: torch.Tensor | None = None
+
+    def receive(self) -> dict[str, Any]:
+        return self.child.receive(self.deadline, self.max_rss_bytes)
+
+    def start(self, job: dict[str, Any]) -> dict[str, Any]:
+        self.child.send({"type": "job", **job})
+        return self.receive()
+
+    def send_call(self, seed: int) -> None:
+        self.child.send({"type": "call", "seed": seed})
+
+    def send_time(self, seed: int) -> None:
+        self.child.send({"type": "time", "seed": seed})
+
+    def finish(self) -> None:
+        self.child.send({"type": "done"})
+
+    def read_tensors(
+        self,
+        described: list[dict[str, Any]],
+        on_chunk: Callable[[int, torch.Tensor], None],
+    ) -> None:
+        """Read the bytes of every tensor output in ``described`` (in order) and hand each chunk,
+        as a 1-D CPU tensor of the output's dtype, to ``on_chunk(output_index, chunk)``.
+
+        The chunk's memory is reused for the next one: ``on_chunk`` must not keep it.
+        """
+        for index, entry in enumerate(described):
+            if entry.get("kind") != "tensor":
+                continue
+            dtype = DTYPES.get(str(entry.get("dtype")))
+            if dtype is None:
+                raise ValueError(f"output {index}: unknown dtype {entry.get('dtype')!r}")
+            remaining = int(entry["nbytes"])
+            step = CHUNK_BYTES - CHUNK_BYTES % dtype.itemsize
+            buffer = self._chunk_buffer()
+            while remaining > 0:
+                size = min(step, remaining)
+                self.child.receive_into(
+                    memoryview(buffer.numpy())[:size], self.deadline, self.max_rss_bytes
+                )
+                on_chunk(index, buffer[:size].view(dtype))
+                remaining -= size
+
+    def _chunk_buffer(self) -> torch.Tensor:
+        if self._buffer is None:
+            self._buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+        return self._buffer

@@ -1,0 +1,49 @@
+# Legitimate: the block size and grid are memoised per shape (metadata only).
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.maximum(tl.load(x_ptr + offs, mask=mask), 0.0), mask=mask)
+
+
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def launch_copy(x, out):
+    n = x.numel()
+    copy_kernel[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024)
+    return out
+
+
+def launch_relu(x, out):
+    n = x.numel()
+    relu_kernel[(triton.cdiv(n, 1024),)](x, out, n, BLOCK=1024)
+    return out
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._configs = {}
+
+    def forward(self, x):
+        x = x.contiguous()
+        key = (tuple(x.shape), x.dtype)
+        if key not in self._configs:
+            n = x.numel()
+            block = min(4096, triton.next_power_of_2(n))
+            self._configs[key] = (block, (triton.cdiv(n, block),))
+        block, grid = self._configs[key]
+        out = torch.empty_like(x)
+        relu_kernel[grid](x, out, x.numel(), BLOCK=block)
+        return out
