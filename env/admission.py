@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -21,21 +22,43 @@ from kernelrl.env.task import Task, TaskError
 GIB = 2**30
 # CUDA context, CUPTI and allocator slack of one sandbox child, beside its tensors.
 CHILD_OVERHEAD_BYTES = 1 * GIB
+# Above this many bytes of inputs and outputs a task is timed on one placement of its inputs, not
+# several: placement matters for small memory-bound kernels (timing.py), and four copies of a
+# 6 GiB KernelBench input would take the memory other evaluations were promised.
+LARGE_TASK_BYTES = 512 * 2**20
 
 
-def evaluation_bytes(task: Task) -> int:
-    """GPU bytes one evaluation of ``task`` holds at its peak, on both sides of the sandbox.
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What one evaluation of a task may hold on the GPU, on each side of the sandbox.
 
-    The child holds the inputs, parameters, the outputs of the current call and those of the
-    previous one (kept to detect reuse); the trusted side holds the reference's inputs,
-    parameters and outputs while it compares them chunk by chunk.
+    The child holds the inputs, parameters, the outputs of the current call and of the previous
+    one (kept to detect reuse), plus room for the solution's own workspaces; the trusted side
+    holds the reference's inputs, parameters and outputs while it compares them chunk by chunk.
     """
+
+    child_bytes: int
+    trusted_bytes: int
+    large: bool
+
+    @property
+    def total_bytes(self) -> int:
+        return self.child_bytes + self.trusted_bytes
+
+
+def memory_plan(task: Task) -> MemoryPlan:
     try:
         footprint = estimate_footprint(task, "cuda")
     except TaskError:
-        return CHILD_OVERHEAD_BYTES
+        return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, large=False)
     data = footprint.input_bytes + footprint.param_bytes
-    return 2 * data + 3 * footprint.output_bytes + CHILD_OVERHEAD_BYTES
+    out = footprint.output_bytes
+    workspace = max(footprint.input_bytes + out, GIB)
+    return MemoryPlan(
+        child_bytes=data + 2 * out + workspace + CHILD_OVERHEAD_BYTES,
+        trusted_bytes=data + out,
+        large=footprint.input_bytes + out > LARGE_TASK_BYTES,
+    )
 
 
 class GpuMemoryBudget:
@@ -48,9 +71,13 @@ class GpuMemoryBudget:
         self._changed = threading.Condition()
 
     @classmethod
-    def for_device(cls, device: torch.device, fraction: float = 0.85) -> GpuMemoryBudget:
+    def for_device(
+        cls, device: torch.device, processes: int, fraction: float = 0.9
+    ) -> GpuMemoryBudget:
+        """A share of the device, less the CUDA contexts of ``processes`` sandboxes (running
+        and warming), which hold memory whatever they evaluate."""
         total = torch.cuda.get_device_properties(device).total_memory
-        return cls(int(total * fraction))
+        return cls(int(total * fraction) - processes * CHILD_OVERHEAD_BYTES)
 
     @contextlib.contextmanager
     def reserve(self, nbytes: int) -> Iterator[None]:

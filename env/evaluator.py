@@ -13,13 +13,13 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
 
 from kernelrl.env import dynamic_checks
-from kernelrl.env.admission import GpuMemoryBudget, evaluation_bytes
+from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan, memory_plan
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
 from kernelrl.env.parse import FormatError, extract_solution, solution_kernel_names
@@ -100,7 +100,10 @@ class Evaluator:
         )
         self.references = ReferenceRunner(self.device)
         self.gpu_memory = (
-            GpuMemoryBudget.for_device(self.device) if self.device_kind == "cuda" else None
+            # Sandboxes holding a context: a pool's usual 4 in flight and the spares warming.
+            GpuMemoryBudget.for_device(self.device, processes=4 + self.config.spare_children)
+            if self.device_kind == "cuda"
+            else None
         )
         self.timing_cache = timing_cache or ReferenceTimingCache()
         self.gpu_lock = threading.Lock()
@@ -152,16 +155,18 @@ class Evaluator:
             return
         own_names = solution_kernel_names(source, task.backend)
 
-        admitted = (
-            self.gpu_memory.reserve(evaluation_bytes(task))
-            if self.gpu_memory is not None
-            else contextlib.nullcontext()
-        )
+        plan = memory_plan(task) if self.gpu_memory is not None else None
+        admitted = self.gpu_memory.reserve(plan.total_bytes) if plan else contextlib.nullcontext()
         with admitted:
-            self._run_admitted(task, source, own_names, result)
+            self._run_admitted(task, source, own_names, result, plan)
 
     def _run_admitted(
-        self, task: Task, source: str, own_names: list[str], result: EvalResult
+        self,
+        task: Task,
+        source: str,
+        own_names: list[str],
+        result: EvalResult,
+        plan: MemoryPlan | None,
     ) -> None:
         wait_started = time.perf_counter()
         try:
@@ -182,7 +187,7 @@ class Evaluator:
             )
         }
         try:
-            self._run_in_child(task, source, own_names, child, result)
+            self._run_in_child(task, source, own_names, child, result, plan)
         except ChildDied as exc:
             result.status = Status.TIMEOUT if exc.timed_out else Status.RUNTIME_ERROR
             result.error = f"the solution's process {exc}"
@@ -205,9 +210,18 @@ class Evaluator:
             child.close()
 
     def _run_in_child(
-        self, task: Task, source: str, own_names: list[str], child: Child, result: EvalResult
+        self,
+        task: Task,
+        source: str,
+        own_names: list[str],
+        child: Child,
+        result: EvalResult,
+        plan: MemoryPlan | None,
     ) -> None:
         config = self.config
+        timing_config = (
+            replace(config.timing, placements=1) if plan and plan.large else config.timing
+        )
         session = SandboxSession(child, config.timeout_s, config.host_memory_bytes)
         model_seed = secrets.randbits(31)
         loaded = session.start(
@@ -218,8 +232,9 @@ class Evaluator:
                 "size_overrides": task.size_overrides(self.device_kind),
                 "solution_source": source,
                 "model_seed": model_seed,
-                "timing": asdict(config.timing),
+                "timing": asdict(timing_config),
                 "profile_calls": config.profile_calls,
+                "gpu_bytes_admitted": plan.child_bytes if plan else None,
                 "limits": {
                     "file_bytes": config.file_bytes,
                     "cpu_seconds": int(config.timeout_s * 2) + 30,
@@ -253,6 +268,9 @@ class Evaluator:
                 return
             comparison = self._compare(task, session, report, expected, index)
             del expected
+            if plan and plan.large:  # give the cached blocks back to the other sandboxes
+                with self._trusted_gpu_work():
+                    torch.cuda.empty_cache()
             evidence.add(report)
             result.input_sets_checked = index + 1
             result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
@@ -282,9 +300,9 @@ class Evaluator:
                 return
             result.runtime = TimingStats(**timing["runtime"])
             started = time.perf_counter()
-            result.ref_eager = self._reference_timing(task, compiled=False)
+            result.ref_eager = self._reference_timing(task, False, timing_config)
             if self.device_kind == "cuda" and config.time_reference_compile:
-                result.ref_compile = self._reference_timing(task, compiled=True)
+                result.ref_compile = self._reference_timing(task, True, timing_config)
             result.phase_seconds["reference_timing"] = time.perf_counter() - started
         violations = dynamic_checks.check_timing_report(timing, task.backend, timing_wall)
         if violations:
@@ -381,15 +399,20 @@ class Evaluator:
         result.error = "\n".join(f"[{name}] {why}" for name, why in violations)
         result.speedup_vs_eager = result.speedup_vs_compile = None
 
-    def _reference_timing(self, task: Task, compiled: bool) -> TimingStats | None:
-        """Cached; the caller holds the GPU lock so the reference is timed alone."""
+    def _reference_timing(
+        self, task: Task, compiled: bool, timing: TimingConfig
+    ) -> TimingStats | None:
+        """Cached; the caller holds the GPU lock so the reference is timed alone, the same way
+        (placements included) as the solution."""
         kind = "compile" if compiled else "eager"
-        key = self.timing_cache.key(task, self.device, kind, self.config.timing)
+        key = self.timing_cache.key(task, self.device, kind, timing)
         cached = self.timing_cache.get(key)
         if cached is not False:
             return cached
-        stats = self.references.time(task, compiled, self.config.timing)
+        stats = self.references.time(task, compiled, timing)
         self.timing_cache.put(key, stats)
+        if self.device_kind == "cuda":
+            torch.cuda.empty_cache()  # what the reference held goes back to the other sandboxes
         return stats
 
 

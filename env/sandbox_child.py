@@ -388,6 +388,21 @@ def compile_error_stage(exc: BaseException) -> str:
     return "compile" if is_compile_error(exc) else "runtime"
 
 
+def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exception:
+    """What the solution's own code raised, said as the solution's fault, except a GPU out of
+    memory while the solution held no more than it was promised: then other work on the shared
+    GPU took the memory, which is ours to schedule, not the kernel's fault."""
+    if isinstance(exc, torch.OutOfMemoryError) and admitted_bytes is not None:
+        held = torch.cuda.memory_allocated()
+        if held <= admitted_bytes:
+            return HarnessFailure(
+                f"the GPU ran out of memory while the solution held {held / 2**30:.1f} GiB, "
+                f"within the {admitted_bytes / 2**30:.1f} GiB admitted for it: other work took "
+                "the rest"
+            )
+    return SolutionFailure(compile_error_stage(exc), exc)
+
+
 class Job:
     """One solution, served call by call as the trusted side asks.
 
@@ -480,7 +495,7 @@ class Job:
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
         except Exception as exc:
-            raise SolutionFailure(compile_error_stage(exc), exc) from exc
+            raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
         self.calls += 1
         if self.calls == 1:  # the first call compiles the kernels (JIT) and runs them once
             self.phase["first_call"] = time.perf_counter() - call_start
@@ -541,7 +556,7 @@ class Job:
                 with torch.no_grad():
                     model(*inputs)
             except Exception as exc:
-                raise SolutionFailure(compile_error_stage(exc), exc) from exc
+                raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
 
         def timed_call(inputs: list[Any]) -> Callable[[], None]:
             return lambda: forward(inputs)
@@ -557,7 +572,7 @@ class Job:
                     model(*inputs)
                     alone[0] = alone[0] and spot.on_top()
             except Exception as exc:
-                raise SolutionFailure(compile_error_stage(exc), exc) from exc
+                raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
 
         calls = [timed_call(inputs) for inputs in input_sets]
         counter.counts.clear()

@@ -1,0 +1,74 @@
+"""GPU work admitted by memory footprint: reservations wait for room, a task too large for the
+device runs alone, and the plan of a KernelBench-sized task is what its tensors need."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kernelrl.env.admission import CHILD_OVERHEAD_BYTES, GpuMemoryBudget, memory_plan
+from kernelrl.env.task import task_from_source
+
+GIB = 2**30
+
+
+def _task(numel: int) -> str:
+    return f"""
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.rand({numel})]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_kernelbench_sized_task_is_planned_from_its_tensors() -> None:
+    numel = 4096 * 393216  # KernelBench level 1, 19_ReLU: 6 GiB of fp32 in, 6 GiB out
+    plan = memory_plan(task_from_source(_task(numel), "relu_big"))
+    tensor = numel * 4
+    assert plan.large
+    assert plan.trusted_bytes == 2 * tensor
+    assert plan.child_bytes == tensor + 2 * tensor + 2 * tensor + CHILD_OVERHEAD_BYTES
+    small = memory_plan(task_from_source(_task(1024), "relu_small"))
+    assert not small.large and small.total_bytes < 3 * GIB
+
+
+def test_reservations_wait_until_they_fit() -> None:
+    budget = GpuMemoryBudget(10 * GIB)
+    order: list[str] = []
+    release = threading.Event()
+
+    def hold(name: str, nbytes: int) -> None:
+        with budget.reserve(nbytes):
+            order.append(f"start {name}")
+            release.wait(5)
+        order.append(f"end {name}")
+
+    first = threading.Thread(target=hold, args=("a", 6 * GIB))
+    first.start()
+    while budget.in_flight == 0:
+        time.sleep(0.01)
+    second = threading.Thread(target=hold, args=("b", 6 * GIB))
+    second.start()
+    time.sleep(0.2)
+    assert order == ["start a"]  # b does not fit beside a
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert order == ["start a", "end a", "start b", "end b"]
+    assert budget.reserved == 0 and budget.in_flight == 0
+
+
+def test_a_task_larger_than_the_device_runs_alone() -> None:
+    budget = GpuMemoryBudget(10 * GIB)
+    with budget.reserve(40 * GIB):
+        assert budget.in_flight == 1
+    with budget.reserve(1 * GIB), budget.reserve(2 * GIB):
+        assert budget.reserved == 3 * GIB
