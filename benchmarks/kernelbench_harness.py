@@ -393,6 +393,11 @@ def run_kernelrl_phase(
                 continue
             finished += 1
             d = res.to_dict()
+            print(
+                f"kernelrl {entry.key}: {d.get('status')} speedup {d.get('speedup_vs_eager')} "
+                f"{(d.get('error') or '')[:200]!r}",
+                flush=True,
+            )
             results[entry.stem].append(
                 {
                     "status": str(d.get("status")),

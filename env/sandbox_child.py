@@ -390,15 +390,18 @@ def compile_error_stage(exc: BaseException) -> str:
 
 def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exception:
     """What the solution's own code raised, said as the solution's fault, except a GPU out of
-    memory while the solution held no more than it was promised: then other work on the shared
-    GPU took the memory, which is ours to schedule, not the kernel's fault."""
+    memory when the device no longer had the share admitted for this evaluation (what this
+    process holds plus what is free is less than it was promised): other work on the shared GPU
+    took it, which is ours to schedule. A solution that asks for more than its share, with its
+    share still there, ran out of memory by itself."""
     if isinstance(exc, torch.OutOfMemoryError) and admitted_bytes is not None:
-        held = torch.cuda.memory_allocated()
-        if held <= admitted_bytes:
+        free, _ = torch.cuda.mem_get_info()
+        available = torch.cuda.memory_reserved() + free
+        if available < admitted_bytes:
             return HarnessFailure(
-                f"the GPU ran out of memory while the solution held {held / 2**30:.1f} GiB, "
-                f"within the {admitted_bytes / 2**30:.1f} GiB admitted for it: other work took "
-                "the rest"
+                f"the GPU ran out of memory with {available / 2**30:.1f} GiB left to this "
+                f"evaluation of the {admitted_bytes / 2**30:.1f} GiB admitted for it: other "
+                "work on the GPU took the rest"
             )
     return SolutionFailure(compile_error_stage(exc), exc)
 

@@ -200,6 +200,12 @@ def test_a_solution_that_kills_its_worker_is_a_runtime_error(pool: RayPool) -> N
     deaths = pool.stats()["worker_deaths"]
     goods = [variant(GOOD, f"beside killer {i}") for i in range(2)]
     results = pool.evaluate([RELU] * 3, [goods[0], KILLER, goods[1]])
+    if "own pid namespace" in results[0].sandbox.get("isolation", ""):
+        # In its own PID namespace the solution's parent is the namespace's init, which ignores
+        # the signal: the worker is out of its reach, so the solution is judged on its kernel.
+        assert [r.status for r in results] == [Status.CORRECT] * 3
+        assert pool.stats()["worker_deaths"] == deaths
+        return
     assert [r.status for r in results] == [Status.CORRECT, Status.RUNTIME_ERROR, Status.CORRECT]
     killer = results[1]
     assert killer.sandbox[POOL_ERROR_KEY] == "worker_failed" and killer.sandbox["attempts"] == 2
@@ -226,7 +232,8 @@ def test_results_store_serves_repeats_and_shares_reference_timings(
     assert pool.stats()["submitted"] - submitted == 1  # one new evaluation, shared in flight
     assert (cached.hits, cached.misses) == (3, 1)
     # A verdict of the pool itself (worker lost) is stored but never served again.
-    assert store.get(RELU, KILLER, pool.device_name) is None
+    killer = store.get(RELU, KILLER, pool.device_name)
+    assert killer is None or killer.status is Status.CORRECT  # correct where it cannot kill
 
     dataset = store.to_dataset()
     assert isinstance(dataset, Dataset)
