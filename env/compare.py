@@ -44,6 +44,7 @@ class Comparison:
     max_abs_err: float = 0.0
     max_rel_err: float = 0.0
     problems: list[str] = field(default_factory=list)
+    ref_scale: float = 0.0  # largest finite |reference value| compared
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -154,6 +155,9 @@ class OutputMatcher:
         diff = (out - ref).abs()
         diff = torch.where(finite_ref, diff, torch.where(out == ref, 0.0, float("inf")))
         mismatched = diff > state.atol + state.rtol * ref.abs()
+        finite_abs = torch.where(finite_ref, ref.abs(), 0.0)
+        if finite_abs.numel():
+            self.result.ref_scale = max(self.result.ref_scale, float(finite_abs.max()))
         if diff.numel():
             state.max_diff = max(state.max_diff, float(diff.max()))
             self.result.max_abs_err = max(self.result.max_abs_err, float(diff.max()))

@@ -267,6 +267,7 @@ class Evaluator:
             if self._stopped_early(report, result):
                 return
             comparison = self._compare(task, session, report, expected, index)
+            expected_dtypes = {v.dtype for v in expected if isinstance(v, torch.Tensor)}
             del expected
             if plan and plan.large:  # give the cached blocks back to the other sandboxes
                 with self._trusted_gpu_work():
@@ -282,6 +283,8 @@ class Evaluator:
             if not comparison.correct:
                 result.status = Status.INCORRECT
                 result.error = "\n".join(comparison.problems[:3])
+                if _looks_like_reduced_precision(expected_dtypes, comparison):
+                    result.error += "\n" + REDUCED_PRECISION_HINT
                 return
         result.phase_seconds.update({f"child_{k}": v for k, v in report.get("phase", {}).items()})
         result.custom_kernel_launches = (
@@ -414,6 +417,25 @@ class Evaluator:
         if self.device_kind == "cuda":
             torch.cuda.empty_cache()  # what the reference held goes back to the other sandboxes
         return stats
+
+
+REDUCED_PRECISION_HINT = (
+    "The mismatches are small next to the output's values, as when fp32 is computed in a lower "
+    "precision: tl.dot's default input_precision is TF32 on GPUs (~1e-3 relative error), while "
+    "fp32 tasks are checked against an exact fp32 reference (TF32 off) at fp32 tolerances "
+    '(KernelBench\'s 1e-4 by default). Use tl.dot(a, b, input_precision="ieee") (or '
+    '"tf32x3"), and accumulate in fp32.'
+)
+
+
+def _looks_like_reduced_precision(dtypes: set[torch.dtype], comparison: Comparison) -> bool:
+    """fp32 outputs whose only problems are values off by less than 1% of the output's scale:
+    what TF32 (10-bit mantissa) or bf16 products give, rather than a wrong algorithm."""
+    return (
+        torch.float32 in dtypes
+        and all("values outside" in problem for problem in comparison.problems)
+        and 0 < comparison.max_abs_err < 0.01 * comparison.ref_scale
+    )
 
 
 def _harness_error(result: EvalResult, why: str) -> None:

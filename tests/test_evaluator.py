@@ -8,6 +8,7 @@ none of the hacks may come out correct either.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -200,3 +201,31 @@ def test_a_hard_memory_ulimit_below_ours_still_evaluates(tmp_path: Path) -> None
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("correct"), done.stdout + done.stderr[-2000:]
+
+
+CUDA_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "cuda").glob("*.py"))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("path", CUDA_SOLUTIONS, ids=lambda p: p.stem)
+def test_cuda_cpp_on_a_machine_without_a_gpu(path: Path) -> None:
+    """Compiled with nvcc, never run: ``not_run`` for code that compiles (or that only this
+    machine's toolkit cannot compile, e.g. ATen's CUDA headers), ``compile_error`` for code that
+    is wrong."""
+    config = EvalConfig(device="cpu", timeout_s=240, static_checks=False)
+    with LocalPool(config, workers=1) as pool:
+        (result,) = pool.evaluate([RELU_TASK.with_backend("cuda")], [path.read_text()])
+    assert result.status == expected_of(path), result.error
+
+
+def test_fp32_computed_in_lower_precision_is_named_in_the_feedback() -> None:
+    """The CPU verdict predicts the GPU's: an fp32 matmul whose products lose precision (as
+    tl.dot's default TF32 does on a GPU) is incorrect at fp32 tolerance, and the feedback says
+    why and what to use instead."""
+    task = load_task(ROOT / "data" / "tasks" / "18_matmul.py")
+    solution = Path(__file__).parent / "solutions" / "precision" / "reduced_precision_matmul.py"
+    config = EvalConfig(device="cpu", timeout_s=120)
+    with LocalPool(config, workers=1) as pool:
+        (result,) = pool.evaluate([task], [solution.read_text()])
+    assert result.status is Status.INCORRECT, result.error
+    assert 'input_precision="ieee"' in result.feedback
