@@ -1,0 +1,233 @@
+"""The sandbox's audit of a solution's calls: what it dispatched, what it launched, and
+whether it left the harness as it found it.
+
+Runs inside the sandboxed child, beside the solution: every defence here is evidence for the
+trusted side, which decides the verdict (``dynamic_checks``), and each is itself watched
+(``TamperGuard``) so that switching one off shows.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+import types
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+from kernelrl.env import compare, harness, protocol, timing, vocabulary
+from kernelrl.env.protocol import SOLUTION_MODULE
+
+
+class AtenAudit(TorchDispatchMode):
+    """Every aten op a solution's call dispatches, judged by the vocabulary's allow-list.
+
+    Compute ops (anything not allocation/view/copy/cast/pad) are recorded by name; copies count
+    their bytes against the glue budget, except the copies Triton's own launcher makes (the
+    interpreter moves arguments with ``copy_``). Two tallies are kept, one the solution could
+    reach (``compute``/``glue_calls``) and one in a closure: they disagree if the visible one
+    was reset.
+    """
+
+    def __init__(self, launches: LaunchCounter) -> None:
+        super().__init__()
+        self.launches = launches
+        self.compute: Counter[str] = Counter()
+        self.glue_calls = 0
+        self.copied_bytes = 0
+        seen = [0]
+
+        def note() -> None:
+            seen[0] += 1
+
+        self._note = note
+        self._seen = lambda: seen[0]
+        self.closing = False
+        self.popped_early = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.closing = True
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.closing = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = func._schema.name
+        self._note()
+        out = func(*args, **(kwargs or {}))
+        if vocabulary.is_glue_aten(name):
+            self.glue_calls += 1
+            if name in vocabulary.COPYING_ATEN_OPS and not self.launches.depth:
+                self.copied_bytes += nbytes(out)
+        else:
+            self.compute[name] += 1
+        return out
+
+    def on_top(self) -> bool:
+        """Inside the audited block: this audit is the one and only active dispatch mode."""
+        stack = _get_current_dispatch_mode_stack()
+        return len(stack) == 1 and stack[0] is self
+
+    def tampered(self) -> list[str]:
+        problems = []
+        if self._seen() != sum(self.compute.values()) + self.glue_calls:
+            problems.append("the audit's op counts were changed")
+        if self.popped_early:
+            problems.append("the audit's dispatch mode was popped during a call")
+        return problems
+
+
+def guard_dispatch_stack() -> None:
+    """Popping the dispatch-mode stack goes through a check: an audit popped by anything but
+    its own exit (``_pop_mode_temporarily``, a direct ``torch._C`` pop) marks it tampered."""
+    import torch.utils._python_dispatch as python_dispatch
+
+    original = torch._C._pop_torch_dispatch_stack
+
+    def checked_pop(*args: Any) -> Any:
+        mode = original(*args)
+        if isinstance(mode, AtenAudit) and not mode.closing:
+            mode.popped_early = True
+        return mode
+
+    torch._C._pop_torch_dispatch_stack = checked_pop
+    python_dispatch._pop_torch_dispatch_stack = checked_pop
+
+
+def nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, tuple | list):
+        return sum(nbytes(v) for v in value)
+    return 0
+
+
+class LaunchCounter:
+    """Counts launches of the solution's own Triton kernels, on CPU and GPU alike.
+
+    Installed on Triton's kernel classes before the solution is imported; only kernels whose
+    Python function lives in the solution module are counted. ``depth`` is non-zero while one
+    of them is being launched.
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.depth = 0
+
+    def install(self) -> None:
+        import triton.runtime.jit as jit
+
+        classes = [jit.JITFunction]
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            classes.append(InterpretedFunction)
+        except ImportError:
+            pass
+        for cls in classes:
+            original = cls.run
+
+            def counted_run(self, *args, _original=original, **kwargs):
+                owner = self.counts_owner
+                if (
+                    not kwargs.get("warmup", False)
+                    and getattr(self.fn, "__module__", "") == SOLUTION_MODULE
+                ):
+                    owner.counts[self.fn.__name__] += 1
+                owner.depth += 1
+                try:
+                    return _original(self, *args, **kwargs)
+                finally:
+                    owner.depth -= 1
+
+            cls.run = counted_run
+            cls.counts_owner = self
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class TamperGuard:
+    """What the harness relies on, by identity, taken before the solution is loaded.
+
+    After every call the same objects must be in the same places: a patched timer, event,
+    socket method, dispatch hook, launch counter or harness function, a replaced module in
+    ``sys.modules``, or a trace/profile hook is tampering. Only callables, classes and modules
+    are watched (torch rebinds plain state values lazily); names added later are ignored.
+    """
+
+    def __init__(self, owners: list[tuple[str, Any]], modules: list[str]) -> None:
+        self._watched: list[tuple[str, Any, str, Any]] = []
+        for label, owner in owners:
+            for name, value in list(vars(owner).items()):
+                if callable(value) or isinstance(value, types.ModuleType | type):
+                    self._watched.append((label, owner, name, value))
+        self._modules = {name: sys.modules.get(name) for name in modules}
+
+    def verify(self) -> list[str]:
+        changed = [
+            f"{label}.{name}"
+            for label, owner, name, value in self._watched
+            if vars(owner).get(name) is not value
+        ]
+        changed += [
+            f"sys.modules[{name!r}]"
+            for name, module in self._modules.items()
+            if sys.modules.get(name) is not module
+        ]
+        if sys.gettrace() is not None:
+            changed.append("sys.settrace")
+        if sys.getprofile() is not None:
+            changed.append("sys.setprofile")
+        if _get_current_dispatch_mode_stack():
+            changed.append("a dispatch mode left active")
+        return changed[:8]
+
+
+def harness_guard(sandbox: types.ModuleType) -> TamperGuard:
+    """The guard over everything the sandbox's harness (module ``sandbox``) relies on."""
+    import builtins
+
+    import triton.runtime.jit as jit
+
+    owners: list[tuple[str, Any]] = [
+        ("builtins", builtins),
+        ("time", time),
+        ("socket.socket", socket.socket),
+        ("torch", torch),
+        ("torch.Tensor", torch.Tensor),
+        ("torch.nn.Module", torch.nn.Module),
+        ("torch.nn.functional", torch.nn.functional),
+        ("torch.cuda", torch.cuda),
+        ("torch.cuda.Event", torch.cuda.Event),
+        ("torch.profiler", torch.profiler),
+        ("torch.autograd.profiler", torch.autograd.profiler),
+        ("TorchDispatchMode", TorchDispatchMode),
+        ("torch._C", torch._C),
+        ("AtenAudit", AtenAudit),
+        ("LaunchCounter", LaunchCounter),
+        ("triton.JITFunction", jit.JITFunction),
+        ("harness", harness),
+        ("timing", timing),
+        ("protocol", protocol),
+        ("compare", compare),
+        ("vocabulary", vocabulary),
+        ("audit", sys.modules[__name__]),
+        ("sandbox", sandbox),
+    ]
+    modules = [
+        "torch",
+        "triton",
+        "time",
+        "socket",
+        "kernelrl.env.harness",
+        "kernelrl.env.timing",
+        "kernelrl.env.protocol",
+        "kernelrl.env.vocabulary",
+        "kernelrl.env.audit",
+    ]
+    return TamperGuard(owners, modules)
