@@ -146,6 +146,10 @@ class VLLMClient:
         del self.llm
 
 
+class EndpointUnreachable(ConnectionError):
+    """Nothing answers at the OpenAI-compatible endpoint (the message names its URL)."""
+
+
 class OpenAIClient:
     """Any OpenAI-compatible chat endpoint (a ``vllm serve`` server, an API model).
 
@@ -169,6 +173,7 @@ class OpenAIClient:
         import openai
 
         self.openai = openai
+        self.base_url = base_url
         self.client = openai.OpenAI(
             base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s, max_retries=3
         )
@@ -176,8 +181,17 @@ class OpenAIClient:
         self.sampling = sampling
         self.concurrency = max(1, concurrency)
 
+    def _unreachable(self, exc: Exception) -> EndpointUnreachable:
+        return EndpointUnreachable(
+            f"no OpenAI-compatible server answers at {self.base_url} ({exc}); start one "
+            f"(e.g. `vllm serve MODEL --port PORT`) or set api_base to a running endpoint"
+        )
+
     def _only_model(self) -> str:
-        models = [m.id for m in self.client.models.list()]
+        try:
+            models = [m.id for m in self.client.models.list()]
+        except self.openai.APIConnectionError as exc:
+            raise self._unreachable(exc) from exc
         if len(models) != 1:
             raise ValueError(
                 f"the endpoint serves {len(models)} models ({', '.join(models[:5])}); "
@@ -200,6 +214,8 @@ class OpenAIClient:
             )
         except self.openai.BadRequestError as exc:
             return Generation("", f"rejected: {str(exc)[:300]}")
+        except self.openai.APIConnectionError as exc:  # after the client's own retries
+            raise self._unreachable(exc) from exc
         choice = response.choices[0]
         usage = response.usage
         return Generation(

@@ -11,6 +11,7 @@ from rich.console import Console
 from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.task import TaskError
 from kernelrl.launch import curate_cli, env_service_cli, eval_cli, sft_cli, train_cli
+from kernelrl.launch.errors import UserError, check_parent_folder
 
 
 def _env_check(args: argparse.Namespace) -> int:
@@ -50,6 +51,8 @@ def _env_check_suite(args: argparse.Namespace) -> int:
         ]
     if not pairs:
         raise TaskError("no bundled task matches the selection")
+    if args.json_out and args.json_out != "-":
+        check_parent_folder(args.json_out, "--json-out")
     config = EvalConfig(device=args.device, timeout_s=args.timeout)
     console = Console(stderr=args.json_out == "-")
     pool = make_pool(args.pool, config, workers=args.workers, per_gpu=args.per_gpu)
@@ -131,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
+    except UserError as exc:
+        command = " ".join(c for c in (args.command, getattr(args, "env_command", None)) if c)
+        print(f"kernelrl {command}: {exc}", file=sys.stderr)
+        return 2
     except (TaskError, ValueError) as exc:
         print(f"kernelrl: error: {exc}", file=sys.stderr)
         return 2

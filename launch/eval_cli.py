@@ -23,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from kernelrl.launch.errors import UserError
 from kernelrl.launch.recipe import parse_recipe
 
 USAGE = """usage: kernelrl eval --config RECIPE.yaml [--key value ...]   run a sweep (resumable)
@@ -135,6 +136,10 @@ def _sweep(words: list[str]) -> int:
     from kernelrl.eval.sweep import Sweep, make_pool
 
     config = parse_sweep_recipe(words)
+    if config.client in ("vllm", "transformers"):  # a typo fails here, not after the sweep starts
+        from kernelrl.launch.models import check_model_value
+
+        check_model_value(config.model_name_or_path)
     console = Console(stderr=True)
     tasks = load_tasks(config)
     console.print(
@@ -149,16 +154,21 @@ def _sweep(words: list[str]) -> int:
         summary = write_report(folder, plots=config.plots)
         print_summary(summary, console)
         return 0
-    # The model first: vLLM starts its engine processes before the pool starts threads.
-    client = make_client(config, [t.id for t in tasks])
+    from kernelrl.eval.clients import EndpointUnreachable
+
     try:
-        pool = make_pool(config)
+        # The model first: vLLM starts its engine processes before the pool starts threads.
+        client = make_client(config, [t.id for t in tasks])
         try:
-            outcome = Sweep(config, tasks, client, pool, console).run()
+            pool = make_pool(config)
+            try:
+                outcome = Sweep(config, tasks, client, pool, console).run()
+            finally:
+                pool.close()
         finally:
-            pool.close()
-    finally:
-        client.close()
+            client.close()
+    except EndpointUnreachable as exc:  # the sweep resumes once a server answers
+        raise UserError(str(exc)) from None
     summary = write_report(outcome.folder, plots=config.plots)
     print_summary(summary, console)
     console.print(

@@ -14,19 +14,30 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KNOWN_MODELS", "GGUFModel", "ModelResolutionError", "model_cache_dir", "resolve_model"]
+from kernelrl.launch.errors import UserError
+
+__all__ = [
+    "KNOWN_MODELS",
+    "GGUFModel",
+    "ModelResolutionError",
+    "check_model_value",
+    "model_cache_dir",
+    "resolve_model",
+]
 
 # Files that a converted folder must hold before it is published (checked on every cache hit).
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
-class ModelResolutionError(ValueError):
-    """A known model name whose source cannot be found or converted (exit 2 in the CLI)."""
+class ModelResolutionError(UserError):
+    """A model value that names nothing usable: an unknown name, a missing folder, or a known
+    name whose source cannot be found or converted (one line and exit 2 in the CLI)."""
 
 
 @dataclass(frozen=True)
@@ -73,13 +84,15 @@ def model_cache_dir() -> Path:
 
 
 def resolve_model(name_or_path: str) -> str:
-    """Return a local HF folder for a known short name; any other value is returned unchanged.
+    """Return a local HF folder for a known short name; an existing folder or a hub id
+    (``org/name``) is returned unchanged; anything else is a ``ModelResolutionError``.
 
     The conversion runs at most once per cache: a file lock serialises concurrent callers and the
     folder is written under a temporary name, then renamed, so nobody ever sees half a folder.
     """
     model = KNOWN_MODELS.get(name_or_path.strip().lower())
     if model is None:
+        check_model_value(name_or_path)
         return name_or_path
     gguf = model.locate()
     target = model_cache_dir() / f"{name_or_path.strip().lower()}-{model.cache_key(gguf)}"
@@ -90,6 +103,40 @@ def resolve_model(name_or_path: str) -> str:
         if not _is_complete(target):  # another process may have finished while we waited
             _convert(gguf, target)
     return str(target)
+
+
+def check_model_value(value: str) -> None:
+    """Refuse (``ModelResolutionError``) a value that is no known name, no folder and cannot be
+    a hub id, before transformers turns it into a long hub traceback (a typo in a name, a
+    checkpoint folder not written yet).
+
+    A hub id is ``org/name`` whose ``org`` is not a local folder (``runs/x`` is a missing folder);
+    a bare name (``gpt2``) is accepted only when the local hub cache already holds it.
+    """
+    if value.strip().lower() in KNOWN_MODELS or Path(value).expanduser().is_dir():
+        return
+    parts = value.split("/")
+    looks_like_hub_id = (
+        len(parts) == 2
+        and all(re.fullmatch(r"[A-Za-z0-9][\w.-]*", part) for part in parts)
+        and not Path(parts[0]).exists()
+    )
+    if looks_like_hub_id or (len(parts) == 1 and _in_hub_cache(value)):
+        return
+    kind = "folder" if len(parts) > 1 or value.startswith((".", "~")) else "model name"
+    raise ModelResolutionError(
+        f"model {value!r}: no such {kind}; not a kernelrl model name "
+        f"({', '.join(sorted(KNOWN_MODELS))}) nor an existing folder, and nothing is downloaded"
+    )
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an invalid repo id, or no huggingface_hub: not cached
+        return False
 
 
 def _is_complete(folder: Path) -> bool:

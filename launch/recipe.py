@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kernelrl.launch.errors import check_folder_path
+
 
 class RecipeError(ValueError):
     """A recipe that cannot be used: missing file, malformed YAML, unknown key, bad value."""
@@ -30,7 +32,7 @@ def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str)
         if not path.is_file():
             raise RecipeError(f"recipe {path} does not exist")
     try:
-        return tuple(parser.parse_args_and_config(list(words)))
+        parsed = tuple(parser.parse_args_and_config(list(words)))
     except yaml.YAMLError as exc:
         raise RecipeError(f"malformed YAML in recipe: {' '.join(str(exc).split())}") from exc
     except OSError as exc:
@@ -43,6 +45,11 @@ def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str)
                 f"bad command-line flags for `{prog}` (see the message above)"
             ) from None
         raise
+    # Before anything runs: a file where the results folder should be is refused, untouched.
+    for config in parsed:
+        if getattr(config, "output_dir", None):
+            check_folder_path(config.output_dir, "output_dir")
+    return parsed
 
 
 def resume_argument(value: str | bool | None) -> str | bool | None:
