@@ -113,8 +113,8 @@ def check_model_value(value: str) -> None:
     A hub id is ``org/name`` whose ``org`` is not a local folder (``runs/x`` is a missing folder);
     a bare name (``gpt2``) is accepted only when the local hub cache already holds it.
     """
-    if value.strip().lower() in KNOWN_MODELS or Path(value).expanduser().is_dir():
-        return
+    if not value or value.strip().lower() in KNOWN_MODELS or Path(value).expanduser().is_dir():
+        return  # an empty value is the config's own error to report
     parts = value.split("/")
     looks_like_hub_id = (
         len(parts) == 2

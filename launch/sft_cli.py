@@ -88,10 +88,11 @@ def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> 
     """Train, save the model, and return the final metrics and the logged history."""
     from trl import SFTTrainer, get_peft_config
 
-    from kernelrl.launch.models import resolve_model
+    from kernelrl.launch.models import check_model_value, resolve_model
 
-    model_path = resolve_model(model_args.model_name_or_path)  # a typo fails before the data loads
+    check_model_value(model_args.model_name_or_path)  # a typo fails before the data loads
     train, held_out = load_sft_data(script, training_args.seed)
+    model_path = resolve_model(model_args.model_name_or_path)
     init_kwargs = dict(training_args.model_init_kwargs or {})
     if model_args.dtype not in (None, "auto"):
         init_kwargs.setdefault("dtype", model_args.dtype)
