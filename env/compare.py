@@ -9,13 +9,12 @@ second copy of it, in fp64, anywhere.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kernelrl.env.protocol import CHUNK_BYTES
 from kernelrl.env.task import Task
 
 # Output dtypes a solution may return; a description naming anything else is malformed.
@@ -126,7 +125,7 @@ class OutputMatcher:
                 continue
             dtype = DTYPES.get(str(out.get("dtype")))
             shape = tuple(int(d) for d in out.get("shape", ()))
-            if dtype is None or int(out.get("nbytes", -1)) != _numel(shape) * dtype.itemsize:
+            if dtype is None or int(out.get("nbytes", -1)) != math.prod(shape) * dtype.itemsize:
                 raise ValueError(f"{name}: malformed output description {out!r}")
             streams.append((k, dtype))
             if shape != tuple(ref.shape):
@@ -191,34 +190,6 @@ class OutputMatcher:
                 )
         self.result.correct = not self.result.problems
         return self.result
-
-
-def compare_outputs(task: Task, got: list[Any], expected: list[Any], set_index: int) -> Comparison:
-    """Check count, type, shape, dtype, finiteness and values of one input set's outputs that
-    are already in this process (the same procedure as streamed outputs, chunk by chunk)."""
-    matcher = OutputMatcher(task, expected, set_index)
-    try:
-        streams = matcher.check_description(describe_outputs(got))
-    except ValueError as exc:
-        return Comparison(False, problems=[str(exc)])
-    for k, _dtype in streams:
-        for chunk in iter_chunks(got[k]):
-            matcher.add_chunk(k, chunk)
-    return matcher.finish()
-
-
-def iter_chunks(tensor: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[torch.Tensor]:
-    flat = tensor.detach().reshape(-1)
-    step = max(chunk_bytes // max(flat.element_size(), 1), 1)
-    for start in range(0, flat.numel(), step):
-        yield flat[start : start + step]
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    total = 1
-    for dim in shape:
-        total *= dim
-    return total
 
 
 def _unravel(flat: int, shape: tuple[int, ...]) -> list[int]:

@@ -30,6 +30,7 @@ A reference passes when, on the target device:
 from __future__ import annotations
 
 import json
+import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -104,10 +105,7 @@ class _Digester:
                 self.digests.append(OutputDigest(value=entry.get("value", entry.get("type"))))
             else:
                 shape = tuple(int(d) for d in entry["shape"])
-                numel = 1
-                for dim in shape:
-                    numel *= dim
-                stride = max(-(-numel // SAMPLED_VALUES), 1)
+                stride = max(-(-math.prod(shape) // SAMPLED_VALUES), 1)
                 self.digests.append(OutputDigest(shape, str(entry["dtype"]), stride=stride))
             self._parts.append([])
             self._seen.append(0)
@@ -291,9 +289,7 @@ def _non_finite(outputs: list[list[OutputDigest]]) -> str | None:
     for set_index, values in enumerate(outputs):
         for k, digest in enumerate(values):
             if digest.non_finite:
-                numel = 1
-                for dim in digest.shape:
-                    numel *= dim
+                numel = math.prod(digest.shape)
                 return f"input set {set_index}, output {k}: {digest.non_finite}/{numel} values are NaN or Inf"
     return None
 
