@@ -46,7 +46,23 @@ class MemoryPlan:
         return self.child_bytes + self.trusted_bytes
 
 
+_plans: dict[str, MemoryPlan] = {}
+_plans_lock = threading.Lock()
+
+
 def memory_plan(task: Task) -> MemoryPlan:
+    """The plan of ``task`` at its GPU sizes, measured once per task source: every evaluation
+    of a task asks for it, and measuring loads the task and runs it on the meta device."""
+    with _plans_lock:
+        plan = _plans.get(task.hash)
+    if plan is None:
+        plan = _measure_plan(task)
+        with _plans_lock:
+            _plans[task.hash] = plan
+    return plan
+
+
+def _measure_plan(task: Task) -> MemoryPlan:
     try:
         footprint = estimate_footprint(task, "cuda")
     except TaskError:
