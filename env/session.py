@@ -46,9 +46,6 @@ class SandboxSession:
     def send_time(self, seed: int) -> None:
         self.child.send({"type": "time", "seed": seed})
 
-    def finish(self) -> None:
-        self.child.send({"type": "done"})
-
     def read_tensors(
         self,
         described: list[dict[str, Any]],
