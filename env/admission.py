@@ -67,13 +67,18 @@ def _measure_plan(task: Task) -> MemoryPlan:
         footprint = estimate_footprint(task, "cuda")
     except TaskError:
         return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, large=False)
-    data = footprint.input_bytes + footprint.param_bytes
-    out = footprint.output_bytes
-    workspace = max(footprint.input_bytes + out, GIB)
+    return plan_for(footprint.input_bytes, footprint.param_bytes, footprint.output_bytes)
+
+
+def plan_for(input_bytes: int, param_bytes: int, output_bytes: int) -> MemoryPlan:
+    """The plan of one forward call of these sizes (see MemoryPlan)."""
+    data = input_bytes + param_bytes
+    out = output_bytes
+    workspace = max(input_bytes + out, GIB)
     return MemoryPlan(
         child_bytes=data + 2 * out + workspace + CHILD_OVERHEAD_BYTES,
         trusted_bytes=data + out,
-        large=footprint.input_bytes + out > LARGE_TASK_BYTES,
+        large=input_bytes + out > LARGE_TASK_BYTES,
     )
 
 

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from kernelrl.env import compare, harness, vocabulary  # noqa: E402
+from kernelrl.env import compare, harness, sizes, vocabulary  # noqa: E402
 from kernelrl.env.audit import (  # noqa: E402
     AtenAudit,
     LaunchCounter,
@@ -248,6 +248,8 @@ class Job:
         if not job.get("expose_task", False):
             sys.modules.pop(TASK_MODULE, None)  # the solution cannot reach the task's code
         self.task = task
+        if job.get("await_admission"):
+            self.await_admission(task)
         if job["backend"] == "cuda" and self.device.type == "cpu":
             stub_load_inline_for_cpu(os.getcwd())
         self.guard = harness_guard(sys.modules[__name__])
@@ -281,6 +283,30 @@ class Job:
                 self.time(int(message["seed"]))
             else:
                 return
+
+    def await_admission(self, task: Any) -> None:
+        """Report the task's footprint, measured here on the meta device, and wait until the
+        trusted side has reserved that much of the GPU before anything is allocated on it.
+
+        Curation sends untrusted corpus records, whose code may only run in a sandbox, so their
+        footprint cannot be measured on the trusted side as the evaluator does for our tasks. A
+        record that under-reports can only take memory promised to others: their out-of-memory
+        errors then read as ours (``gpu_bytes_admitted``) and are rerun alone, never blamed.
+        """
+        try:
+            footprint = sizes.measure_module(task)
+            numbers = {
+                "input_bytes": footprint.input_bytes,
+                "param_bytes": footprint.param_bytes,
+                "output_bytes": footprint.output_bytes,
+            }
+        except Exception as exc:  # the forward run below reports the task's own error
+            numbers = {"error": repr(exc)[:300]}
+        self.send({"type": "footprint", **numbers})
+        reply = recv_message(self.sock)
+        if reply.get("type") != "admitted":
+            raise HarnessFailure(f"expected 'admitted', got {reply.get('type')!r}", "harness")
+        self.job["gpu_bytes_admitted"] = int(reply["bytes"])
 
     def _inputs(self, seed: int) -> list[Any]:
         try:

@@ -2,7 +2,9 @@
 
 A session drives one sandboxed child through one job:
 
-    start(job)          -> "loaded" | "error" | "not_run"      (load, compile, build the model)
+    start(job[, admit]) -> "loaded" | "error" | "not_run"      (load, compile, build the model;
+                                                                 with admit, after the GPU
+                                                                 memory it reports is reserved)
     send_call(seed); receive()  -> "outputs" | "error"           (one forward call on fresh inputs)
     read_tensors(described, on_chunk)                            (that call's output bytes)
     send_time(seed); receive()  -> "timing" | "error"            (timing and profile)
@@ -36,8 +38,21 @@ class SandboxSession:
     def receive(self) -> dict[str, Any]:
         return self.child.receive(self.deadline, self.max_rss_bytes)
 
-    def start(self, job: dict[str, Any]) -> dict[str, Any]:
-        self.child.send({"type": "job", **job})
+    def start(
+        self, job: dict[str, Any], admit: Callable[[dict[str, Any]], int] | None = None
+    ) -> dict[str, Any]:
+        """Send the job and return the child's answer to loading it.
+
+        With ``admit``, the child first reports the task's footprint and waits: ``admit(footprint)``
+        blocks until that much GPU memory is reserved and returns the bytes it reserved.
+        """
+        self.child.send({"type": "job", **job, "await_admission": admit is not None})
+        if admit is None:
+            return self.receive()
+        message = self.receive()
+        if message["type"] != "footprint":
+            return message  # the task failed to load: nothing to admit
+        self.child.send({"type": "admitted", "bytes": admit(message)})
         return self.receive()
 
     def send_call(self, seed: int) -> None:

@@ -73,7 +73,7 @@ def estimate_footprint(task: Task, device_kind: str) -> Footprint:
     :func:`cpu_size_overrides`.
     """
     with _loaded(task.source, task.size_overrides(device_kind)) as module:
-        return _measure(module)
+        return measure_module(module)
 
 
 def cpu_size_overrides(task: Task, budget_bytes: int | None = None) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def derive_cpu_sizes(task: Task, budget_bytes: int | None = None) -> dict[str, A
     if "cpu" in task.sizes:  # declared sizes are the author's word, whatever they cost
         return dict(task.sizes["cpu"])
     with _loaded(task.source, {}) as module:
-        start = _measure(module)
+        start = measure_module(module)
         if start.total_bytes <= budget:
             return {}
         values = _knobs(task.source, module)
@@ -154,7 +154,7 @@ def derive_cpu_sizes(task: Task, budget_bytes: int | None = None) -> dict[str, A
 
 
 # ---------------------------------------------------------------------------- measuring
-def _measure(module: types.ModuleType) -> Footprint:
+def measure_module(module: types.ModuleType) -> Footprint:
     """Build inputs and model and run forward, all on the meta device."""
     with torch.device("meta"), torch.no_grad():
         inputs = list(module.get_inputs())
@@ -324,7 +324,7 @@ def _best_step(
         trial = {**values, **{where: _halved(values[where]) for where in step}}
         try:
             with _loaded(_with_values(task.source, trial), {}) as module:
-                footprint = _measure(module)
+                footprint = measure_module(module)
                 changed = {
                     name: value
                     for name, value in _plain_globals(module).items()
@@ -348,7 +348,7 @@ def _verified(task: Task, overrides: Mapping[str, Any], expected: Footprint, exa
     """The overrides, applied as the harness applies them, give the measured footprint."""
     try:
         with _loaded(task.source, overrides) as module:
-            footprint = _measure(module)
+            footprint = measure_module(module)
     except Exception:
         return False
     return footprint.exact == exact and footprint.total_bytes == expected.total_bytes

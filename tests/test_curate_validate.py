@@ -9,8 +9,19 @@ from pathlib import Path
 import pytest
 
 from kernelrl.data.curate.normalize import normalize_tasks
-from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
+from kernelrl.data.curate.validate import (
+    Probe,
+    ReferenceProber,
+    ValidateConfig,
+    _ours,
+    seeds_for,
+    validate_tasks,
+)
 from kernelrl.data.schema import make_dataset
+from kernelrl.env.admission import GpuMemoryBudget, plan_for
+from kernelrl.env.task import task_from_source
+
+GIB = 2**30
 
 RAW = Path(__file__).parent / "data" / "curate" / "raw_tasks"
 GELU = (RAW / "01_gelu_tanh.py").read_text()
@@ -137,3 +148,51 @@ def test_runtime_budget() -> None:
     assert (
         report.removed[0].reason == "too_slow" and "exceeds the budget" in report.removed[0].detail
     )
+
+
+class RecordingBudget(GpuMemoryBudget):
+    """A real budget that remembers what each run asked to reserve."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        super().__init__(capacity_bytes)
+        self.asked: list[int] = []
+
+    def reserve(self, nbytes: int):  # type: ignore[override]
+        self.asked.append(nbytes)
+        return super().reserve(nbytes)
+
+
+def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> None:
+    """The untrusted record's footprint is measured in the sandbox (meta device) and reserved
+    before its tensors exist; a run that must be alone reserves the whole budget; a record whose
+    footprint cannot be measured is admitted alone too."""
+    config = ValidateConfig(device="cpu", timeout_s=30, workers=1)
+    good = task_from_source(reference("return x * 2"), "double")
+    unmeasurable = task_from_source(
+        reference("return x * 2").replace(
+            "return [torch.randn(4, 33)]",
+            "return [torch.randn(4, 33)] if torch.randn(1).device.type != 'meta' else 1 / 0",
+        ),
+        "unmeasurable",
+    )
+    with ReferenceProber(config) as prober:
+        budget = RecordingBudget(64 * GIB)
+        prober.gpu_budget = budget
+        model_seed, seeds = seeds_for(good, config)
+        shared = prober.run(good, model_seed, seeds, time_it=False)
+        alone = prober.run(good, model_seed, seeds, time_it=False, alone=True)
+        odd = prober.run(unmeasurable, *seeds_for(unmeasurable, config), time_it=False)
+    assert shared.failure is None and alone.failure is None and odd.failure is None
+    tensor = 4 * 33 * 4
+    expected = plan_for(tensor, 0, tensor).child_bytes
+    assert budget.asked == [expected, 64 * GIB, 64 * GIB]
+    assert budget.reserved == 0 and budget.in_flight == 0
+
+
+def test_failures_that_may_be_ours_are_run_again_alone() -> None:
+    oom = Probe(failure="reference_crashes", detail="torch.OutOfMemoryError: CUDA out of memory")
+    ok = Probe()
+    assert _ours(Probe(failure="harness_error"), ok, "cpu")
+    assert _ours(ok, oom, "cuda")
+    assert not _ours(ok, oom, "cpu")
+    assert not _ours(Probe(failure="reference_crashes", detail="ZeroDivisionError"), ok, "cuda")

@@ -13,8 +13,14 @@ scrubbed environment, CPU/memory/file-size limits and a wall-clock deadline. The
 the ordinary evaluation job with the reference posing as the solution
 (``from kernelrl_task import Model as ModelNew``): the child builds the model from the task's
 ``get_init_inputs`` under a seed, makes inputs under seeds, runs forward, reports the aten ops
-it dispatched, and, when asked, times it with the environment's timing procedure. Outputs come
-back through files read with ``torch.load(weights_only=True)``, as in the evaluator.
+it dispatched, and, when asked, times it with the environment's timing procedure. Outputs stream
+back through the session (``kernelrl.env.session``) and are reduced to digests as they arrive, so
+host memory does not grow with a task's tensor sizes.
+
+On a GPU, a run starts only once the footprint the child measured (meta device, in the sandbox)
+is reserved on the device (``kernelrl.env.admission``); a pair of runs that fails for a reason
+that may be ours (a harness error, or out of memory beside other runs) is run once more alone,
+and a harness error that persists is reported, never journaled, so a rerun tries it again.
 
 A reference passes when, on the target device:
 - it loads, constructs and runs (no exception, crash, hang or memory blow-up);
@@ -29,10 +35,13 @@ A reference passes when, on the target device:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +52,7 @@ from rich.console import Console
 from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.resume import Journal
 from kernelrl.data.schema import make_dataset, task_of
+from kernelrl.env.admission import GpuMemoryBudget, plan_for
 from kernelrl.env.evaluator import resolve_device
 from kernelrl.env.protocol import TASK_MODULE
 from kernelrl.env.reference import device_name
@@ -148,8 +158,13 @@ class ReferenceProber:
         gpu = config.gpu_index if self.kind == "cuda" else None
         self.children = ChildPool(self.kind, gpu, spare=max(config.workers, 1))
         self.gpu_lock = threading.Lock()
-        self.device_name = device_name(
-            torch.device("cuda", config.gpu_index) if self.kind == "cuda" else torch.device("cpu")
+        device = torch.device("cuda", config.gpu_index) if self.kind == "cuda" else None
+        self.device_name = device_name(device or torch.device("cpu"))
+        # Runs in flight and children warming each hold a CUDA context.
+        self.gpu_budget = (
+            GpuMemoryBudget.for_device(device, processes=2 * max(config.workers, 1))
+            if device is not None
+            else None
         )
 
     def close(self) -> None:
@@ -161,13 +176,26 @@ class ReferenceProber:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, task: Task, model_seed: int, input_seeds: list[int], time_it: bool) -> Probe:
+    def run(
+        self,
+        task: Task,
+        model_seed: int,
+        input_seeds: list[int],
+        time_it: bool,
+        alone: bool = False,
+    ) -> Probe:
+        """One sandboxed run; on a GPU it starts once its footprint is reserved, and with
+        ``alone`` once nothing else runs there."""
         config = self.config
         child = self.children.acquire()
         probe = Probe(network=str(child.ready_info.get("network", "")))
+        reservation = contextlib.ExitStack()
         try:
             session = SandboxSession(child, config.timeout_s, config.host_memory_bytes)
-            self._run(session, task, model_seed, input_seeds, time_it, probe)
+            admit = None
+            if self.gpu_budget is not None:
+                admit = functools.partial(self._admit, reservation, alone)
+            self._run(session, task, model_seed, input_seeds, time_it, probe, admit)
         except ChildDied as exc:
             probe.failure = "reference_timeout" if exc.timed_out else "reference_crashes"
             tail = child.output_tail(400).strip()
@@ -179,6 +207,7 @@ class ReferenceProber:
             probe.detail = f"the sandbox reported unreadable results ({type(exc).__name__}: {exc})"
         finally:
             child.close()
+            reservation.close()
         budget = config.max_runtime_ms
         if (
             probe.failure is None
@@ -190,6 +219,24 @@ class ReferenceProber:
             probe.detail = f"median runtime {probe.runtime_ms:.3f} ms on {self.device_name} exceeds the budget of {budget:g} ms"
         return probe
 
+    def _admit(
+        self, reservation: contextlib.ExitStack, alone: bool, footprint: dict[str, Any]
+    ) -> int:
+        """Reserve the GPU memory a run reports it needs (all of it when the child could not
+        measure, or when the run must be alone) and hold it until the run ends."""
+        budget = self.gpu_budget
+        assert budget is not None
+        if alone or "error" in footprint:
+            nbytes = budget.capacity
+        else:
+            nbytes = plan_for(
+                int(footprint["input_bytes"]),
+                int(footprint["param_bytes"]),
+                int(footprint["output_bytes"]),
+            ).child_bytes
+        reservation.enter_context(budget.reserve(nbytes))
+        return nbytes
+
     def _run(
         self,
         session: SandboxSession,
@@ -198,6 +245,7 @@ class ReferenceProber:
         input_seeds: list[int],
         time_it: bool,
         probe: Probe,
+        admit: Callable[[dict[str, Any]], int] | None,
     ) -> None:
         config = self.config
         loaded = session.start(
@@ -219,7 +267,8 @@ class ReferenceProber:
                     "address_space_bytes": config.host_memory_bytes,
                     "gpu_memory_fraction": 0.9,
                 },
-            }
+            },
+            admit,
         )
         if self._failed(loaded, probe, loading=True):
             return
@@ -415,32 +464,47 @@ def validate_tasks(
         step_progress(console, "validate", len(rows), completed=len(verdicts)) as progress,
     ):
         executor = ThreadPoolExecutor(max_workers=max(config.workers, 1))
+        pending: dict[Future[Probe], tuple[int, int]] = {}
+        probes: dict[int, list[Probe | None]] = {}
+        rerun_alone: set[int] = set()
+
+        def submit(index: int, alone: bool) -> None:
+            task = task_list[index]
+            model_seed, input_seeds = seeds_for(task, config)
+            probes[index] = [None, None]
+            # The second run repeats every input set but skips timing and the profiled call
+            # (seconds on CPU). All of them: a reference drawing one of 64 channels from an
+            # unseeded RNG agreed with itself on one input set in 1 of 64 validations.
+            for which, time_it in ((0, True), (1, False)):
+                future = executor.submit(prober.run, task, model_seed, input_seeds, time_it, alone)
+                pending[future] = (index, which)
+
         try:
-            pending: dict[Future[Probe], tuple[int, int]] = {}
             for index in todo:
-                task = task_list[index]
-                model_seed, input_seeds = seeds_for(task, config)
-                # The second run repeats every input set but skips timing and the profiled call
-                # (seconds on CPU). All of them: a reference drawing one of 64 channels from an
-                # unseeded RNG agreed with itself on one input set in 1 of 64 validations.
-                for which, time_it in ((0, True), (1, False)):
-                    future = executor.submit(prober.run, task, model_seed, input_seeds, time_it)
-                    pending[future] = (index, which)
-            probes: dict[int, list[Probe | None]] = {i: [None, None] for i in todo}
-            for future in as_completed(pending):
-                index, which = pending[future]
-                probes[index][which] = future.result()
-                first, second = probes[index]
-                if first is None or second is None:
-                    continue
-                verdicts[index] = _verdict(task_list[index], first, second, config, prober)
-                if journal is not None:
-                    journal.add(task_list[index].hash, rows[index]["id"], verdicts[index])
-                del probes[index]
-                progress.advance()
+                submit(index, alone=False)
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index, which = pending.pop(future)
+                    probes[index][which] = future.result()
+                    first, second = probes[index]
+                    if first is None or second is None:
+                        continue
+                    if index not in rerun_alone and _ours(first, second, prober.kind):
+                        # Our failure, or out of memory beside other runs: once more, alone.
+                        rerun_alone.add(index)
+                        submit(index, alone=True)
+                        continue
+                    verdicts[index] = _verdict(task_list[index], first, second, config, prober)
+                    if journal is not None and verdicts[index].get("reason") != "harness_error":
+                        journal.add(task_list[index].hash, rows[index]["id"], verdicts[index])
+                    del probes[index]
+                    progress.advance()
         finally:
             # Ctrl-C: runs not started are cancelled; the few in flight end (time-limited).
             executor.shutdown(wait=True, cancel_futures=True)
+        if rerun_alone:
+            report.notes["rerun_alone"] = len(rerun_alone)
         report.notes["device"] = prober.device_name
     kept: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
@@ -453,6 +517,17 @@ def validate_tasks(
     report.count_out = len(result)
     log_step(report, console)
     return result, report
+
+
+def _ours(first: Probe, second: Probe, kind: str) -> bool:
+    """Whether a failed pair of runs may not be the reference's fault: a harness error, or a
+    GPU out-of-memory error while other runs shared the device."""
+    for probe in (first, second):
+        if probe.failure == "harness_error":
+            return True
+        if kind == "cuda" and probe.failure and "out of memory" in probe.detail.lower():
+            return True
+    return False
 
 
 def _verdict(
