@@ -196,3 +196,10 @@ def test_failures_that_may_be_ours_are_run_again_alone() -> None:
     assert _ours(ok, oom, "cuda")
     assert not _ours(ok, oom, "cpu")
     assert not _ours(Probe(failure="reference_crashes", detail="ZeroDivisionError"), ok, "cuda")
+
+
+def test_the_journal_key_ignores_the_number_of_workers() -> None:
+    """A rerun with more workers resumes; a rerun that would judge differently does not."""
+    key = ValidateConfig(workers=2).verdict_settings()
+    assert key == ValidateConfig(workers=8).verdict_settings()
+    assert key != ValidateConfig(workers=2, seed=1).verdict_settings()

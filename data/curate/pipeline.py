@@ -371,7 +371,10 @@ def _run_steps(
         write_decontamination_report(report, out / "decontamination.md")
     if "validate" in steps:
         validate_config = config.validate_config()
-        settings = {"config": validate_config, "device": validate_config.resolved_device()}
+        settings = {
+            "config": validate_config.verdict_settings(),
+            "device": validate_config.resolved_device(),
+        }
         journal = runner.journal("validate", settings)
         tasks = runner.run(
             "validate",

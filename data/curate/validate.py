@@ -80,6 +80,13 @@ class ValidateConfig:
     def resolved_device(self) -> str:
         return resolve_device(self.device)
 
+    def verdict_settings(self) -> dict[str, Any]:
+        """The settings a verdict depends on, which key the journal: a rerun with more or fewer
+        workers resumes where the last one stopped."""
+        settings = asdict(self)
+        del settings["workers"]
+        return settings
+
 
 # Values of each output kept to compare two runs: a strided sample, so that a 6 GiB output of a
 # KernelBench task costs 8 MiB here, whatever its size.
