@@ -19,8 +19,8 @@ from collections import defaultdict
 
 from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pool import LocalPool
 from kernelrl.env.pools import EVALS_PER_GPU
+from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import EvalResult
 
 PHASES = (

@@ -344,7 +344,7 @@ def ensure_kernelrl_importable() -> None:
     """The repository root is the package ``kernelrl``; on a machine where it is not installed,
     expose it under that name (sys.path also reaches the sandbox children via PYTHONPATH)."""
     try:
-        import kernelrl.env.pool  # noqa: F401
+        import kernelrl.env.pools.local  # noqa: F401
     except ImportError:
         link_dir = Path(tempfile.mkdtemp(prefix="kernelrl_path_"))
         (link_dir / "kernelrl").symlink_to(REPO_ROOT, target_is_directory=True)
@@ -354,7 +354,7 @@ def ensure_kernelrl_importable() -> None:
         )
         for name in [m for m in sys.modules if m == "kernelrl" or m.startswith("kernelrl.")]:
             del sys.modules[name]
-        import kernelrl.env.pool  # noqa: F401
+        import kernelrl.env.pools.local  # noqa: F401
 
 
 def run_kernelrl_phase(
@@ -363,7 +363,7 @@ def run_kernelrl_phase(
     """Every solution ``repeats`` times through a LocalPool on the GPU."""
     ensure_kernelrl_importable()
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.pool import LocalPool
+    from kernelrl.env.pools.local import LocalPool
     from kernelrl.env.task import task_from_source
 
     heavy = [m for m in ("trl", "ray", "datasets", "vllm") if m in sys.modules]

@@ -34,7 +34,7 @@ from typing import Any
 
 from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.ray_pool import RayPool
+from kernelrl.env.pools.ray import RayPool
 from kernelrl.env.result import EvalResult
 
 DEFAULT_TASKS = "01_relu,02_gelu_tanh,05_channel_affine,06_row_sum"

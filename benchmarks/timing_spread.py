@@ -78,13 +78,14 @@ def measure(
     its correctness checks before it is timed."""
     import torch
 
-    from kernelrl.env import harness
+    from kernelrl.env.sandbox import harness
     from kernelrl.env.task import load_task
     from kernelrl.env.timing import TimingConfig, time_cuda
 
     config = TimingConfig(warmup_ms=warmup_ms)
     if cupti:  # as a sandbox child does before it takes a job
-        from kernelrl.env.sandbox_child import LaunchCounter, warm_up
+        from kernelrl.env.integrity.audit import LaunchCounter
+        from kernelrl.env.sandbox.child import warm_up
 
         warm_up(torch.device("cuda"), LaunchCounter())
 

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from kernelrl.env import dynamic_checks
 from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan, memory_plan
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
+from kernelrl.env.integrity import dynamic_checks
+from kernelrl.env.integrity.static_checks import run_static_checks
 from kernelrl.env.parse import FormatError, extract_solution, solution_kernel_names
 from kernelrl.env.reference import (
     ReferenceRunner,
@@ -30,9 +31,8 @@ from kernelrl.env.reference import (
     library_versions,
 )
 from kernelrl.env.result import EvalResult, Status, TimingStats
-from kernelrl.env.sandbox import Child, ChildDied, ChildPool
-from kernelrl.env.session import SandboxSession
-from kernelrl.env.static_checks import run_static_checks
+from kernelrl.env.sandbox.processes import ChildDied, ChildPool
+from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig
 
@@ -119,39 +119,16 @@ class Evaluator:
     # ------------------------------------------------------------------ pipeline
     def evaluate(self, task: Task, completion: str) -> EvalResult:
         started = time.perf_counter()
-        result = EvalResult(
-            task_id=task.id,
-            backend=task.backend,
-            status=Status.CORRECT,
-            device=self.device_kind,
-            device_name=self.device_name,
-            versions=self.versions,
-            task_hash=task.hash,
-            solution_hash=hashlib.sha256(completion.encode()).hexdigest()[:16],
-            timestamp=time.time(),
-        )
+        result = new_result(task, completion, self.device_kind, self.device_name, self.versions)
         try:
             self._run(task, completion, result)
         finally:
-            result.phase_seconds["total"] = time.perf_counter() - started
-            result.feedback = build_feedback(result)
+            finish_result(result, time.perf_counter() - started)
         return result
 
     def _run(self, task: Task, completion: str, result: EvalResult) -> None:
-        try:
-            source = extract_solution(completion)
-        except FormatError as exc:
-            result.status, result.error = Status.FORMAT_ERROR, str(exc)
-            return
-        failures = (
-            run_static_checks(source, task.backend, task.source)
-            if self.config.static_checks
-            else []
-        )
-        if failures:
-            result.status = Status.INTEGRITY_VIOLATION
-            result.checks_failed = sorted({f.name for f in failures})
-            result.error = "\n".join(f"[{f.name}] {f.message}" for f in failures)
+        source = check_statically(task, completion, result, self.config.static_checks)
+        if source is None:
             return
         own_names = solution_kernel_names(source, task.backend)
 
@@ -172,7 +149,7 @@ class Evaluator:
         try:
             child = self.children.acquire()
         except RuntimeError as exc:
-            _harness_error(result, f"no sandbox could be started: {exc}")
+            harness_error(result, f"no sandbox could be started: {exc}")
             return
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
         result.sandbox = {
@@ -186,8 +163,9 @@ class Evaluator:
                 "audit_init_seconds",
             )
         }
+        session = SandboxSession(child, self.config.timeout_s, self.config.host_memory_bytes)
         try:
-            self._run_in_child(task, source, own_names, child, result, plan)
+            self._run_in_child(task, source, own_names, session, result, plan)
         except ChildDied as exc:
             result.status = Status.TIMEOUT if exc.timed_out else Status.RUNTIME_ERROR
             result.error = f"the solution's process {exc}"
@@ -195,7 +173,7 @@ class Evaluator:
             if tail:
                 result.error += f"\nlast output:\n{tail}"
         except torch.OutOfMemoryError as exc:
-            _harness_error(
+            harness_error(
                 result,
                 "the trusted side ran out of GPU memory computing or comparing the reference "
                 f"({str(exc).splitlines()[0]})",
@@ -214,7 +192,7 @@ class Evaluator:
         task: Task,
         source: str,
         own_names: list[str],
-        child: Child,
+        session: SandboxSession,
         result: EvalResult,
         plan: MemoryPlan | None,
     ) -> None:
@@ -222,7 +200,6 @@ class Evaluator:
         timing_config = (
             replace(config.timing, placements=1) if plan and plan.large else config.timing
         )
-        session = SandboxSession(child, config.timeout_s, config.host_memory_bytes)
         model_seed = secrets.randbits(31)
         loaded = session.start(
             {
@@ -291,7 +268,7 @@ class Evaluator:
             min(evidence.launches) if evidence.launches and task.backend == "triton" else None
         )
 
-        with self._device_to_itself(child):
+        with self._device_to_itself(session):
             timing_started = time.perf_counter()
             session.send_time(secrets.randbits(31))
             timing = session.receive()
@@ -355,7 +332,7 @@ class Evaluator:
         return self.gpu_lock if self.device_kind == "cuda" else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def _device_to_itself(self, measured: Child) -> Iterator[None]:
+    def _device_to_itself(self, measured: SandboxSession) -> Iterator[None]:
         """The GPU, and the CPU that feeds it, for ``measured`` alone: every other sandbox of
         this device (evaluations in flight and spares still starting) is paused meanwhile.
 
@@ -368,7 +345,7 @@ class Evaluator:
         if self.device_kind != "cuda":
             yield
             return
-        with self.gpu_lock, self.children.paused_except(measured) as paused_any:
+        with self.gpu_lock, self.children.paused_except(measured.child) as paused_any:
             if paused_any:
                 time.sleep(self.config.measurement_settle_s)
             yield
@@ -387,7 +364,7 @@ class Evaluator:
             )
             result.error = str(message.get("error", ""))
             if ours:
-                _harness_error(result, f"the harness failed inside the sandbox: {result.error}")
+                harness_error(result, f"the harness failed inside the sandbox: {result.error}")
             return True
         if kind == "not_run":
             result.status = Status.NOT_RUN
@@ -438,10 +415,57 @@ def _looks_like_reduced_precision(dtypes: set[torch.dtype], comparison: Comparis
     )
 
 
-def _harness_error(result: EvalResult, why: str) -> None:
+def new_result(
+    task: Task, completion: str, device: str, device_name: str, versions: dict[str, str]
+) -> EvalResult:
+    """The record of one evaluation of ``completion`` on ``task`` before any stage ran (status
+    ``correct`` until a stage says otherwise). The one constructor of a verdict: the Evaluator
+    fills it in, and pools build the verdicts they give themselves (a worker lost, a deadline,
+    a closed pool) from it, so those carry the same identity fields as any other."""
+    return EvalResult(
+        task_id=task.id,
+        backend=task.backend,
+        status=Status.CORRECT,
+        device=device,
+        device_name=device_name,
+        versions=dict(versions),
+        task_hash=task.hash,
+        solution_hash=hashlib.sha256(completion.encode()).hexdigest()[:16],
+        timestamp=time.time(),
+    )
+
+
+def finish_result(result: EvalResult, seconds: float) -> EvalResult:
+    """Total time and the feedback text for the model: the last step of every verdict."""
+    result.phase_seconds["total"] = seconds
+    result.feedback = build_feedback(result)
+    return result
+
+
+def harness_error(result: EvalResult, why: str) -> None:
     """Our failure, said as ours: the solution is neither blamed nor rewarded for it."""
     result.status = Status.HARNESS_ERROR
     result.error = f"kernelrl harness error (not the solution's fault): {why}"
+
+
+def check_statically(
+    task: Task, completion: str, result: EvalResult, static_checks: bool = True
+) -> str | None:
+    """Parse and static integrity checks, the stages that run nothing: the solution's source
+    when they pass; else None, with the verdict (``format_error`` / ``integrity_violation``)
+    written into ``result``. The Ray pool's pre-check runs exactly this, off the GPU workers."""
+    try:
+        source = extract_solution(completion)
+    except FormatError as exc:
+        result.status, result.error = Status.FORMAT_ERROR, str(exc)
+        return None
+    failures = run_static_checks(source, task.backend, task.source) if static_checks else []
+    if failures:
+        result.status = Status.INTEGRITY_VIOLATION
+        result.checks_failed = sorted({f.name for f in failures})
+        result.error = "\n".join(f"[{f.name}] {f.message}" for f in failures)
+        return None
+    return source
 
 
 def _speedup(reference: TimingStats | None, solution: TimingStats | None) -> float | None:

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from kernelrl.env import harness
 from kernelrl.env.result import TimingStats
+from kernelrl.env.sandbox import harness
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig, placements, time_fn
 

@@ -71,8 +71,9 @@ def run_suite(
 
 
 def summary_table(results: list[EvalResult]) -> Table:
-    table = Table(title="kernelrl env check-suite")
-    for column in (
+    """One row per task. Columns that are "-" for every task (timings on a CPU) are left out
+    and named in the caption, so task names are not cut to fit an 80-column terminal."""
+    columns = (
         "task",
         "status",
         "checks",
@@ -81,27 +82,43 @@ def summary_table(results: list[EvalResult]) -> Table:
         "vs compile",
         "own share",
         "eval s",
-    ):
-        table.add_column(
-            column, justify="right" if column not in ("task", "status", "checks") else "left"
-        )
+    )
     by_task: dict[str, list[EvalResult]] = {}
     for result in results:
         by_task.setdefault(result.task_id, []).append(result)
+    rows = []
     for task_id, runs in by_task.items():
         last = runs[-1]
         speedups = [r.speedup_vs_eager for r in runs if r.speedup_vs_eager is not None]
         style = "green" if all(r.status is Status.CORRECT for r in runs) else "red"
-        table.add_row(
-            task_id,
-            f"[{style}]{last.status}[/{style}]" + (f" x{len(runs)}" if len(runs) > 1 else ""),
-            ", ".join(last.checks_failed),
-            _fmt(
-                last.runtime.median_ms if last.runtime and last.timing_meaningful else None, ".4f"
-            ),
-            _fmt(statistics.median(speedups) if speedups else None, ".2f"),
-            _fmt(last.speedup_vs_compile, ".2f"),
-            _fmt(last.own_kernel_share, ".0%"),
-            _fmt(last.phase_seconds.get("total"), ".1f"),
+        rows.append(
+            (
+                task_id,
+                f"[{style}]{last.status}[/{style}]" + (f" x{len(runs)}" if len(runs) > 1 else ""),
+                ", ".join(last.checks_failed) or "-",
+                _fmt(
+                    last.runtime.median_ms if last.runtime and last.timing_meaningful else None,
+                    ".4f",
+                ),
+                _fmt(statistics.median(speedups) if speedups else None, ".2f"),
+                _fmt(last.speedup_vs_compile, ".2f"),
+                _fmt(last.own_kernel_share, ".0%"),
+                _fmt(last.phase_seconds.get("total"), ".1f"),
+            )
         )
+    keep = [i for i, name in enumerate(columns) if i < 2 or any(r[i] != "-" for r in rows)]
+    dropped = [name for i, name in enumerate(columns) if i not in keep]
+    table = Table(
+        title="kernelrl env check-suite",
+        caption=f"not shown, '-' for every task: {', '.join(dropped)}" if dropped else None,
+    )
+    for i in keep:
+        name = columns[i]
+        table.add_column(
+            name,
+            justify="right" if name not in ("task", "status", "checks") else "left",
+            no_wrap=name in ("task", "status"),
+        )
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
     return table

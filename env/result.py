@@ -9,6 +9,10 @@ from enum import StrEnum
 from typing import Any
 
 SCHEMA_VERSION = 1
+# EvalResult.sandbox key of a verdict a pool gave itself (a worker lost, a batch deadline, a
+# closed pool), naming why: such results are stored like any other but never served from a
+# results cache (``kernelrl.env.store.is_cacheable``).
+POOL_ERROR_KEY = "pool_error"
 
 
 class Status(StrEnum):

@@ -4,7 +4,7 @@ Why a service: a trainer, an evaluation sweep and a curation job that each start
 pay the worker start-up each time and fight over the same GPUs. ``kernelrl env serve`` instead
 starts one ``EnvService``, a *named, detached* Ray actor that owns a ``RayPool`` (and, with a
 results store, a ``CachedPool`` in front of it). Jobs on any node of the cluster find it by name
-(``ServiceClient``, or ``RayPool.connect``) and use it exactly like a local pool; agents outside
+(``ServiceClient``) and use it exactly like a local pool; agents outside
 Ray speak HTTP to a Ray Serve deployment in front of the same actor (``start_http``).
 
 The actor keeps the pool's futures and hands them out one item at a time (``submit`` returns a
@@ -24,8 +24,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pools.base import Pool, SubmitPool
 from kernelrl.env.result import EvalResult
-from kernelrl.env.submit_api import EvaluateFromSubmit
 from kernelrl.env.task import Task, TaskError, task_from_source
 
 log = logging.getLogger(__name__)
@@ -46,13 +46,14 @@ class EnvService:
         tasks: Mapping[str, Task] | None = None,
     ) -> None:
         """``tasks``: the tasks HTTP clients may name by id instead of sending their source."""
-        from kernelrl.env.cached_pool import CachedPool
-        from kernelrl.env.ray_pool import RayPool
+        from kernelrl.env.pools.cached import CachedPool
+        from kernelrl.env.pools.ray import RayPool
         from kernelrl.env.store import ResultsStore
 
         self.pool = RayPool(config, store_path=store_path, **pool_kwargs)
         self.store = ResultsStore(store_path) if store_path else None
-        self.front: Any = CachedPool(self.pool, self.store) if self.store else self.pool
+        self.cache = CachedPool(self.pool, self.store) if self.store else None
+        self.front: Pool = self.cache or self.pool
         self.tasks = dict(tasks or {})
         self.store_path = store_path
         self.started = time.time()
@@ -89,9 +90,7 @@ class EnvService:
     def _submit(
         self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None
     ) -> list[Future[EvalResult]]:
-        if timeout_s is None:
-            return self.front.submit(tasks, solutions)
-        return self.front.submit(tasks, solutions, timeout_s=timeout_s)
+        return self.front.submit(tasks, solutions, timeout_s)
 
     async def result(self, batch: int, index: int) -> EvalResult:
         """One item of a batch; each item is handed out once, then forgotten."""
@@ -122,11 +121,11 @@ class EnvService:
         stats["service_uptime_s"] = time.time() - self.started
         stats["batches_served"] = self._clients_batches
         stats["items_not_collected"] = sum(len(b) for b in self._batches.values())
-        if self.store is not None:
+        if self.store is not None and self.cache is not None:
             stats["store_path"] = self.store_path
             stats["store_results"] = self.store.count()
-            stats["cache_hits"] = self.front.hits
-            stats["cache_misses"] = self.front.misses
+            stats["cache_hits"] = self.cache.hits
+            stats["cache_misses"] = self.cache.misses
         return stats
 
     def shutdown(self, timeout_s: float | None = 30.0) -> None:
@@ -151,6 +150,8 @@ class EnvService:
             timeout_s = body.get("timeout_s") if isinstance(body, dict) else None
             if timeout_s is not None and not isinstance(timeout_s, int | float):
                 raise TaskError("'timeout_s' must be a number")
+        except _BrokenTask as exc:  # a well-formed request whose task cannot be used
+            return 422, {"error": str(exc)}
         except (TaskError, KeyError, TypeError) as exc:
             return 400, {"error": str(exc)}
         try:
@@ -177,15 +178,24 @@ class EnvService:
                 )
         elif isinstance(item.get("task"), dict) and isinstance(item["task"].get("source"), str):
             spec = item["task"]
-            task = task_from_source(
-                spec["source"], str(spec.get("id", "http_task")), str(spec.get("backend", "triton"))
-            )
+            try:
+                task = task_from_source(
+                    spec["source"],
+                    str(spec.get("id", "http_task")),
+                    str(spec.get("backend", "triton")),
+                )
+            except TaskError as exc:  # syntax error, no Model, ...: 422, as for a broken task
+                raise _BrokenTask(str(exc)) from exc
         else:
             raise TaskError("give 'task_id' or 'task': {'source': ..., 'id': ..., 'backend': ...}")
         backend = item.get("backend")
         if backend is not None and backend != task.backend:
             task = task.with_backend(str(backend))
         return task, solution
+
+
+class _BrokenTask(TaskError):
+    """An inline task that does not load (HTTP 422, not 400: the request itself is fine)."""
 
 
 # ---------------------------------------------------------------------------------- lifecycle
@@ -297,7 +307,7 @@ def stop_http() -> None:
 
 
 # ---------------------------------------------------------------------------------- client
-class ServiceClient(EvaluateFromSubmit):
+class ServiceClient(SubmitPool):
     """A running service, with the pool interface (``submit``, ``evaluate``, ``aevaluate``)."""
 
     def __init__(

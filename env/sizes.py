@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kernelrl.env import harness
+from kernelrl.env.sandbox import harness
 from kernelrl.env.task import Task, TaskError, init_args
 
 MIB = 2**20

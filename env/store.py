@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kernelrl.env.reference import ReferenceTimingCache
-from kernelrl.env.result import EvalResult, Status, TimingStats
+from kernelrl.env.result import POOL_ERROR_KEY, EvalResult, Status, TimingStats
 from kernelrl.env.task import Task
 from kernelrl.env.timing import TimingConfig
 
@@ -57,11 +57,6 @@ CREATE TABLE IF NOT EXISTS reference_timings (
     written REAL NOT NULL
 );
 """
-
-# EvalResult.sandbox key set by pools for failures of the pool itself (a worker died, a batch
-# deadline passed): such results are stored like any other but never served from the cache.
-# The same holds for status harness_error (see ``is_cacheable``).
-POOL_ERROR_KEY = "pool_error"
 
 
 def solution_key(solution: str) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pool import LocalPool
+from kernelrl.env.pools.local import LocalPool
 from kernelrl.rewards import RewardConfig, reward_components, total_reward
 from kernelrl.rl.rejection import RejectionConfig, rejection_weights
 

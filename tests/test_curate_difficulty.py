@@ -20,7 +20,7 @@ from kernelrl.data.curate.normalize import normalize_tasks
 from kernelrl.data.loaders import load_tasks
 from kernelrl.data.schema import task_of
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pool import LocalPool
+from kernelrl.env.pools.local import LocalPool
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = Path(__file__).parent / "data" / "curate" / "raw_tasks"

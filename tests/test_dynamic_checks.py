@@ -3,8 +3,8 @@ a child's reports, including claims that contradict each other or the wall clock
 
 from __future__ import annotations
 
-from kernelrl.env import dynamic_checks
-from kernelrl.env.dynamic_checks import CallEvidence
+from kernelrl.env.integrity import dynamic_checks
+from kernelrl.env.integrity.dynamic_checks import CallEvidence
 
 
 def _profile(kernels: list[tuple[str, float, int]], calls: int = 5) -> dict:

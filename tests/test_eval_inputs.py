@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kernelrl.data.bundled import TASKS_DIR
-from kernelrl.env.static_checks import run_static_checks
+from kernelrl.env.integrity.static_checks import run_static_checks
 from kernelrl.env.task import TaskError, task_from_source
 from kernelrl.eval.benchmarks import (
     load_benchmark,
@@ -266,12 +266,12 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
         (
             "client: fixed\nfixed_solutions: [x]\nnot_a_key: 1\n",
             [],
-            "Unknown arguments from config file",
+            "unknown key for `kernelrl eval`: not_a_key",
         ),
         (
             "client: fixed\nfixed_solutions: [x]\n",
             ["--not_a_flag", "1"],
-            "not used by the HfArgumentParser",
+            "unknown key for `kernelrl eval`: --not_a_flag",
         ),
         ("client: fixed\n", [], "fixed_solutions"),
     ],

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.env.dynamic_checks import DYNAMIC_CHECKS
 from kernelrl.env.evaluator import EvalConfig, Evaluator
-from kernelrl.env.pool import LocalPool
+from kernelrl.env.integrity.dynamic_checks import DYNAMIC_CHECKS
+from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.task import load_task, task_from_source
 

@@ -8,7 +8,7 @@ import pytest
 
 from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pool import LocalPool
+from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import Status
 from kernelrl.env.task import load_task
 

@@ -1,4 +1,4 @@
-"""Process isolation of the sandbox (kernelrl.env.isolation), through the real evaluator on CPU.
+"""Process isolation of the sandbox (kernelrl.env.sandbox.isolation), through the real evaluator on CPU.
 
 Solutions here do what a generated kernel must never get away with: leave a process behind
 (fork, setsid, fork again), write outside their scratch directory, look at other processes.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pool import LocalPool
+from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.task import load_task
 

@@ -84,7 +84,7 @@ def test_every_solution_has_small_sizes_and_the_set_covers_the_brief() -> None:
 
 @pytest.mark.parametrize("path", SOLUTION_FILES, ids=lambda p: p.stem)
 def test_static_checks_accept_solution(path: Path) -> None:
-    from kernelrl.env.static_checks import run_static_checks
+    from kernelrl.env.integrity.static_checks import run_static_checks
 
     entry = _entry(path)
     failures = run_static_checks(entry.solution_src, "triton", entry.task_src)
@@ -96,7 +96,7 @@ def test_interpreter_matches_reference(path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     import torch
 
-    from kernelrl.env.harness import load_module
+    from kernelrl.env.sandbox.harness import load_module
 
     entry = _entry(path)
     task = load_module(entry.task_src, f"kb_task_{path.stem}", CPU_SIZES[path.stem])
@@ -125,7 +125,7 @@ def test_interpreter_matches_reference(path: Path, monkeypatch: pytest.MonkeyPat
 @pytest.fixture(scope="module")
 def cpu_pool():
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.pool import LocalPool
+    from kernelrl.env.pools.local import LocalPool
 
     pool = LocalPool(EvalConfig(device="cpu"), workers=2)
     yield pool

@@ -1,5 +1,5 @@
-"""LocalPool: recovery from dead children, async API, backpressure, broken tasks, harness errors
-(retried once, never cached)."""
+"""LocalPool: the pool contract, recovery from dead children, async API, backpressure, batch
+deadlines, broken tasks, harness errors (retried once, never cached)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.env.cached_pool import CachedPool
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pool import HARNESS_FIRST_ERROR_KEY, HARNESS_RETRIES_KEY, LocalPool
-from kernelrl.env.result import EvalResult, Status
-from kernelrl.env.sandbox import ChildPool
+from kernelrl.env.pools import Pool
+from kernelrl.env.pools.cached import CachedPool
+from kernelrl.env.pools.local import LocalPool
+from kernelrl.env.pools.verdicts import HARNESS_FIRST_ERROR_KEY, HARNESS_RETRIES_KEY
+from kernelrl.env.result import POOL_ERROR_KEY, EvalResult, Status
+from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.store import ResultsStore
 from kernelrl.env.task import TaskError, load_task, task_from_source
 
@@ -34,6 +36,43 @@ SEGFAULT = (
 def pool() -> LocalPool:
     with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1) as pool:
         yield pool
+
+
+def test_local_and_cached_pools_keep_the_pool_contract(pool: LocalPool, tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path / "results.db")
+    cached = CachedPool(pool, store)
+    for candidate in (pool, cached):
+        assert isinstance(candidate, Pool)
+        assert candidate.device == "cpu" and candidate.device_name and candidate.versions
+        assert candidate.num_slots == 1
+    (result,) = cached.evaluate([RELU], [GOOD], timeout_s=300)  # every pool takes a deadline
+    assert result.status is Status.CORRECT
+    store.close()
+
+
+def test_the_callers_config_is_left_as_it_was() -> None:
+    config = EvalConfig(device="cpu", timeout_s=60)
+    with LocalPool(config, workers=2) as local:
+        assert local.config.spare_children == 2 and local.config is not config
+    assert config == EvalConfig(device="cpu", timeout_s=60)
+
+
+def test_batch_deadline_answers_what_is_not_done() -> None:
+    hang = (
+        Path(__file__).parent / "solutions" / "dynamic" / "timeout__infinite_loop.py"
+    ).read_text()
+    with LocalPool(EvalConfig(device="cpu", timeout_s=10), workers=1) as one_slot:
+        # One slot: the hanging solution runs when the deadline passes, the good one waits.
+        running, waiting = one_slot.submit([RELU, RELU], [hang, GOOD], timeout_s=4)
+        ran, waited = running.result(timeout=60), waiting.result(timeout=60)
+        assert ran.status is Status.TIMEOUT and ran.sandbox[POOL_ERROR_KEY] == "batch_timeout"
+        # Never started: nothing is known about the solution, so it is not blamed for it.
+        assert waited.status is Status.HARNESS_ERROR and not waited.scored
+        assert waited.sandbox[POOL_ERROR_KEY] == "batch_timeout" and "deadline" in waited.error
+        # The slot finishes the hanging evaluation (the sandbox's own limit), skips the one
+        # already answered, and serves again.
+        (after,) = one_slot.evaluate([RELU], [GOOD])
+        assert after.status is Status.CORRECT and POOL_ERROR_KEY not in after.sandbox
 
 
 def test_slot_survives_a_crashing_child(pool: LocalPool) -> None:
@@ -203,7 +242,7 @@ def test_measurement_pauses_every_other_child() -> None:
 # A worker that holds two sandbox children, one of them paused as during another's measurement.
 _DYING_WORKER = """
 import time
-from kernelrl.env.sandbox import ChildPool
+from kernelrl.env.sandbox.processes import ChildPool
 children = ChildPool("cpu", spare=0)
 running, paused = children.acquire(), children.acquire()
 paused.pause()

@@ -11,7 +11,7 @@ import struct
 import pytest
 import torch
 
-from kernelrl.env.protocol import ProtocolError, recv_message, send_message
+from kernelrl.env.sandbox.protocol import ProtocolError, recv_message, send_message
 
 
 class Exploit:

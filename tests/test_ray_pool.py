@@ -1,5 +1,8 @@
 """RayPool on a local Ray cluster with logical GPUs (CPU workers, Triton interpreter).
 
+The scheduling decisions themselves are tested without Ray in test_pool_scheduler.py; here the
+pool runs them against real actors that really die, hang and restart.
+
 One pool (2 workers x 2 slots, one pre-check CPU actor) is shared by the whole module: Ray and
 worker start-up cost seconds each. Static checks are off in this pool (as in the sandbox tests)
 so that solutions which attack the worker itself reach the sandbox: that is what the fault
@@ -16,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.env.cached_pool import CachedPool
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.ray_pool import RayPool
-from kernelrl.env.result import EvalResult, Status
-from kernelrl.env.store import POOL_ERROR_KEY, ResultsStore
+from kernelrl.env.pools import Pool
+from kernelrl.env.pools.cached import CachedPool
+from kernelrl.env.pools.ray import RayPool
+from kernelrl.env.pools.verdicts import HARNESS_FIRST_ERROR_KEY, HARNESS_RETRIES_KEY
+from kernelrl.env.result import POOL_ERROR_KEY, EvalResult, Status
+from kernelrl.env.store import ResultsStore
 from kernelrl.env.task import TaskError, load_task, task_from_source
 
 ray = pytest.importorskip("ray")
@@ -34,6 +39,13 @@ SEGFAULT = (DYNAMIC / "runtime_error__segfault.py").read_text()
 OS_EXIT = (DYNAMIC / "runtime_error__os_exit.py").read_text()
 # Kills the process that started its sandbox child: the worker actor itself.
 KILLER = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + GOOD
+# A task whose module refuses to load inside the sandbox (where KERNELRL_DEVICE is set) but
+# loads on the trusted side: the harness fails, never the solution - a real harness_error.
+SANDBOX_REFUSED = task_from_source(
+    'import os\nif "KERNELRL_DEVICE" in os.environ:\n'
+    '    raise RuntimeError("this task does not load in a sandbox")\n' + RELU.source,
+    "sandbox_refused",
+)
 TIMEOUT_S = 20.0
 
 
@@ -65,7 +77,7 @@ def pool(store_path: str) -> RayPool:
 @pytest.fixture(autouse=True)
 def pool_log(caplog: pytest.LogCaptureFixture) -> None:
     """A failing test shows the pool's worker life (deaths, replacements, returns)."""
-    caplog.set_level(logging.INFO, logger="kernelrl.env.ray_pool")
+    caplog.set_level(logging.INFO, logger="kernelrl.env.pools.ray")
 
 
 def worker_states(pool: RayPool) -> list[dict]:
@@ -83,7 +95,7 @@ def wait_until(predicate, timeout_s: float = 120.0, pool: RayPool | None = None)
 
 
 def test_local_pool_interface_and_parallel_workers(pool: RayPool) -> None:
-    assert pool.num_slots == 4 and pool.device == "cpu"
+    assert isinstance(pool, Pool) and pool.num_slots == 4 and pool.device == "cpu"
     assert ray.cluster_resources()["GPU"] == 2  # logical GPUs, one actor each
     before = [w["completed"] for w in worker_states(pool)]
     solutions = [variant(GOOD, f"parallel {i}") for i in range(4)]
@@ -118,15 +130,37 @@ def test_format_errors_never_reach_a_gpu_worker(pool: RayPool) -> None:
 
 
 def test_precheck_worker_runs_the_static_checks(pool: RayPool) -> None:
-    from kernelrl.env.ray_pool import PrecheckWorker
+    from kernelrl.env.pools.ray_workers import PrecheckWorker
 
-    checker = ray.remote(PrecheckWorker).options(num_cpus=0).remote()
+    where = (pool.device, pool.device_name, pool.versions)
+    checker = ray.remote(PrecheckWorker).options(num_cpus=0).remote(True, where)
     fallback = GOOD.replace("return relu(x)", "return torch.relu(x)")
-    verdict = ray.get(checker.check.remote("triton", RELU.source, fallback, True))
-    assert verdict is not None and verdict[0] == "integrity_violation"
-    assert "torch_fallback" in verdict[2]
-    assert ray.get(checker.check.remote("triton", RELU.source, GOOD, True)) is None
+    verdict = ray.get(checker.check.remote(RELU, fallback))
+    assert (
+        verdict.status is Status.INTEGRITY_VIOLATION and "torch_fallback" in verdict.checks_failed
+    )
+    assert verdict.device_name == pool.device_name and verdict.feedback  # the Evaluator's own
+    assert ray.get(checker.check.remote(RELU, GOOD)) is None
     ray.kill(checker)
+
+
+def test_a_harness_error_is_evaluated_once_more_and_never_cached(
+    pool: RayPool, store_path: str
+) -> None:
+    store = ResultsStore(store_path)
+    cached = CachedPool(pool, store)
+    retried = pool.stats()["harness_retried"]
+    (result,) = cached.evaluate([SANDBOX_REFUSED], [variant(GOOD, "harness")])
+    assert result.status is Status.HARNESS_ERROR and not result.scored
+    assert pool.stats()["harness_retried"] == retried + 1  # once, not until it passes
+    assert result.sandbox[HARNESS_RETRIES_KEY] == 1
+    assert "does not load in a sandbox" in result.sandbox[HARNESS_FIRST_ERROR_KEY]
+    assert "twice" in result.error
+    # Stored for the record, never served: the same pair is evaluated again (and retried).
+    (again,) = cached.evaluate([SANDBOX_REFUSED], [variant(GOOD, "harness")])
+    assert again.status is Status.HARNESS_ERROR and cached.misses == 2 and cached.hits == 0
+    assert pool.stats()["harness_retried"] == retried + 2
+    store.close()
 
 
 def test_hanging_and_crashing_solutions_do_not_stall_the_batch(pool: RayPool) -> None:
@@ -137,12 +171,13 @@ def test_hanging_and_crashing_solutions_do_not_stall_the_batch(pool: RayPool) ->
     finished: dict[int, float] = {}
     for index, future in enumerate(futures):
         future.add_done_callback(lambda _, i=index: finished.setdefault(i, time.monotonic()))
-    # A batch deadline answers what is left at the deadline, and leaves the rest alone.
-    (deadline_future,) = pool.submit([RELU], [variant(HANG, "deadline")], timeout_s=3)
-    deadline_result = deadline_future.result(timeout=60)
-    assert deadline_result.status is Status.TIMEOUT
-    assert deadline_result.sandbox[POOL_ERROR_KEY] == "batch_timeout"
-    assert time.monotonic() - started < 20
+    # A batch deadline answers what is not done by then and leaves the rest alone. This one
+    # waits behind the whole batch: nothing is known about it, so it is an (unscored)
+    # harness_error, not a timeout of its solution.
+    (waiting_future,) = pool.submit([RELU], [variant(GOOD, "waits")], timeout_s=0.5)
+    waited = waiting_future.result(timeout=60)
+    assert waited.status is Status.HARNESS_ERROR and not waited.scored
+    assert waited.sandbox[POOL_ERROR_KEY] == "batch_timeout"
 
     results = [f.result(timeout=300) for f in futures]
     elapsed = time.monotonic() - started
@@ -159,6 +194,14 @@ def test_hanging_and_crashing_solutions_do_not_stall_the_batch(pool: RayPool) ->
     # The good ones did not wait for the hanging one, and the batch ended with its timeout.
     assert max(finished[i] for i in (1, 3, 5)) < finished[0]
     assert elapsed < TIMEOUT_S + 40, f"batch took {elapsed:.0f} s"
+    # One that is running when its deadline passes is answered then as a timeout; it runs on
+    # (the sandbox ends it) and its late verdict is dropped.
+    started = time.monotonic()
+    (deadline_future,) = pool.submit([RELU], [variant(HANG, "deadline")], timeout_s=3)
+    deadline_result = deadline_future.result(timeout=60)
+    assert deadline_result.status is Status.TIMEOUT
+    assert deadline_result.sandbox[POOL_ERROR_KEY] == "batch_timeout"
+    assert time.monotonic() - started < TIMEOUT_S
     assert all(w["state"] == "ok" for w in worker_states(pool))  # no worker was lost
 
 
@@ -260,7 +303,28 @@ def test_status_snapshot_and_close(pool: RayPool) -> None:
     assert time.monotonic() - started < TIMEOUT_S + 10
     assert all(f.done() and f.result().status is Status.CORRECT for f in goods)
     closed = hung.result(timeout=0)
-    assert closed.status is Status.RUNTIME_ERROR and closed.sandbox[POOL_ERROR_KEY] == "closed"
+    # Never finished because of the pool, not the solution: a harness_error, unscored.
+    assert closed.status is Status.HARNESS_ERROR and closed.sandbox[POOL_ERROR_KEY] == "closed"
+    assert "closed" in closed.error and closed.feedback and closed.device_name == pool.device_name
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit([RELU], [GOOD])
     assert not ray.is_initialized()  # the pool started this Ray instance, and stopped it
+
+
+def test_a_worker_that_stops_answering_is_restarted_and_its_job_blamed() -> None:
+    """Runs after the module's pool closed (it needs the logical GPU). The pool sees a worker
+    that does not answer within ``timeout_s + eval_margin_s`` as stuck: here a negative margin
+    makes a solution hanging inside its (longer) sandbox limit look like that. The pool kills
+    the worker, Ray restarts it, the job reruns alone and is given up as a timeout."""
+    config = EvalConfig(device="cpu", timeout_s=60, static_checks=False)
+    with RayPool(config, workers=1, per_gpu=2, max_retries=1, eval_margin_s=-40) as stuck:
+        pid = worker_states(stuck)[0]["pid"]
+        hang, good = stuck.submit([RELU, RELU], [variant(HANG, "stuck"), variant(GOOD, "stuck")])
+        assert good.result(timeout=300).status is Status.CORRECT
+        result = hang.result(timeout=300)
+        assert result.status is Status.TIMEOUT and result.sandbox[POOL_ERROR_KEY] == "worker_failed"
+        assert result.error.count("did not answer within 20 s") == 2
+        stats = stuck.stats()
+        assert stats["eval_timeouts"] == 2 and stats["worker_deaths"] == 2
+        wait_until(lambda: worker_states(stuck)[0]["state"] == "ok", pool=stuck)
+        assert worker_states(stuck)[0]["pid"] != pid  # a restarted process serves now

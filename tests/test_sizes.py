@@ -234,7 +234,7 @@ def test_task_that_cannot_shrink_gets_one_line_error() -> None:
 
 def test_evaluator_reports_the_task_error_without_allocating() -> None:
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.pool import LocalPool
+    from kernelrl.env.pools.local import LocalPool
 
     task = task_of(HUGE_RELU.replace("torch.rand(batch_size, dim)", "torch.rand(65536, 32768)"))
     solution = (Path(__file__).parent.parent / "data/solutions/triton/01_relu.py").read_text()

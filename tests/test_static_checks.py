@@ -14,8 +14,8 @@ import pytest
 
 from kernelrl.data.bundled import TASKS_DIR, bundled_pairs
 from kernelrl.env.evaluator import EvalConfig, Evaluator
+from kernelrl.env.integrity.static_checks import STATIC_CHECKS, run_static_checks
 from kernelrl.env.result import Status
-from kernelrl.env.static_checks import STATIC_CHECKS, run_static_checks
 from kernelrl.env.task import load_task
 
 CORPUS = Path(__file__).parent / "solutions" / "static"

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kernelrl.data.bundled import TASKS_DIR, bundled_pairs, bundled_tasks
-from kernelrl.env import harness
 from kernelrl.env.reference import ReferenceRunner
+from kernelrl.env.sandbox import harness
 from kernelrl.env.task import (
     TaskError,
     init_args,
@@ -188,7 +188,7 @@ def test_kernelbook_task_builds_through_the_harness() -> None:
 
 def test_kernelbook_task_evaluates_correct_on_cpu() -> None:
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.pool import LocalPool
+    from kernelrl.env.pools.local import LocalPool
 
     task = task_from_source(KERNELBOOK_TASK, "kernelbook_scale")
     with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1) as pool:

@@ -8,8 +8,8 @@ import types
 import pytest
 import torch
 
-from kernelrl.env import harness
 from kernelrl.env.result import TimingStats
+from kernelrl.env.sandbox import harness
 from kernelrl.env.timing import TimingConfig, average, placements, time_fn
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelrl.env.vocabulary import (
+from kernelrl.env.integrity.vocabulary import (
     GLUE_ATEN_OPS,
     GLUE_TORCH_OPS,
     is_glue_aten,

@@ -24,7 +24,8 @@ from rich.console import Console
 from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.resume import Journal
 from kernelrl.data.schema import make_dataset, task_of
-from kernelrl.env.vocabulary import ALLOCATION_OPS
+from kernelrl.env.integrity.vocabulary import ALLOCATION_OPS
+from kernelrl.env.pools import Pool
 
 # Generation callable: prompts (message lists) and k -> k completions per prompt.
 Generate = Callable[[Sequence[list[dict[str, str]]], int], list[list[str]]]
@@ -418,7 +419,7 @@ class DifficultyConfig:
     max_pass_rate: float | None = None  # drop tasks above (e.g. always solved: no RL signal)
 
 
-def pass_rates(tasks: Dataset, generate: Generate, pool: Any, k: int) -> list[float]:
+def pass_rates(tasks: Dataset, generate: Generate, pool: Pool, k: int) -> list[float]:
     """Share of ``k`` generated samples per task that the environment judged correct."""
     rows = list(tasks)
     completions = generate([row["prompt"] for row in rows], k)
@@ -433,7 +434,7 @@ def pass_rates(tasks: Dataset, generate: Generate, pool: Any, k: int) -> list[fl
 def journaled_pass_rates(
     tasks: Dataset,
     generate: Generate,
-    pool: Any,
+    pool: Pool,
     k: int,
     journal: Journal | None = None,
     console: Console | None = None,
@@ -465,7 +466,7 @@ def tag_difficulty(
     tasks: Dataset,
     config: DifficultyConfig | None = None,
     generate: Generate | None = None,
-    pool: Any = None,
+    pool: Pool | None = None,
     console: Console | None = None,
     journal: Journal | None = None,
 ) -> tuple[Dataset, StepReport]:

@@ -27,6 +27,7 @@ from kernelrl.data.curate.report import StepReport, log_step, step_progress, tim
 from kernelrl.data.curate.tokens import normalized_tokens
 from kernelrl.data.schema import make_dataset, result_columns, result_of, task_of
 from kernelrl.env.parse import FormatError, extract_solution
+from kernelrl.env.pools import Pool
 from kernelrl.env.result import EvalResult
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -99,7 +100,7 @@ def fill_prompts(records: Dataset, tasks: Dataset, kind: str) -> Dataset:
 
 
 def _evaluate(
-    pool: Any,
+    pool: Pool,
     tasks: list[Any],
     solutions: list[str],
     console: Console | None,
@@ -116,7 +117,7 @@ def _evaluate(
 
 
 def evaluate_missing(
-    samples: Dataset, tasks: Dataset, pool: Any, console: Console | None = None
+    samples: Dataset, tasks: Dataset, pool: Pool, console: Console | None = None
 ) -> tuple[Dataset, int]:
     """Fill ``result`` of samples that have none, through the pool; returns (samples, count)."""
     by_id = {row["id"]: task_of(row) for row in tasks}
@@ -136,7 +137,7 @@ def evaluate_missing(
 
 
 def evaluate_missing_turns(
-    trajectories: Dataset, tasks: Dataset, pool: Any, console: Console | None = None
+    trajectories: Dataset, tasks: Dataset, pool: Pool, console: Console | None = None
 ) -> tuple[Dataset, int]:
     """Fill ``result`` of trajectory turns that have none, through the pool."""
     by_id = {row["id"]: task_of(row) for row in tasks}

@@ -7,15 +7,16 @@ files, open sockets or crash the run. The evaluator cannot run a reference for u
 computes references in its own process, and the task's ``Model`` posing as a solution would
 fail the static checks ("no custom kernel"), which exist for solutions, not references.
 
-So this step talks to the environment's sandbox directly (``kernelrl.env.sandbox.ChildPool``):
+So this step talks to the environment's sandbox directly (``kernelrl.env.sandbox.processes``):
 each run is a fresh child with an empty network namespace, a private scratch directory, a
 scrubbed environment, CPU/memory/file-size limits and a wall-clock deadline. The job it gets is
 the ordinary evaluation job with the reference posing as the solution
 (``from kernelrl_task import Model as ModelNew``): the child builds the model from the task's
 ``get_init_inputs`` under a seed, makes inputs under seeds, runs forward, reports the aten ops
-it dispatched, and, when asked, times it with the environment's timing procedure. Outputs stream
-back through the session (``kernelrl.env.session``) and are reduced to digests as they arrive, so
-host memory does not grow with a task's tensor sizes.
+it dispatched, and, when asked, times it with the environment's timing procedure. The child
+samples each output (every k-th value, at most 2**20, and its count of non-finite values) and
+sends the sample through the session (``kernelrl.env.sandbox.session``), so neither the socket
+nor host memory grows with a task's tensor sizes.
 
 On a GPU, a run starts only once the footprint the child measured (meta device, in the sandbox)
 is reserved on the device (``kernelrl.env.admission``); a pair of runs that fails for a reason
@@ -54,14 +55,11 @@ from kernelrl.data.curate.resume import Journal
 from kernelrl.data.schema import make_dataset, task_of
 from kernelrl.env.admission import GpuMemoryBudget, plan_for
 from kernelrl.env.evaluator import resolve_device
-from kernelrl.env.protocol import TASK_MODULE
 from kernelrl.env.reference import device_name
-from kernelrl.env.sandbox import ChildDied, ChildPool
-from kernelrl.env.session import SandboxSession
+from kernelrl.env.sandbox.processes import Child, ChildDied, ChildPool
+from kernelrl.env.sandbox.session import SandboxSession, reference_as_solution
 from kernelrl.env.task import Task
 from kernelrl.env.timing import TimingConfig
-
-REFERENCE_AS_SOLUTION = f"from {TASK_MODULE} import Model as ModelNew\n"
 
 
 @dataclass
@@ -88,15 +86,19 @@ class ValidateConfig:
         return settings
 
 
-# Values of each output kept to compare two runs: a strided sample, so that a 6 GiB output of a
-# KernelBench task costs 8 MiB here, whatever its size.
+# Values of each output kept to compare two runs: a strided sample taken in the sandbox, so that
+# a 6 GiB output of a KernelBench task costs 8 MiB on the socket and here, whatever its size.
 SAMPLED_VALUES = 2**20
 
 
 @dataclass
 class OutputDigest:
-    """One output of one run, reduced as it streams in: shape, dtype, how many values are not
-    finite, and every ``stride``-th value in fp64 (a plain value is kept as it is)."""
+    """One output of one run, as the sandbox reduced it: shape, dtype, how many values are not
+    finite, and every ``stride``-th value in fp64 (a plain value is kept as it is).
+
+    The counts come from the child that ran the record: a record could misreport them, but a
+    record is not a trust boundary here (validation decides whether a reference is usable; a
+    record that passes becomes trusted task code), so nothing is lost by believing them."""
 
     shape: tuple[int, ...] = ()
     dtype: str = ""
@@ -111,29 +113,23 @@ class OutputDigest:
 
 
 class _Digester:
-    """Builds the digests of one call's outputs chunk by chunk."""
+    """Builds the digests of one call's outputs from the samples the sandbox sent."""
 
     def __init__(self, described: list[dict[str, Any]]) -> None:
         self.digests: list[OutputDigest] = []
         self._parts: list[list[torch.Tensor]] = []
-        self._seen: list[int] = []
         for entry in described:
             if entry.get("kind") != "tensor":
                 self.digests.append(OutputDigest(value=entry.get("value", entry.get("type"))))
             else:
-                shape = tuple(int(d) for d in entry["shape"])
-                stride = max(-(-math.prod(shape) // SAMPLED_VALUES), 1)
-                self.digests.append(OutputDigest(shape, str(entry["dtype"]), stride=stride))
+                shape = tuple(int(d) for d in entry["full_shape"])
+                digest = OutputDigest(shape, str(entry["dtype"]), stride=int(entry["stride"]))
+                digest.non_finite = int(entry["non_finite"])
+                self.digests.append(digest)
             self._parts.append([])
-            self._seen.append(0)
 
     def add(self, index: int, chunk: torch.Tensor) -> None:
-        digest, start = self.digests[index], self._seen[index]
-        self._seen[index] += chunk.numel()
-        if chunk.is_floating_point() or chunk.is_complex():
-            digest.non_finite += int((~torch.isfinite(chunk)).sum())
-        first = (-start) % digest.stride
-        self._parts[index].append(chunk[first :: digest.stride].to(torch.float64).clone())
+        self._parts[index].append(chunk.to(torch.float64).clone())
 
     def finish(self) -> list[OutputDigest]:
         for digest, parts in zip(self.digests, self._parts, strict=True):
@@ -154,6 +150,7 @@ class Probe:
     flags: list[str] = field(default_factory=list)
     phase: dict[str, float] = field(default_factory=dict)
     network: str = ""
+    out_of_memory: bool = False  # the failure was a GPU out-of-memory error
 
 
 class ReferenceProber:
@@ -165,6 +162,8 @@ class ReferenceProber:
         gpu = config.gpu_index if self.kind == "cuda" else None
         self.children = ChildPool(self.kind, gpu, spare=max(config.workers, 1))
         self.gpu_lock = threading.Lock()
+        self._active: set[Child] = set()
+        self._active_lock = threading.Lock()
         device = torch.device("cuda", config.gpu_index) if self.kind == "cuda" else None
         self.device_name = device_name(device or torch.device("cpu"))
         # Runs in flight and children warming each hold a CUDA context.
@@ -176,6 +175,14 @@ class ReferenceProber:
 
     def close(self) -> None:
         self.children.close()
+
+    def interrupt(self) -> None:
+        """Kill the runs in flight (Ctrl-C): their reports are discarded, nothing of them is
+        journaled, and the next run validates those records again."""
+        with self._active_lock:
+            active = list(self._active)
+        for child in active:
+            child.kill("validation interrupted")
 
     def __enter__(self) -> ReferenceProber:
         return self
@@ -195,6 +202,8 @@ class ReferenceProber:
         ``alone`` once nothing else runs there."""
         config = self.config
         child = self.children.acquire()
+        with self._active_lock:
+            self._active.add(child)
         probe = Probe(network=str(child.ready_info.get("network", "")))
         reservation = contextlib.ExitStack()
         try:
@@ -213,6 +222,8 @@ class ReferenceProber:
             probe.failure = "unreadable_outputs"
             probe.detail = f"the sandbox reported unreadable results ({type(exc).__name__}: {exc})"
         finally:
+            with self._active_lock:
+                self._active.discard(child)
             child.close()
             reservation.close()
         budget = config.max_runtime_ms
@@ -228,21 +239,28 @@ class ReferenceProber:
 
     def _admit(
         self, reservation: contextlib.ExitStack, alone: bool, footprint: dict[str, Any]
-    ) -> int:
+    ) -> dict[str, int]:
         """Reserve the GPU memory a run reports it needs (all of it when the child could not
-        measure, or when the run must be alone) and hold it until the run ends."""
+        measure, or when the run must be alone) and hold it until the run ends. A large task is
+        timed on one placement of its inputs, as in the evaluator: four copies of an 8 GiB
+        input are not in its plan."""
         budget = self.gpu_budget
         assert budget is not None
-        if alone or "error" in footprint:
+        admitted: dict[str, int] = {}
+        if "error" in footprint:
             nbytes = budget.capacity
+            admitted["timing_placements"] = 1
         else:
-            nbytes = plan_for(
+            plan = plan_for(
                 int(footprint["input_bytes"]),
                 int(footprint["param_bytes"]),
                 int(footprint["output_bytes"]),
-            ).child_bytes
+            )
+            nbytes = budget.capacity if alone else plan.child_bytes
+            if plan.large:
+                admitted["timing_placements"] = 1
         reservation.enter_context(budget.reserve(nbytes))
-        return nbytes
+        return {"bytes": nbytes, **admitted}
 
     def _run(
         self,
@@ -252,7 +270,7 @@ class ReferenceProber:
         input_seeds: list[int],
         time_it: bool,
         probe: Probe,
-        admit: Callable[[dict[str, Any]], int] | None,
+        admit: Callable[[dict[str, Any]], dict[str, int]] | None,
     ) -> None:
         config = self.config
         loaded = session.start(
@@ -263,9 +281,11 @@ class ReferenceProber:
                 # No derived CPU sizes: deriving runs the task's code here, outside the sandbox,
                 # and a corpus record is not trusted yet.
                 "size_overrides": task.size_overrides(self.kind, derive=False),
-                "solution_source": REFERENCE_AS_SOLUTION,
-                "expose_task": True,
+                **reference_as_solution(),
                 "model_seed": model_seed,
+                # Outputs are sampled in the sandbox: the whole of a 6 GiB output would cross
+                # the socket twice per record for the 8 MiB that two runs are compared on.
+                "sample_outputs": SAMPLED_VALUES,
                 "timing": asdict(config.timing),
                 "profile_calls": 1,
                 "limits": {
@@ -319,7 +339,9 @@ class ReferenceProber:
             probe.failure = "reference_does_not_load"
         else:
             probe.failure = "reference_crashes"
-        probe.detail = str(message.get("error", ""))[-600:]
+        error = str(message.get("error", ""))
+        probe.out_of_memory = "out of memory" in error.lower()
+        probe.detail = error[-600:]
         return True
 
 
@@ -507,8 +529,13 @@ def validate_tasks(
                         journal.add(task_list[index].hash, rows[index]["id"], verdicts[index])
                     del probes[index]
                     progress.advance()
+        except BaseException:
+            # Ctrl-C (or a failure of ours): runs not started are cancelled, runs in flight are
+            # killed; verdicts already journaled are kept.
+            executor.shutdown(wait=False, cancel_futures=True)
+            prober.interrupt()
+            raise
         finally:
-            # Ctrl-C: runs not started are cancelled; the few in flight end (time-limited).
             executor.shutdown(wait=True, cancel_futures=True)
         if rerun_alone:
             report.notes["rerun_alone"] = len(rerun_alone)
@@ -532,7 +559,7 @@ def _ours(first: Probe, second: Probe, kind: str) -> bool:
     for probe in (first, second):
         if probe.failure == "harness_error":
             return True
-        if kind == "cuda" and probe.failure and "out of memory" in probe.detail.lower():
+        if kind == "cuda" and probe.out_of_memory:
             return True
     return False
 

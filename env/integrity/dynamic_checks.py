@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.env.vocabulary import is_trivial_gpu_kernel
+from kernelrl.env.integrity.vocabulary import is_trivial_gpu_kernel
 
 DYNAMIC_CHECKS: dict[str, str] = {
     "no_kernel_executed": "every forward call must launch at least one of the solution's own kernels",

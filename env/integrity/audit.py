@@ -3,14 +3,13 @@ whether it left the harness as it found it.
 
 Runs inside the sandboxed child, beside the solution: every defence here is evidence for the
 trusted side, which decides the verdict (``dynamic_checks``), and each is itself watched
-(``TamperGuard``) so that switching one off shows.
+(``TamperGuard``; what it watches is the sandbox's to say: ``sandbox.guard``) so that switching
+one off shows.
 """
 
 from __future__ import annotations
 
-import socket
 import sys
-import time
 import types
 from collections import Counter
 from typing import Any
@@ -18,8 +17,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from kernelrl.env import compare, harness, protocol, timing, vocabulary
-from kernelrl.env.protocol import SOLUTION_MODULE
+from kernelrl.env.integrity import vocabulary
 
 
 class AtenAudit(TorchDispatchMode):
@@ -118,7 +116,8 @@ class LaunchCounter:
         self.counts: Counter[str] = Counter()
         self.depth = 0
 
-    def install(self) -> None:
+    def install(self, solution_module: str) -> None:
+        """Count launches of kernels defined in the module named ``solution_module``."""
         import triton.runtime.jit as jit
 
         classes = [jit.JITFunction]
@@ -135,7 +134,7 @@ class LaunchCounter:
                 owner = self.counts_owner
                 if (
                     not kwargs.get("warmup", False)
-                    and getattr(self.fn, "__module__", "") == SOLUTION_MODULE
+                    and getattr(self.fn, "__module__", "") == solution_module
                 ):
                     owner.counts[self.fn.__name__] += 1
                 owner.depth += 1
@@ -186,48 +185,3 @@ class TamperGuard:
         if _get_current_dispatch_mode_stack():
             changed.append("a dispatch mode left active")
         return changed[:8]
-
-
-def harness_guard(sandbox: types.ModuleType) -> TamperGuard:
-    """The guard over everything the sandbox's harness (module ``sandbox``) relies on."""
-    import builtins
-
-    import triton.runtime.jit as jit
-
-    owners: list[tuple[str, Any]] = [
-        ("builtins", builtins),
-        ("time", time),
-        ("socket.socket", socket.socket),
-        ("torch", torch),
-        ("torch.Tensor", torch.Tensor),
-        ("torch.nn.Module", torch.nn.Module),
-        ("torch.nn.functional", torch.nn.functional),
-        ("torch.cuda", torch.cuda),
-        ("torch.cuda.Event", torch.cuda.Event),
-        ("torch.profiler", torch.profiler),
-        ("torch.autograd.profiler", torch.autograd.profiler),
-        ("TorchDispatchMode", TorchDispatchMode),
-        ("torch._C", torch._C),
-        ("AtenAudit", AtenAudit),
-        ("LaunchCounter", LaunchCounter),
-        ("triton.JITFunction", jit.JITFunction),
-        ("harness", harness),
-        ("timing", timing),
-        ("protocol", protocol),
-        ("compare", compare),
-        ("vocabulary", vocabulary),
-        ("audit", sys.modules[__name__]),
-        ("sandbox", sandbox),
-    ]
-    modules = [
-        "torch",
-        "triton",
-        "time",
-        "socket",
-        "kernelrl.env.harness",
-        "kernelrl.env.timing",
-        "kernelrl.env.protocol",
-        "kernelrl.env.vocabulary",
-        "kernelrl.env.audit",
-    ]
-    return TamperGuard(owners, modules)

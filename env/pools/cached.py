@@ -18,58 +18,25 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
 
+from kernelrl.env.pools.base import Pool, SubmitPool, check_batch, settle
 from kernelrl.env.result import EvalResult
 from kernelrl.env.store import ResultsStore, solution_key
-from kernelrl.env.submit_api import EvaluateFromSubmit
 from kernelrl.env.task import Task
 
 log = logging.getLogger(__name__)
 
 
-class Pool(Protocol):
-    """What kernelrl expects of an evaluation pool."""
-
-    def submit(
-        self, tasks: Sequence[Task], solutions: Sequence[str]
-    ) -> list[Future[EvalResult]]: ...
-
-    def close(self) -> None: ...
-
-
-def pool_identity(pool: Any) -> tuple[str, dict[str, str] | None]:
-    """Device name and library versions of the workers behind ``pool``."""
-    name = getattr(pool, "device_name", None)
-    versions = getattr(pool, "versions", None)
-    evaluators = getattr(pool, "evaluators", None)  # LocalPool
-    if name is None and evaluators:
-        name, versions = evaluators[0].device_name, evaluators[0].versions
-    if name is None:
-        raise ValueError(
-            f"cannot tell which device {type(pool).__name__} evaluates on; pass device_name"
-        )
-    return name, versions
-
-
-class CachedPool(EvaluateFromSubmit):
-    def __init__(
-        self,
-        pool: Pool,
-        store: ResultsStore,
-        device_name: str | None = None,
-        versions: dict[str, str] | None = None,
-        match_versions: bool = True,
-    ) -> None:
-        """``device_name``/``versions`` default to those of the pool's workers; results from
-        other library versions are not reused unless ``match_versions`` is False."""
+class CachedPool(SubmitPool):
+    def __init__(self, pool: Pool, store: ResultsStore, match_versions: bool = True) -> None:
+        """Results of the pool's device are reused; those of other library versions only when
+        ``match_versions`` is False."""
         self.pool = pool
         self.store = store
-        if device_name is None:
-            device_name, pool_versions = pool_identity(pool)
-            versions = versions or pool_versions
-        self.device_name = device_name
-        self.versions = versions if match_versions else None
+        self.device = pool.device
+        self.device_name = pool.device_name
+        self.versions = dict(pool.versions)
+        self._match_versions = match_versions
         self.hits = 0
         self.misses = 0
         self._lock = threading.Lock()
@@ -77,20 +44,20 @@ class CachedPool(EvaluateFromSubmit):
 
     @property
     def num_slots(self) -> int:
-        return int(getattr(self.pool, "num_slots", 1))
+        return self.pool.num_slots
 
     def submit(
         self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
     ) -> list[Future[EvalResult]]:
-        """``timeout_s``: batch deadline, for pools that take one (RayPool, a service)."""
-        if len(tasks) != len(solutions):
-            raise ValueError(f"{len(tasks)} tasks but {len(solutions)} solutions")
+        """``timeout_s``: batch deadline, passed to the pool behind."""
+        check_batch(tasks, solutions)
+        versions = self.versions if self._match_versions else None
         futures: list[Future[EvalResult]] = []
         misses: list[tuple[Task, str, tuple[str, str, str]]] = []
         for task, solution in zip(tasks, solutions, strict=True):
             future: Future[EvalResult] = Future()
             futures.append(future)
-            cached = self.store.get(task, solution, self.device_name, self.versions)
+            cached = self.store.get(task, solution, self.device_name, versions)
             if cached is not None:
                 self.hits += 1
                 future.set_result(cached)
@@ -106,9 +73,7 @@ class CachedPool(EvaluateFromSubmit):
                 self.misses += 1
             misses.append((task, solution, key))
         if misses:
-            args = ([m[0] for m in misses], [m[1] for m in misses])
-            kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
-            inner = self.pool.submit(*args, **kwargs)
+            inner = self.pool.submit([m[0] for m in misses], [m[1] for m in misses], timeout_s)
             for (task, solution, key), inner_future in zip(misses, inner, strict=True):
                 inner_future.add_done_callback(
                     lambda done, t=task, s=solution, k=key: self._finish(t, s, k, done)
@@ -117,6 +82,7 @@ class CachedPool(EvaluateFromSubmit):
 
     def _finish(self, task: Task, solution: str, key: tuple[str, str, str], done: Future) -> None:
         error = done.exception()
+        result = None
         if error is None:
             result = done.result()
             try:
@@ -126,18 +92,7 @@ class CachedPool(EvaluateFromSubmit):
         with self._lock:
             waiting = self._in_flight.pop(key, [])
         for future in waiting:
-            if not future.set_running_or_notify_cancel():
-                continue
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+            settle(future, result, error)
 
     def close(self) -> None:
         self.pool.close()
-
-    def __enter__(self) -> CachedPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -6,20 +6,22 @@ actors on the GPUs of a Ray cluster (a local Ray with logical GPUs when none is 
 no GPU); ``service``: a running ``kernelrl env serve`` shared with other jobs. With
 ``store_path`` a results store sits in front (``CachedPool``), so a completion already evaluated
 on this device with these library versions is not evaluated again; a service has its own store.
+
+The pool modules are imported only for the kind asked for: choosing a pool in a recipe must not
+import torch or Ray.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # importing this module (a default, the pool names) must not import torch
+from kernelrl.env.pools.base import EVALS_PER_GPU, Pool
+
+if TYPE_CHECKING:
     from kernelrl.env.evaluator import EvalConfig
 
 POOL_KINDS = ("local", "ray", "service")
-# Evaluations in flight on one GPU: they compile and check in parallel and take turns for the
-# GPU-exclusive measurement. 4 gave 50.6 evaluations/min on one H100 (benchmarks/README.md).
-EVALS_PER_GPU = 4
 
 
 def make_pool(
@@ -31,16 +33,16 @@ def make_pool(
     ray_address: str | None = None,
     service_name: str = "kernelrl-env",
     store_path: str | None = None,
-) -> Any:
-    """A pool with the ``submit(tasks, solutions) -> futures``, ``evaluate`` and ``close()``
-    contract. ``workers``: CPU slots or GPUs (local), GPU actors (ray); None for all."""
+) -> Pool:
+    """A pool of kind ``kind``. ``workers``: CPU slots or GPUs (local), GPU actors (ray); None
+    for all."""
+    pool: Pool
     if kind == "local":
-        from kernelrl.env.pool import LocalPool
+        from kernelrl.env.pools.local import LocalPool
 
-        pool: Any = LocalPool(config, workers=workers, per_gpu=per_gpu)
-        identity = (pool.evaluators[0].device_name, pool.evaluators[0].versions)
+        pool = LocalPool(config, workers=workers, per_gpu=per_gpu)
     elif kind == "ray":
-        from kernelrl.env.ray_pool import RayPool
+        from kernelrl.env.pools.ray import RayPool
 
         pool = RayPool(
             config,
@@ -49,20 +51,18 @@ def make_pool(
             address=ray_address or None,
             store_path=store_path or None,
         )
-        identity = (pool.device_name, pool.versions)
     elif kind == "service":
         from kernelrl.env.service import ServiceClient
 
-        pool = ServiceClient(name=service_name, address=ray_address or "auto")
-        return pool
+        return ServiceClient(name=service_name, address=ray_address or "auto")
     else:
         raise ValueError(f"the environment pool must be one of {POOL_KINDS}, got {kind!r}")
     if not store_path:
         return pool
-    from kernelrl.env.cached_pool import CachedPool
+    from kernelrl.env.pools.cached import CachedPool
     from kernelrl.env.store import ResultsStore
 
-    return CachedPool(pool, ResultsStore(store_path), device_name=identity[0], versions=identity[1])
+    return CachedPool(pool, ResultsStore(store_path))
 
 
 @dataclass
@@ -86,7 +86,7 @@ class PoolChoice:
 
     def build_pool(
         self, config: EvalConfig, *, workers: int | None = None, store_path: str | None = None
-    ) -> Any:
+    ) -> Pool:
         return make_pool(
             self.pool,
             config,

@@ -24,8 +24,17 @@ from typing import Any
 import torch
 
 from kernelrl.env.compare import DTYPES
-from kernelrl.env.protocol import CHUNK_BYTES
-from kernelrl.env.sandbox import Child
+from kernelrl.env.sandbox.processes import Child
+from kernelrl.env.sandbox.protocol import CHUNK_BYTES, TASK_MODULE
+
+
+def reference_as_solution() -> dict[str, Any]:
+    """Job fields that make the child run the task's own ``Model`` as the solution: curation
+    validates untrusted references this way, in the sandbox, with the evaluator's procedure."""
+    return {
+        "solution_source": f"from {TASK_MODULE} import Model as ModelNew\n",
+        "expose_task": True,  # the task's module stays importable for the solution
+    }
 
 
 class SandboxSession:
@@ -39,12 +48,15 @@ class SandboxSession:
         return self.child.receive(self.deadline, self.max_rss_bytes)
 
     def start(
-        self, job: dict[str, Any], admit: Callable[[dict[str, Any]], int] | None = None
+        self,
+        job: dict[str, Any],
+        admit: Callable[[dict[str, Any]], dict[str, int]] | None = None,
     ) -> dict[str, Any]:
         """Send the job and return the child's answer to loading it.
 
         With ``admit``, the child first reports the task's footprint and waits: ``admit(footprint)``
-        blocks until that much GPU memory is reserved and returns the bytes it reserved.
+        blocks until GPU memory is reserved and returns what was admitted: ``bytes``, and
+        ``timing_placements`` where the run must time on fewer input sets than its job says.
         """
         self.child.send({"type": "job", **job, "await_admission": admit is not None})
         if admit is None:
@@ -52,7 +64,7 @@ class SandboxSession:
         message = self.receive()
         if message["type"] != "footprint":
             return message  # the task failed to load: nothing to admit
-        self.child.send({"type": "admitted", "bytes": admit(message)})
+        self.child.send({"type": "admitted", **admit(message)})
         return self.receive()
 
     def send_call(self, seed: int) -> None:

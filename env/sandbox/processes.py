@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.env.protocol import ProtocolError, recv_exactly_into, recv_message, send_message
+from kernelrl.env.sandbox.protocol import (
+    ProtocolError,
+    recv_exactly_into,
+    recv_message,
+    send_message,
+)
 
 # Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
 _PASSED_ENV = (
@@ -126,7 +131,7 @@ class Child:
     def _tree(self) -> list[int]:
         """The child's process and all its descendants: with a PID namespace the process we
         started is a thin waiter and the solution runs two levels below it
-        (kernelrl.env.isolation)."""
+        (sandbox.isolation)."""
         found, pending = [], [self.process.pid]
         while pending:
             pid = pending.pop()
@@ -183,7 +188,7 @@ class Child:
         """Stop the child and all it spawned (SIGSTOP), so that it launches no GPU work; returns
         once every process of its group is stopped (the signal is delivered asynchronously),
         or after ``wait_s``. A process that left the group (setsid) is not stopped: it still
-        dies with the child (its PID namespace, kernelrl.env.isolation)."""
+        dies with the child (its PID namespace, sandbox.isolation)."""
         self._signal_group(signal.SIGSTOP)
         deadline = time.monotonic() + wait_s
         while self.process.poll() is None and time.monotonic() < deadline:
@@ -261,7 +266,7 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
             [
                 sys.executable,
                 "-m",
-                "kernelrl.env.sandbox_child",
+                "kernelrl.env.sandbox.child",
                 "stdin",  # the protocol socket: named by neither argv nor the environment
                 str(os.getpid()),
             ],

@@ -1,182 +1,49 @@
-"""The sandboxed child: the only process that ever executes a generated solution.
+"""Serving one job in the sandboxed child: load the task and the solution, then one forward
+call or one timing run at a time, as the trusted side asks.
 
-Started by the worker ahead of time (``python -m kernelrl.env.sandbox_child stdin PARENT_PID``,
-its protocol socket as standard input) so that interpreter start, ``import torch``, the CUDA
-context and CUPTI are paid while another evaluation runs. It then waits for exactly one job,
-serves it call by call as the worker asks, and exits: no state survives from one solution to the
-next. Everything it reports goes through the socket; the worker decides every verdict itself and
-believes none of the child's claims that it can check on its own side.
+Every correctness call is audited (``integrity.audit``) and timed calls are audited at random;
+inputs are checked unchanged and outputs fresh by fingerprints; outputs leave through the socket
+right after the call that made them. The trusted side (``session``) decides every verdict.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
+import random
+import socket
 import sys
 import time
-import traceback
+import types
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-# Isolation (namespaces, read-only filesystem, an unprivileged user: kernelrl.env.isolation)
-# must happen before torch starts its threads: unshare moves only the calling thread. With a PID
-# namespace, only the process that will run the solution returns from isolate().
-NETWORK = "not isolated"
-ISOLATION = "not isolated"
-if __name__ == "__main__":
-    from kernelrl.env.isolation import isolate
+import torch
 
-    _isolation = isolate(int(sys.argv[2]))
-    NETWORK, ISOLATION = _isolation.network, _isolation.describe()
-_IMPORT_STARTED = time.perf_counter()
-
-import random  # noqa: E402
-import socket  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from kernelrl.env import compare, harness, sizes, vocabulary  # noqa: E402
-from kernelrl.env.audit import (  # noqa: E402
-    AtenAudit,
-    LaunchCounter,
-    guard_dispatch_stack,
-    harness_guard,
-    nbytes,
+from kernelrl.env import compare, sizes
+from kernelrl.env.integrity import vocabulary
+from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, nbytes
+from kernelrl.env.sandbox import compile_only, failures, harness
+from kernelrl.env.sandbox.compile_only import stub_load_inline_for_cpu
+from kernelrl.env.sandbox.failures import (
+    HarnessFailure,
+    SolutionFailure,
+    compile_error_stage,
+    solution_failure,
 )
-from kernelrl.env.protocol import (  # noqa: E402
+from kernelrl.env.sandbox.guard import harness_guard
+from kernelrl.env.sandbox.protocol import (
     SOLUTION_MODULE,
     TASK_MODULE,
     recv_message,
     send_message,
     send_tensor_bytes,
 )
-from kernelrl.env.timing import TimingConfig, placements, time_fn  # noqa: E402
+from kernelrl.env.timing import TimingConfig, placements, time_fn
 
 # Between two timed batches, an audited call runs with this probability, on a random input set:
 # the solution cannot tell from the outside which of its calls are watched.
 SPOT_AUDIT_PROBABILITY = 0.5
-
-
-class HarnessFailure(RuntimeError):
-    """Our own code failed in the sandbox: never a verdict on the solution. ``stage`` says
-    where: ``task`` (loading the task), ``inputs`` (its get_inputs) or ``harness``; the worker
-    decides what each means for it (the evaluator: ours; curation, validating the task: the
-    task's)."""
-
-    def __init__(self, message: str, stage: str = "harness") -> None:
-        super().__init__(message)
-        self.stage = stage
-
-
-class SolutionFailure(RuntimeError):
-    """The solution's own code raised; ``stage`` is ``compile`` or ``runtime``."""
-
-    def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.stage = stage
-        self.cause = cause
-
-
-def apply_limits(limits: dict[str, Any], device: torch.device) -> None:
-    """Our limits, never above what this process may already use: a hard limit set by the
-    machine (``ulimit -v``) is kept as it is rather than failing the evaluation."""
-
-    def cap(kind: int, value: int) -> None:
-        _, hard = resource.getrlimit(kind)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(kind, (value, value if hard != resource.RLIM_INFINITY else hard))
-
-    try:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        cap(resource.RLIMIT_FSIZE, int(limits["file_bytes"]))
-        cap(resource.RLIMIT_CPU, int(limits["cpu_seconds"]))
-        if device.type == "cpu" and limits.get("address_space_bytes"):
-            cap(resource.RLIMIT_AS, int(limits["address_space_bytes"]))
-        if device.type == "cuda" and limits.get("gpu_memory_fraction"):
-            torch.cuda.set_per_process_memory_fraction(float(limits["gpu_memory_fraction"]))
-    except (OSError, ValueError) as exc:
-        raise HarnessFailure(f"could not apply the sandbox's limits: {exc}") from exc
-
-
-def short_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
-    """The traceback frames of the solution only, with its own line numbers."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    own = [f for f in frames if f.filename.startswith("<kernelrl_solution")]
-    lines = [f"  line {f.lineno}, in {f.name}: {f.line or ''}".rstrip() for f in own[-4:]]
-    message = f"{type(exc).__name__}: {exc}"
-    text = "\n".join([*lines, message]) if lines else message
-    return text[-limit_chars:]
-
-
-def is_compile_error(exc: BaseException) -> bool:
-    """Errors Triton's compiler raises; under the interpreter, errors raised inside kernel code
-    (shape, type and API misuse: what the compiler would have rejected; true memory faults
-    crash the process instead)."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    return bool(
-        names
-        & {
-            "CompilationError",
-            "CompileTimeAssertionFailure",
-            "MLIRCompilationError",
-            "InterpreterError",
-        }
-    )
-
-
-def stub_load_inline_for_cpu(scratch: str) -> None:
-    """Without a GPU, CUDA C++ is compiled (nvcc -c) but cannot be loaded or run."""
-    import shutil
-    import subprocess
-    import sysconfig
-    from pathlib import Path
-
-    import torch.utils.cpp_extension as cpp_extension
-
-    class CompiledOnly(RuntimeError):
-        pass
-
-    def compile_only(name, cpp_sources=None, cuda_sources=None, **_: Any):
-        nvcc = shutil.which("nvcc")
-        if nvcc is None:
-            raise CompiledOnly("nvcc is not installed on this machine: CUDA source not compiled")
-        sources = cuda_sources if isinstance(cuda_sources, list | tuple) else [cuda_sources or ""]
-        src = Path(scratch) / f"{name}.cu"
-        src.write_text("#include <torch/extension.h>\n" + "\n".join(sources))
-        includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
-        cmd = [nvcc, "-c", "-w", "-std=c++17", "-o", str(src.with_suffix(".o")), str(src)]
-        cmd += [f"-I{path}" for path in includes]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        missing = _missing_toolkit_header(proc.stderr, cpp_extension.include_paths())
-        if proc.returncode != 0 and missing:
-            raise CompiledOnly(
-                f"this machine's CUDA toolkit lacks {missing}, which torch's own headers include; "
-                "the source can only be compiled and run on a GPU machine"
-            )
-        if proc.returncode != 0:
-            errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-            raise RuntimeError(
-                f"Error building extension '{name}':\n"
-                + "\n".join(errors[:20] or [proc.stderr[-3000:]])
-            )
-        raise CompiledOnly("CUDA source compiled with nvcc; executing it needs a GPU")
-
-    cpp_extension.load_inline = compile_only
-
-
-def _missing_toolkit_header(stderr: str, torch_includes: list[str]) -> str | None:
-    """A header that torch's own headers include (ATen's CUDA headers pull in cuSPARSE, cuBLAS,
-    ...) and this machine's toolkit does not have: the machine's gap, not the solution's error."""
-    for line in stderr.splitlines():
-        if "fatal error:" in line and "No such file" in line:
-            including = line.split(":", 1)[0]
-            if any(including.startswith(root) for root in torch_includes):
-                return line.split("fatal error:", 1)[1].split(":", 1)[0].strip()
-    return None
 
 
 def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 16 * 2**20) -> tuple[int, int]:
@@ -195,26 +62,28 @@ def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 16 * 2**20) -> tuple[in
     return (plain, weighted)
 
 
-def compile_error_stage(exc: BaseException) -> str:
-    return "compile" if is_compile_error(exc) else "runtime"
-
-
-def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exception:
-    """What the solution's own code raised, said as the solution's fault, except a GPU out of
-    memory when the device no longer had the share admitted for this evaluation (what this
-    process holds plus what is free is less than it was promised): other work on the shared GPU
-    took it, which is ours to schedule. A solution that asks for more than its share, with its
-    share still there, ran out of memory by itself."""
-    if isinstance(exc, torch.OutOfMemoryError) and admitted_bytes is not None:
-        free, _ = torch.cuda.mem_get_info()
-        available = torch.cuda.memory_reserved() + free
-        if available < admitted_bytes:
-            return HarnessFailure(
-                f"the GPU ran out of memory with {available / 2**30:.1f} GiB left to this "
-                f"evaluation of the {admitted_bytes / 2**30:.1f} GiB admitted for it: other "
-                "work on the GPU took the rest"
+def sampled_outputs(outputs: list[Any], size: int) -> tuple[list[Any], list[dict[str, Any]]]:
+    """Each tensor output reduced to every ``stride``-th value (at most ``size``), with its
+    full shape and its count of non-finite values: what curation's validate compares between
+    two runs of a reference. A 6 GiB output then crosses the socket as 8 MiB."""
+    sampled, described = [], compare.describe_outputs(outputs)
+    for value, entry in zip(outputs, described, strict=True):
+        if isinstance(value, torch.Tensor):
+            flat = value.detach().reshape(-1)
+            stride = max(-(-flat.numel() // size), 1)
+            non_finite = 0
+            if flat.is_floating_point() or flat.is_complex():
+                non_finite = int((~torch.isfinite(flat)).sum())
+            value = flat[::stride].contiguous()
+            entry.update(
+                full_shape=entry["shape"],
+                shape=list(value.shape),
+                nbytes=value.numel() * value.element_size(),
+                stride=stride,
+                non_finite=non_finite,
             )
-    return SolutionFailure(compile_error_stage(exc), exc)
+        sampled.append(value)
+    return sampled, described
 
 
 class Job:
@@ -226,8 +95,15 @@ class Job:
     timed calls are audited at random.
     """
 
-    def __init__(self, sock: socket.socket, job: dict[str, Any], counter: LaunchCounter) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        job: dict[str, Any],
+        counter: LaunchCounter,
+        entry: types.ModuleType,
+    ) -> None:
         self.sock = sock
+        self.entry = entry  # the child's entry module, watched with this one
         self.job = job
         self.counter = counter
         self.device = torch.device(job["device"])
@@ -252,7 +128,7 @@ class Job:
             self.await_admission(task)
         if job["backend"] == "cuda" and self.device.type == "cpu":
             stub_load_inline_for_cpu(os.getcwd())
-        self.guard = harness_guard(sys.modules[__name__])
+        self.guard = harness_guard([self.entry, sys.modules[__name__], failures, compile_only])
 
         start = time.perf_counter()
         try:
@@ -307,6 +183,8 @@ class Job:
         if reply.get("type") != "admitted":
             raise HarnessFailure(f"expected 'admitted', got {reply.get('type')!r}", "harness")
         self.job["gpu_bytes_admitted"] = int(reply["bytes"])
+        if "timing_placements" in reply:
+            self.job["timing"]["placements"] = int(reply["timing_placements"])
 
     def _inputs(self, seed: int) -> list[Any]:
         try:
@@ -359,10 +237,15 @@ class Job:
         self.phase["correctness"] = self.phase.get("correctness", 0.0) + (
             time.perf_counter() - start
         )
+        sample_size = self.job.get("sample_outputs")
+        if sample_size:
+            outputs, described = sampled_outputs(outputs, int(sample_size))
+        else:
+            described = compare.describe_outputs(outputs)
         self.send(
             {
                 "type": "outputs",
-                "outputs": compare.describe_outputs(outputs),
+                "outputs": described,
                 "launches": self.counter.total(),
                 "flags": flags,
                 "compute_ops": dict(audit.compute),
@@ -490,100 +373,3 @@ def profile_kernels(
         "aten_ops": dict(aten_ops),
         "triton_launches": dict(counter.counts),
     }
-
-
-@triton.jit
-def _warm_kernel(ptr, n, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(ptr + offsets, tl.load(ptr + offsets, mask=offsets < n) + 1.0, mask=offsets < n)
-
-
-def warm_up(device: torch.device, counter: LaunchCounter) -> dict[str, float]:
-    """Pay, before any job arrives, what the first evaluation would otherwise pay inside its
-    phases: the CUDA context, CUPTI's start (4 to 6 s on an H100 host) and what torch imports
-    the first time a Triton kernel is launched under a dispatch mode (about 5 s)."""
-    seconds: dict[str, float] = {}
-    start = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.init()
-        torch.zeros(1, device=device)
-        seconds["cuda_init_seconds"] = time.perf_counter() - start
-        start = time.perf_counter()
-        from torch.profiler import ProfilerActivity, profile
-
-        marker = torch.zeros(1, device=device)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            marker.fill_(1.0)
-            torch.cuda.synchronize()
-        list(prof.profiler.kineto_results.events())
-        seconds["profiler_init_seconds"] = time.perf_counter() - start
-        start = time.perf_counter()
-    buffer = torch.zeros(64, device=device)
-    with torch.no_grad(), AtenAudit(counter):
-        _warm_kernel[(1,)](buffer, buffer.numel(), BLOCK=64)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    seconds["audit_init_seconds"] = time.perf_counter() - start
-    return seconds
-
-
-def take_channel() -> socket.socket:
-    """The protocol socket arrives as standard input; it is moved to an fd number drawn at
-    random and standard input becomes /dev/null: neither argv nor the environment names it."""
-    target = random.SystemRandom().randrange(300, 900)
-    os.dup2(0, target)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    return socket.socket(fileno=target)
-
-
-def report_failure(sock: socket.socket, exc: BaseException, phase: dict[str, float]) -> None:
-    if isinstance(exc, SolutionFailure):
-        message = {"type": "error", "stage": exc.stage, "error": short_traceback(exc.cause)}
-    else:  # the harness itself failed: say so, never a verdict on the solution
-        where = traceback.extract_tb(exc.__traceback__)[-1:] or []
-        at = f" (at {where[0].name}:{where[0].lineno})" if where else ""
-        stage = exc.stage if isinstance(exc, HarnessFailure) else "harness"
-        message = {"type": "error", "stage": stage, "error": f"{exc!r}{at}"[-2000:]}
-    send_message(sock, {**message, "phase": phase})
-
-
-def main() -> None:
-    sock = take_channel()
-    imported = time.perf_counter()
-    device = torch.device(os.environ.get("KERNELRL_DEVICE", "cpu"))
-    counter = LaunchCounter()
-    counter.install()
-    guard_dispatch_stack()
-    ready = {
-        "type": "ready",
-        "pid": os.getpid(),
-        "import_seconds": imported - _IMPORT_STARTED,
-        "network": NETWORK,
-        "isolation": ISOLATION,
-        **warm_up(device, counter),
-    }
-    send_message(sock, ready)
-    try:
-        job = recv_message(sock)
-    except EOFError:
-        os._exit(0)
-    worker = None
-    try:
-        apply_limits(job["limits"], device)
-        worker = Job(sock, job, counter)
-        worker.serve()
-    except (EOFError, BrokenPipeError, ConnectionError):
-        pass  # the trusted side hung up: nothing left to report to
-    except BaseException as exc:  # noqa: BLE001 - every failure is reported, none kills silently
-        with contextlib.suppress(OSError):
-            report_failure(sock, exc, worker.phase if worker else {})
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-
-if __name__ == "__main__":
-    main()

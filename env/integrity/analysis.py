@@ -1,0 +1,400 @@
+"""Everything the static checks share about one solution, computed once.
+
+Its names (``names.Names``), its kernels, classes and methods, which ``self`` attributes and
+names hold layers, containers, kernels or a compiled extension, and the *forward path*: every
+function reachable from ``ModelNew.forward`` (and ``__call__``, forward hooks) through the
+functions, methods, lambdas and classes the solution defines (kernel bodies excluded: they are
+device code).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from kernelrl.env.integrity.names import (
+    Names,
+    bindings,
+    flatten_targets,
+    holder_key,
+    is_self_attribute,
+    walk_skipping,
+)
+from kernelrl.env.integrity.vocabulary import is_passive_layer
+from kernelrl.env.parse import is_cpp_extension_call, triton_kernels
+
+_CONTAINER_CALLS = frozenset(
+    {"dict", "list", "set", "tuple", "sorted", "frozenset", "str", "defaultdict", "OrderedDict"}
+)
+_HOOK_REGISTRARS = frozenset(
+    {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook"}
+)
+
+
+class SolutionAnalysis:
+    """Everything the checks share, computed once: names, kernels, classes, forward path."""
+
+    def __init__(self, source: str, backend: str) -> None:
+        self.tree = ast.parse(source)
+        self.backend = backend
+        self.names = Names(self.tree)
+        self.aliases = self.names.aliases
+        self.kernels = triton_kernels(self.tree, self.names.imports)
+        kernel_functions = set(self.kernels.values())
+        self.kernel_defs = {
+            node
+            for node in ast.walk(self.tree)
+            if isinstance(node, ast.FunctionDef) and node.name in kernel_functions
+        }
+        self.classes = {n.name: n for n in ast.walk(self.tree) if isinstance(n, ast.ClassDef)}
+        self.methods: dict[str, list[ast.AST]] = {}
+        method_nodes = set()
+        for cls in self.classes.values():
+            for item in cls.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    self.methods.setdefault(item.name, []).append(item)
+                    method_nodes.add(item)
+        # Functions by name: module-level and nested defs, and names bound to lambdas.
+        self.functions: dict[str, ast.AST] = {}
+        for node in ast.walk(self.tree):
+            if (
+                isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                and node not in method_nodes
+                and node not in self.kernel_defs
+            ):
+                self.functions.setdefault(node.name, node)
+        for target, value in bindings(self.tree):
+            if isinstance(target, ast.Name) and isinstance(value, ast.Lambda):
+                self.functions.setdefault(target.id, value)
+        self.attribute_types = self._attribute_types()
+        self.layer_attrs, self.layer_names = self._layers()
+        self.instances = self._instances()
+        self.containers = self._containers()
+        self.kernel_holders = self._kernel_holders()
+        self.extension_names, self.loader_functions = self._cpp_extension_bindings()
+        self.forward = self._method("ModelNew", "forward")
+        roots = [m for m in (self.forward, self._method("ModelNew", "__call__")) if m is not None]
+        roots += self._hooks()
+        self.forward_path = self._reachable(roots) if self.forward else []
+
+    def resolve(self, node: ast.AST) -> str | None:
+        return self.names.resolve(node)
+
+    def _method(self, class_name: str, method: str) -> ast.FunctionDef | None:
+        cls = self.classes.get(class_name)
+        seen: set[str] = set()
+        while cls is not None and cls.name not in seen:
+            seen.add(cls.name)
+            for item in cls.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    return item
+            bases = [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in self.classes]
+            cls = self.classes[bases[0]] if bases else None
+        return None
+
+    def _attribute_types(self) -> dict[str, str]:
+        """``self.x = Something(...)`` anywhere -> ``{"x": "Something" or "torch.nn.Conv2d"}``."""
+        types: dict[str, str] = {}
+        for target, value in bindings(self.tree):
+            if isinstance(value, ast.Call) and is_self_attribute(target):
+                callee = value.func
+                name = (
+                    callee.id
+                    if isinstance(callee, ast.Name) and callee.id in self.classes
+                    else self.resolve(callee)
+                )
+                if name:
+                    types[target.attr] = name  # type: ignore[union-attr]
+        return types
+
+    def _layers(self) -> tuple[dict[str, str], dict[str, str]]:
+        """``self`` attributes and names holding a computing ``nn`` layer, directly or inside
+        a container (``nn.Sequential(nn.Linear(...))``, ``nn.ModuleList([...])``), and loop
+        variables iterating over one."""
+        attrs: dict[str, str] = {}
+        names: dict[str, str] = {}
+        for target, value in bindings(self.tree):
+            layer = next(
+                (
+                    q
+                    for n in ast.walk(value)
+                    if isinstance(n, ast.Call)
+                    and (q := self.resolve(n.func))
+                    and q.startswith("torch.nn.")
+                    and q.rsplit(".", 1)[1][:1].isupper()
+                    and not is_passive_layer(q)
+                ),
+                None,
+            )
+            if layer is None:
+                continue
+            if is_self_attribute(target):
+                attrs[target.attr] = layer  # type: ignore[union-attr]
+            elif isinstance(target, ast.Name):
+                names[target.id] = layer
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+                owner = self.layer_of(node.iter, attrs, names)
+                if owner:
+                    names[node.target.id] = owner
+        return attrs, names
+
+    def layer_of(
+        self,
+        node: ast.AST,
+        attrs: dict[str, str] | None = None,
+        names: dict[str, str] | None = None,
+    ) -> str | None:
+        """The computing nn layer an expression (``self.fc``, ``self.blocks[0]``, ``layer``)
+        holds, if any."""
+        attrs = self.layer_attrs if attrs is None else attrs
+        names = self.layer_names if names is None else names
+        while isinstance(node, ast.Subscript) or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("children", "modules", "values")
+        ):
+            node = node.value if isinstance(node, ast.Subscript) else node.func.value  # type: ignore[union-attr]
+        if is_self_attribute(node):
+            return attrs.get(node.attr)  # type: ignore[union-attr]
+        if isinstance(node, ast.Name):
+            return names.get(node.id)
+        return None
+
+    def _instances(self) -> set[str]:
+        """Names bound to instances of the solution's own classes."""
+        return {
+            target.id
+            for target, value in bindings(self.tree)
+            if isinstance(target, ast.Name)
+            and isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id in self.classes
+        }
+
+    def _containers(self) -> set[str]:
+        """Names and ``self.`` attributes (as ``self.x``) bound to Python containers."""
+        found: set[str] = set()
+        for target, value in bindings(self.tree):
+            is_container = isinstance(
+                value, ast.Dict | ast.List | ast.Set | ast.Tuple | ast.DictComp | ast.ListComp
+            ) or (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Name | ast.Attribute)
+                and (value.func.id if isinstance(value.func, ast.Name) else value.func.attr)
+                in _CONTAINER_CALLS
+            )
+            if is_container and isinstance(target, ast.Name):
+                found.add(target.id)
+            elif is_container and is_self_attribute(target):
+                found.add("self." + target.attr)  # type: ignore[union-attr]
+        return found
+
+    def _kernel_holders(self) -> set[str]:
+        """Kernel names plus names/``self.`` attributes bound to anything mentioning a kernel:
+        dispatch tables, ``k = a if c else b``, ``self._kernels[key] = k``."""
+        holders = set(self.kernels)
+        changed = True
+        while changed:
+            changed = False
+            for node in ast.walk(self.tree):
+                if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+                    continue
+                if not any(self._holds_kernel(n, holders) for n in ast.walk(node.value)):
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in flatten_targets(list(targets)):
+                    key = holder_key(target)
+                    if key and key not in holders:
+                        holders.add(key)
+                        changed = True
+        return holders
+
+    @staticmethod
+    def _holds_kernel(node: ast.AST, holders: set[str]) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in holders
+        return is_self_attribute(node) and (
+            "self." + node.attr in holders or node.attr in holders  # type: ignore[union-attr]
+        )
+
+    def launches_kernel(self, call: ast.Call) -> bool:
+        """``k[grid](...)``, ``TABLE[dtype][grid](...)``, ``self._k[key][grid](...)``,
+        ``k.run(...)`` where ``k`` holds a kernel."""
+        func = call.func
+        if isinstance(func, ast.Subscript):
+            target: ast.AST = func.value
+        elif isinstance(func, ast.Attribute) and func.attr in ("run", "warmup"):
+            target = func.value
+        else:
+            return False
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        return self._holds_kernel(target, self.kernel_holders)
+
+    def _cpp_extension_bindings(self) -> tuple[set[str], set[str]]:
+        """Names and ``self`` attributes bound to a ``load_inline`` result, and functions that
+        return one (lazy loaders)."""
+        names: set[str] = set()
+        loaders: set[str] = set()
+        imports = self.names.imports
+        functions = {
+            n.name: n
+            for n in ast.walk(self.tree)
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
+        for fn in functions.values():
+            for node in ast.walk(fn):
+                if (
+                    isinstance(node, ast.Return)
+                    and node.value is not None
+                    and is_cpp_extension_call(node.value, imports)
+                ):
+                    loaders.add(fn.name)
+        changed = True
+        while changed:
+            changed = False
+            for node in ast.walk(self.tree):
+                if not isinstance(node, ast.Assign):
+                    continue
+                value = node.value
+                bound = (
+                    is_cpp_extension_call(value, imports)
+                    or (
+                        isinstance(value, ast.Call)
+                        and isinstance(value.func, ast.Name)
+                        and value.func.id in loaders
+                    )
+                    or (isinstance(value, ast.Name) and value.id in names)
+                )
+                if not bound:
+                    continue
+                for target in node.targets:
+                    key = (
+                        target.id
+                        if isinstance(target, ast.Name)
+                        else target.attr
+                        if is_self_attribute(target)
+                        else None
+                    )
+                    if key and key not in names:
+                        names.add(key)
+                        changed = True
+            for fn in functions.values():
+                if fn.name in loaders:
+                    continue
+                for node in ast.walk(fn):
+                    if (
+                        isinstance(node, ast.Return)
+                        and isinstance(node.value, ast.Name)
+                        and node.value.id in names
+                    ):
+                        loaders.add(fn.name)
+                        changed = True
+                        break
+        return names, loaders
+
+    def is_extension(self, owner: ast.AST) -> bool:
+        """``ext``, ``self.ext`` or ``load_ext()``: an object whose methods are the solution's
+        compiled CUDA functions."""
+        if isinstance(owner, ast.Name):
+            return owner.id in self.extension_names
+        if is_self_attribute(owner):
+            return owner.attr in self.extension_names  # type: ignore[union-attr]
+        return (
+            isinstance(owner, ast.Call)
+            and isinstance(owner.func, ast.Name)
+            and owner.func.id in self.loader_functions
+        )
+
+    def receiver(self, owner: ast.AST) -> str:
+        """What a method is called on: ``module``, ``solution`` (the solution's own functions,
+        classes, instances, kernels, extension), ``layer``, ``container`` or ``unknown`` (maybe
+        a tensor)."""
+        if self.resolve(owner):
+            return "module"
+        if self.layer_of(owner):
+            return "layer"
+        if isinstance(owner, ast.Name):
+            if owner.id in ("self", "cls") or owner.id in self.instances:
+                return "solution"
+            if owner.id in self.functions or owner.id in self.classes:
+                return "solution"
+            if owner.id in self.kernel_holders or owner.id in self.extension_names:
+                return "solution"
+            if owner.id in self.containers:
+                return "container"
+        if is_self_attribute(owner):
+            attr = owner.attr  # type: ignore[union-attr]
+            if self.attribute_types.get(attr) in self.classes or attr in self.extension_names:
+                return "solution"
+            if "self." + attr in self.containers:
+                return "container"
+        if isinstance(owner, ast.Call):
+            func = owner.func
+            if isinstance(func, ast.Name) and func.id in ("super", *self.classes):
+                return "solution"
+            if self.is_extension(owner):
+                return "solution"
+        if isinstance(owner, ast.Constant | ast.JoinedStr | ast.Dict | ast.List | ast.Set):
+            return "container"
+        return "unknown"
+
+    def _hooks(self) -> list[ast.AST]:
+        """Functions registered as forward hooks: they run on every call like forward."""
+        hooks = []
+        for node in ast.walk(self.tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _HOOK_REGISTRARS
+            ):
+                for argument in node.args:
+                    hooks.extend(self._referenced(argument))
+                    if isinstance(argument, ast.Lambda):
+                        hooks.append(argument)
+        return hooks
+
+    def _referenced(self, node: ast.AST) -> Iterator[ast.AST]:
+        """Solution functions/methods an expression names (calls, callbacks, tables)."""
+        if isinstance(node, ast.Name):
+            if node.id in self.functions:
+                yield self.functions[node.id]
+            elif node.id in self.classes:
+                for method in ("__init__", "forward", "__call__"):
+                    found = self._method(node.id, method)
+                    if found:
+                        yield found
+        elif isinstance(node, ast.Attribute):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in self.classes:
+                found = self._method(owner.id, "forward")  # MyFunction.apply -> forward
+                if found:
+                    yield found
+            if is_self_attribute(node) and self.attribute_types.get(node.attr) in self.classes:
+                for method in ("forward", "__call__"):
+                    found = self._method(self.attribute_types[node.attr], method)
+                    if found:
+                        yield found
+            yield from self.methods.get(node.attr, [])
+
+    def _reachable(self, roots: list[ast.AST]) -> list[ast.AST]:
+        seen: dict[int, ast.AST] = {id(r): r for r in roots}
+        queue = list(roots)
+        while queue:
+            fn = queue.pop()
+            for node in walk_skipping(fn, self.kernel_defs):
+                if isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Load):
+                    for callee in self._referenced(node):
+                        if id(callee) not in seen and callee not in self.kernel_defs:
+                            seen[id(callee)] = callee
+                            queue.append(callee)
+        return list(seen.values())
+
+    def forward_nodes(self) -> Iterator[ast.AST]:
+        seen: set[int] = set()
+        for fn in self.forward_path:
+            for node in walk_skipping(fn, self.kernel_defs):
+                if id(node) not in seen:
+                    seen.add(id(node))
+                    yield node

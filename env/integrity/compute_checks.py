@@ -1,0 +1,277 @@
+"""Static checks that torch is not standing in for the kernel.
+
+``no_custom_kernel``: a kernel of the task's backend is defined and launched on the forward path.
+``torch_fallback``: the forward path calls or references no torch compute (anything outside the
+glue vocabulary), no ``nn`` layer, ``@``, reference ``Model`` or numpy, and no copying glue op
+that the reference itself uses. ``try_except_fallback``: no ``except`` handler computes with
+torch, numpy or the reference ``Model``.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from kernelrl.env.integrity.analysis import SolutionAnalysis
+from kernelrl.env.integrity.failure import CheckFailure
+from kernelrl.env.integrity.names import bindings, holder_key, module_of, parent_map
+from kernelrl.env.integrity.vocabulary import (
+    COPYING_TORCH_OPS,
+    is_glue_method,
+    is_glue_torch,
+    is_passive_layer,
+    is_torch_value,
+    torch_op_name,
+)
+from kernelrl.env.parse import cpp_extension_sources, cuda_global_functions
+
+# Methods of Python's own containers and strings: on an object of unknown type they are not
+# tensor compute. Four names are tensor ops too, so they count only on a known container.
+_PY_METHODS = frozenset(
+    m
+    for t in (dict, list, set, frozenset, str, bytes, tuple, int, float)
+    for m in dir(t)
+    if not m.startswith("_")
+)
+_TENSOR_ALSO = frozenset({"add", "index", "sort", "values"})
+# nn.Module plumbing that is safe to call on a layer object.
+_MODULE_PLUMBING = frozenset(
+    {"parameters", "named_parameters", "buffers", "named_buffers", "modules", "children"}
+    | {"state_dict", "to", "cuda", "cpu", "eval", "train", "register_buffer", "extra_repr"}
+)
+
+
+def compute_use(node: ast.AST, analysis: SolutionAnalysis) -> str | None:
+    """What torch (or numpy) compute one call or operator performs, described for the model;
+    ``None`` for glue, the solution's own code and plain Python."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+        return "matmul (the @ operator)"
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    qualified = analysis.resolve(func)
+    if qualified:
+        if module_of(qualified) == "numpy":
+            return qualified
+        if module_of(qualified) == "torch" and not (
+            is_glue_torch(qualified) or is_passive_layer(qualified)
+        ):
+            return qualified
+        return None
+    layer = analysis.layer_of(func)
+    if layer:
+        return f"{ast.unparse(func)} ({layer.replace('torch.nn.', 'nn.')})"
+    if isinstance(func, ast.Attribute):
+        kind = analysis.receiver(func.value)
+        if kind == "layer" and func.attr not in _MODULE_PLUMBING:
+            return f"{ast.unparse(func)} ({analysis.layer_of(func.value)})"
+        if kind == "unknown" and not is_glue_method(func.attr) and not func.attr.startswith("__"):
+            if func.attr in _PY_METHODS and func.attr not in _TENSOR_ALSO:
+                return None
+            return f"Tensor.{func.attr}"
+    return None
+
+
+def reference_ops(reference_source: str | None) -> set[str]:
+    """The op names (``softmax``, ``cat``, ``linear``) the reference's forward path calls."""
+    if not reference_source:
+        return set()
+    try:
+        analysis = SolutionAnalysis(
+            reference_source.replace("class Model(", "class ModelNew(", 1), "triton"
+        )
+    except SyntaxError:
+        return set()
+    ops: set[str] = set()
+    for node in analysis.forward_nodes():
+        if not isinstance(node, ast.Call):
+            continue
+        qualified = analysis.resolve(node.func)
+        if qualified:
+            ops.add(torch_op_name(qualified) or "")
+        elif isinstance(node.func, ast.Attribute) and analysis.receiver(node.func.value) in (
+            "unknown",
+        ):
+            ops.add(node.func.attr.rstrip("_"))
+    return ops - {""}
+
+
+def check_no_custom_kernel(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
+    if analysis.forward is None:
+        return [
+            CheckFailure(
+                "no_custom_kernel", "ModelNew has no forward method, so no kernel can run."
+            )
+        ]
+    if analysis.backend == "triton":
+        if not analysis.kernels:
+            return [
+                CheckFailure(
+                    "no_custom_kernel",
+                    "No @triton.jit kernel is defined: write the computation as a Triton kernel.",
+                )
+            ]
+        if any(
+            isinstance(node, ast.Call) and analysis.launches_kernel(node)
+            for node in analysis.forward_nodes()
+        ):
+            return []
+        return [
+            CheckFailure(
+                "no_custom_kernel",
+                f"Triton kernels are defined ({', '.join(sorted(set(analysis.kernels.values())))}) "
+                "but none is launched as kernel[grid](...) from ModelNew.forward.",
+                analysis.forward.lineno,
+            )
+        ]
+    kernels = [
+        name
+        for _, sources in cpp_extension_sources(analysis.tree, analysis.names.imports)
+        for fragments in sources.values()
+        for text, _ in fragments
+        for name in cuda_global_functions(text)
+    ]
+    if not kernels:
+        return [
+            CheckFailure(
+                "no_custom_kernel",
+                "No __global__ CUDA kernel is passed to load_inline: write the computation as a "
+                "CUDA kernel.",
+            )
+        ]
+    for node in analysis.forward_nodes():
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and analysis.is_extension(node.func.value)
+        ):
+            return []
+    return [
+        CheckFailure(
+            "no_custom_kernel",
+            "CUDA kernels are compiled with load_inline but ModelNew.forward never calls the "
+            "extension.",
+            analysis.forward.lineno,
+        )
+    ]
+
+
+def check_torch_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
+    failures = []
+    copying = ref_ops & COPYING_TORCH_OPS  # a copy task: its own copy op does the work
+    defines_model = "Model" in analysis.classes
+    parents: dict[int, ast.AST] = {}
+    for fn in analysis.forward_path:
+        parents.update(parent_map(fn))
+
+    def fail(message: str, node: ast.AST) -> None:
+        failures.append(CheckFailure("torch_fallback", message, getattr(node, "lineno", None)))
+
+    holders = _compute_holders(analysis)
+    for node in analysis.forward_nodes():
+        key = holder_key(node) if isinstance(node, ast.Name | ast.Attribute) else None
+        if key in holders and isinstance(getattr(node, "ctx", None), ast.Load):
+            fail(
+                f"forward reads {key}, which holds the PyTorch computation {holders[key]}; "
+                "compute it in your kernel.",
+                node,
+            )
+            continue
+        if isinstance(node, ast.Name) and node.id == "Model" and not defines_model:
+            fail("forward runs the reference Model instead of a kernel.", node)
+            continue
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "forward"
+            and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super"
+        ):
+            fail("forward runs the reference Model (super().forward) instead of a kernel.", node)
+            continue
+        used = compute_use(node, analysis)
+        if used is None and isinstance(node, ast.Call):
+            qualified = analysis.resolve(node.func) or ""
+            op = torch_op_name(qualified) if qualified else None
+            if (
+                op is None
+                and isinstance(node.func, ast.Attribute)
+                and analysis.receiver(node.func.value) == "unknown"
+            ):
+                op = node.func.attr.rstrip("_")
+            if op in copying:
+                used = f"{op} (the reference's own op)"
+        if used is None and isinstance(node, ast.Name | ast.Attribute):
+            used = _torch_reference(node, analysis, parents)
+        if used:
+            fail(
+                f"forward uses the PyTorch/numpy computation {used}; only allocation, views, "
+                "copies, casts and padding may run outside your kernel - compute it in your "
+                "kernel.",
+                node,
+            )
+    return failures
+
+
+def _compute_holders(analysis: SolutionAnalysis) -> dict[str, str]:
+    """Names and ``self.`` attributes bound to a table, partial or lambda that holds a torch
+    compute function (``OPS = {"sum": torch.nansum}``), so calling through them is compute."""
+    holders: dict[str, str] = {}
+    parents = parent_map(analysis.tree)
+    for target, value in bindings(analysis.tree):
+        if isinstance(value, ast.Name | ast.Attribute):
+            continue  # plain aliases are resolved by name
+        key = holder_key(target)
+        if key is None or key in holders:
+            continue
+        for node in ast.walk(value):
+            if isinstance(node, ast.Name | ast.Attribute):
+                used = _torch_reference(node, analysis, parents)
+                if used:
+                    holders[key] = used.split(" ", 1)[0]
+                    break
+    return holders
+
+
+def _torch_reference(
+    node: ast.Name | ast.Attribute, analysis: SolutionAnalysis, parents: dict[int, ast.AST]
+) -> str | None:
+    """A torch compute function named without being called here (``fns = [torch.nansum]``,
+    ``map(torch.exp, xs)``): it will be called somewhere the AST does not show."""
+    if not isinstance(node.ctx, ast.Load):
+        return None
+    parent = parents.get(id(node))
+    if isinstance(parent, ast.Attribute) and parent.value is node:
+        return None  # only the full chain counts
+    if isinstance(parent, ast.Call) and parent.func is node:
+        return None  # calls are judged by compute_use
+    qualified = analysis.resolve(node)
+    if not qualified or module_of(qualified) != "torch" or is_torch_value(qualified):
+        return None
+    leaf = qualified.rsplit(".", 1)[-1]
+    if leaf[:1].isupper() or (leaf.startswith("__") and leaf.endswith("__")):
+        return None  # classes are judged when instantiated; dunders elsewhere
+    return f"{qualified} (referenced, to be called indirectly)"
+
+
+def check_try_except_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
+    failures = []
+    for node in ast.walk(analysis.tree):
+        if not isinstance(node, ast.Try | ast.TryStar):
+            continue
+        for handler in node.handlers:
+            for inner in ast.walk(handler):
+                computes = compute_use(inner, analysis) is not None
+                if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name):
+                    computes |= inner.func.id == "Model"
+                if computes:
+                    failures.append(
+                        CheckFailure(
+                            "try_except_fallback",
+                            "an except handler computes the result with PyTorch when the kernel "
+                            "fails; let errors propagate instead of falling back.",
+                            handler.lineno,
+                        )
+                    )
+                    break
+    return failures

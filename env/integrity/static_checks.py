@@ -1,0 +1,88 @@
+"""Static integrity checks: reward hacks that can be seen in the solution's AST before it runs.
+
+Every check has a name (the status detail an EvalResult carries in ``checks_failed``), one precise
+rule, and tests with a hacking solution it catches and a legitimate near-miss it passes
+(``tests/solutions/static/``). The dynamic checks (``dynamic_checks`` and the sandbox's runtime
+op audit) back them up at run time, so obfuscation that slips past the AST is still caught.
+
+The rules are allow-lists wherever a deny-list could be outgrown: torch is compute unless
+``vocabulary`` calls the name glue, so a new, private or renamed op is compute by default. Names
+are resolved through imports, assignments (``f = torch.nansum``), ``getattr`` with a
+constant-folded name, ``importlib``/``__import__`` and ``functools.partial``; a ``getattr`` whose
+name cannot be folded is itself a violation, because it hides what is reached.
+
+The *forward path* is every function reachable from ``ModelNew.forward`` (and ``__call__``,
+forward hooks) through the functions, methods, lambdas and classes the solution defines (kernel
+bodies excluded: they are device code).
+
+| check | rule |
+| --- | --- |
+| ``no_custom_kernel`` | no kernel of the task's backend is defined, or none is launched on the forward path (directly, through a dispatch table or a variable holding a kernel) |
+| ``torch_fallback`` | the forward path calls or references torch compute (anything outside the glue vocabulary: ``torch.*``, ``F.*``, ``torch.ops.*``, ``torch._C.*``, tensor methods), an ``nn`` layer, ``@``, the reference ``Model`` or numpy; or a copying glue op the reference itself uses |
+| ``try_except_fallback`` | an ``except`` handler computes with torch, numpy or the reference ``Model`` |
+| ``other_compiler`` | ``torch.compile``, ``torch.jit``, dynamo/inductor/export/fx, jiterator, another kernel compiler (numba, cupy, jax, tvm, ...), or the other backend's compiler |
+| ``monkeypatch`` | assignment/``setattr``/``del`` on a module (however reached) or the reference ``Model``, ``__builtins__``, aten overrides through ``torch.library``, torch function/dispatch modes |
+| ``forbidden_module`` | threads, processes, ctypes, sockets/HTTP, files, timers, ``gc``/``inspect``/``sys``/``importlib``, profilers, the harness; ``os`` beyond ``environ``/``getenv``; ``torch.save``/``torch.load``; any of these reached as an attribute of another module (``torch.os``, ``torch._C``, ``triton.runtime.driver``, ``np.ctypeslib``) |
+| ``forbidden_builtin`` | ``open``, ``exec``, ``eval``, ``compile``, ``__import__``, ``globals``/``locals``/``vars``, ``breakpoint``, ``input`` (called or referenced); ``getattr``/``setattr``/``delattr``/``hasattr`` with a name that cannot be folded to a constant; dunder, frame and traceback introspection |
+| ``side_stream`` | a CUDA stream is created or made current (``torch.cuda.Stream``/``stream``/``set_stream``, ``cudaStreamCreate*``, ``getStreamFromPool``) |
+| ``output_caching`` | the forward path stores a value derived from its inputs' data where it outlives the call (``self`` attributes, globals, module-level or default-argument containers), memoises with ``functools.cache``/``lru_cache``, or returns a persistent buffer; shapes, dtypes and other metadata may be memoised (launch configs), and scratch buffers may persist when not returned |
+| ``jit_global`` | a ``@triton.jit`` function reads a module global that is not a ``tl.constexpr``, a module or a jit function: it runs under the CPU interpreter but fails to compile on a GPU |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kernelrl.env.integrity.analysis import SolutionAnalysis
+from kernelrl.env.integrity.compute_checks import (
+    check_no_custom_kernel,
+    check_torch_fallback,
+    check_try_except_fallback,
+    reference_ops,
+)
+from kernelrl.env.integrity.failure import CheckFailure
+from kernelrl.env.integrity.reach_checks import (
+    check_forbidden_builtin,
+    check_forbidden_module,
+    check_monkeypatch,
+    check_other_compiler,
+    check_side_stream,
+)
+from kernelrl.env.integrity.state_checks import check_jit_global, check_output_caching
+
+Check = Callable[[SolutionAnalysis, set[str]], list[CheckFailure]]
+
+STATIC_CHECKS: dict[str, Check] = {
+    "no_custom_kernel": check_no_custom_kernel,
+    "torch_fallback": check_torch_fallback,
+    "try_except_fallback": check_try_except_fallback,
+    "other_compiler": check_other_compiler,
+    "monkeypatch": check_monkeypatch,
+    "forbidden_module": check_forbidden_module,
+    "forbidden_builtin": check_forbidden_builtin,
+    "side_stream": check_side_stream,
+    "output_caching": check_output_caching,
+    "jit_global": check_jit_global,
+}
+
+
+def run_static_checks(
+    solution_source: str, backend: str, reference_source: str | None = None
+) -> list[CheckFailure]:
+    """Every static check on one solution; ``[]`` means it may run.
+
+    ``reference_source`` (the task's PyTorch code) tells ``torch_fallback`` which copying glue
+    ops are the task's computation. Unparseable source is not judged here: the sandbox reports
+    it as a compile error with Python's own message.
+    """
+    if backend not in ("triton", "cuda"):
+        raise ValueError(f"backend must be 'triton' or 'cuda', got {backend!r}")
+    try:
+        analysis = SolutionAnalysis(solution_source, backend)
+    except (SyntaxError, ValueError):
+        return []
+    ref_ops = reference_ops(reference_source)
+    failures: list[CheckFailure] = []
+    for check in STATIC_CHECKS.values():
+        failures.extend(check(analysis, ref_ops))
+    return failures

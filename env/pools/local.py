@@ -1,0 +1,168 @@
+"""LocalPool: the embedded evaluation pool (this machine's GPUs, or CPU slots).
+
+Every evaluation runs its solution in a fresh sandboxed child, so a crashing or hanging solution
+costs one child, never a slot. Submission blocks when ``max_pending`` evaluations are queued
+(backpressure for trainers that produce faster than the GPUs evaluate). A ``harness_error`` is
+evaluated once more in a fresh child (``verdicts.retried_harness_error``), as in every pool.
+
+A batch deadline (``submit(..., timeout_s=)``) answers what is not done by then: an evaluation
+still running as ``timeout`` (its slot finishes it and the late verdict is dropped), one that
+never started as a ``harness_error`` (nothing was learnt about the solution).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from kernelrl.env.evaluator import EvalConfig, Evaluator
+from kernelrl.env.pools.base import EVALS_PER_GPU, SubmitPool, check_batch, own_config, settle
+from kernelrl.env.pools.verdicts import (
+    first_line,
+    is_harness_error,
+    pool_result,
+    retried_harness_error,
+)
+from kernelrl.env.result import EvalResult, Status
+from kernelrl.env.task import Task
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+def evaluate_retrying_harness_errors(evaluator: Evaluator, task: Task, solution: str) -> EvalResult:
+    """One evaluation, repeated once (a fresh child) when the harness failed."""
+    result = evaluator.evaluate(task, solution)
+    if not is_harness_error(result):
+        return result
+    log.warning("harness_error on %s, evaluating once more: %s", task.id, first_line(result.error))
+    return retried_harness_error(result, evaluator.evaluate(task, solution))
+
+
+@dataclass(eq=False)
+class _Item:
+    task: Task
+    solution: str
+    future: Future
+    submitted: float
+
+
+class LocalPool(SubmitPool):
+    def __init__(
+        self,
+        config: EvalConfig | None = None,
+        workers: int | None = None,
+        per_gpu: int = EVALS_PER_GPU,
+        max_pending: int = 1024,
+    ) -> None:
+        """``workers``: CPU slots, or GPUs to use; ``per_gpu``: evaluations in flight per GPU
+        (one compiles and checks while another is timed; timing itself is exclusive)."""
+        config = config or EvalConfig()
+        if config.resolved_device() == "cuda":
+            count = torch.cuda.device_count()
+            gpus = count if workers is None else min(workers, count)
+            # A child needs ~4 s to import torch and make its context, an evaluation ~2 s:
+            # keep two spares per slot warming so that no slot waits for one.
+            self.config = own_config(config, 2 * per_gpu)
+            self.evaluators = [Evaluator(self.config, gpu_index=i) for i in range(gpus)]
+            slots = [ev for ev in self.evaluators for _ in range(per_gpu)]
+        else:
+            count = workers or max(os.cpu_count() or 1, 1)
+            self.config = own_config(config, count)
+            self.evaluators = [Evaluator(self.config)]
+            slots = [self.evaluators[0]] * count
+        first = self.evaluators[0]
+        self.device, self.device_name, self.versions = (
+            first.device_kind,
+            first.device_name,
+            first.versions,
+        )
+        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._threads = [
+            threading.Thread(target=self._serve, args=(ev,), name=f"kernelrl-slot-{i}", daemon=True)
+            for i, ev in enumerate(slots)
+        ]
+        for evaluator in self.evaluators:
+            evaluator.warm()
+        for thread in self._threads:
+            thread.start()
+        self._closed = False
+
+    @property
+    def num_slots(self) -> int:
+        return len(self._threads)
+
+    def _serve(self, evaluator: Evaluator) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            try:  # a future cancelled by the caller, or answered by its deadline, is skipped
+                if not item.future.set_running_or_notify_cancel():
+                    continue
+            except RuntimeError:
+                continue
+            try:
+                result = evaluate_retrying_harness_errors(evaluator, item.task, item.solution)
+            except BaseException as exc:  # a broken task: the caller sees the TaskError
+                settle(item.future, error=exc)
+            else:
+                settle(item.future, result)
+
+    def submit(
+        self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
+    ) -> list[Future[EvalResult]]:
+        """One future per item, in input order; blocks while ``max_pending`` are queued.
+        ``timeout_s``: deadline for this batch."""
+        if self._closed:
+            raise RuntimeError("pool is closed")
+        check_batch(tasks, solutions)
+        now = time.monotonic()
+        items = [
+            _Item(task, solution, Future(), now)
+            for task, solution in zip(tasks, solutions, strict=True)
+        ]
+        if timeout_s is not None and items:
+            timer = threading.Timer(timeout_s, self._expire, args=(items, timeout_s))
+            timer.daemon = True
+            timer.start()
+        for item in items:
+            self._queue.put(item)  # blocks when max_pending are queued
+        return [item.future for item in items]
+
+    def _expire(self, items: list[_Item], timeout_s: float) -> None:
+        where = (self.device, self.device_name, self.versions)
+        for item in items:
+            if item.future.done():
+                continue
+            if item.future.running():
+                status, why = Status.TIMEOUT, "this evaluation had not finished"
+            else:
+                status, why = Status.HARNESS_ERROR, "this evaluation had not started"
+            why = f"the batch deadline ({timeout_s:.0f} s) passed: {why}"
+            verdict = pool_result(
+                item.task, item.solution, where, status, why, "batch_timeout",
+                submitted=item.submitted,
+            )  # fmt: skip
+            settle(item.future, verdict)
+
+    def close(self) -> None:
+        """Finish what was submitted, then stop the slots and their sandbox children."""
+        if self._closed:
+            return
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(_STOP)
+        for thread in self._threads:
+            thread.join()
+        for evaluator in self.evaluators:
+            evaluator.close()

@@ -1,0 +1,149 @@
+"""The sandboxed child: the only process that ever executes a generated solution.
+
+Started by the worker ahead of time (``python -m kernelrl.env.sandbox.child stdin PARENT_PID``,
+its protocol socket as standard input) so that interpreter start, ``import torch``, the CUDA
+context and CUPTI are paid while another evaluation runs. It then waits for exactly one job,
+serves it call by call as the worker asks (``job``), and exits: no state survives from one
+solution to the next. Everything it reports goes through the socket; the worker decides every
+verdict itself and believes none of the child's claims that it can check on its own side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+# Isolation (namespaces, read-only filesystem, an unprivileged user: sandbox.isolation) must
+# happen before torch starts its threads: unshare moves only the calling thread. With a PID
+# namespace, only the process that will run the solution returns from isolate().
+NETWORK = "not isolated"
+ISOLATION = "not isolated"
+if __name__ == "__main__":
+    from kernelrl.env.sandbox.isolation import isolate
+
+    _isolation = isolate(int(sys.argv[2]))
+    NETWORK, ISOLATION = _isolation.network, _isolation.describe()
+_IMPORT_STARTED = time.perf_counter()
+
+import random  # noqa: E402
+import socket  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, guard_dispatch_stack  # noqa: E402
+from kernelrl.env.sandbox.failures import HarnessFailure, report_failure  # noqa: E402
+from kernelrl.env.sandbox.job import Job  # noqa: E402
+from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, recv_message, send_message  # noqa: E402
+
+
+def apply_limits(limits: dict[str, Any], device: torch.device) -> None:
+    """Our limits, never above what this process may already use: a hard limit set by the
+    machine (``ulimit -v``) is kept as it is rather than failing the evaluation."""
+
+    def cap(kind: int, value: int) -> None:
+        _, hard = resource.getrlimit(kind)
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(kind, (value, value if hard != resource.RLIM_INFINITY else hard))
+
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        cap(resource.RLIMIT_FSIZE, int(limits["file_bytes"]))
+        cap(resource.RLIMIT_CPU, int(limits["cpu_seconds"]))
+        if device.type == "cpu" and limits.get("address_space_bytes"):
+            cap(resource.RLIMIT_AS, int(limits["address_space_bytes"]))
+        if device.type == "cuda" and limits.get("gpu_memory_fraction"):
+            torch.cuda.set_per_process_memory_fraction(float(limits["gpu_memory_fraction"]))
+    except (OSError, ValueError) as exc:
+        raise HarnessFailure(f"could not apply the sandbox's limits: {exc}") from exc
+
+
+@triton.jit
+def _warm_kernel(ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(ptr + offsets, tl.load(ptr + offsets, mask=offsets < n) + 1.0, mask=offsets < n)
+
+
+def warm_up(device: torch.device, counter: LaunchCounter) -> dict[str, float]:
+    """Pay, before any job arrives, what the first evaluation would otherwise pay inside its
+    phases: the CUDA context, CUPTI's start (4 to 6 s on an H100 host) and what torch imports
+    the first time a Triton kernel is launched under a dispatch mode (about 5 s)."""
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.init()
+        torch.zeros(1, device=device)
+        seconds["cuda_init_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+        from torch.profiler import ProfilerActivity, profile
+
+        marker = torch.zeros(1, device=device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            marker.fill_(1.0)
+            torch.cuda.synchronize()
+        list(prof.profiler.kineto_results.events())
+        seconds["profiler_init_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()
+    buffer = torch.zeros(64, device=device)
+    with torch.no_grad(), AtenAudit(counter):
+        _warm_kernel[(1,)](buffer, buffer.numel(), BLOCK=64)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds["audit_init_seconds"] = time.perf_counter() - start
+    return seconds
+
+
+def take_channel() -> socket.socket:
+    """The protocol socket arrives as standard input; it is moved to an fd number drawn at
+    random and standard input becomes /dev/null: neither argv nor the environment names it."""
+    target = random.SystemRandom().randrange(300, 900)
+    os.dup2(0, target)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return socket.socket(fileno=target)
+
+
+def main() -> None:
+    sock = take_channel()
+    imported = time.perf_counter()
+    device = torch.device(os.environ.get("KERNELRL_DEVICE", "cpu"))
+    counter = LaunchCounter()
+    counter.install(SOLUTION_MODULE)
+    guard_dispatch_stack()
+    ready = {
+        "type": "ready",
+        "pid": os.getpid(),
+        "import_seconds": imported - _IMPORT_STARTED,
+        "network": NETWORK,
+        "isolation": ISOLATION,
+        **warm_up(device, counter),
+    }
+    send_message(sock, ready)
+    try:
+        job = recv_message(sock)
+    except EOFError:
+        os._exit(0)
+    worker = None
+    try:
+        apply_limits(job["limits"], device)
+        worker = Job(sock, job, counter, sys.modules[__name__])
+        worker.serve()
+    except (EOFError, BrokenPipeError, ConnectionError):
+        pass  # the trusted side hung up: nothing left to report to
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, none kills silently
+        with contextlib.suppress(OSError):
+            report_failure(sock, exc, worker.phase if worker else {})
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

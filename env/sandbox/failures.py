@@ -1,0 +1,90 @@
+"""How a failure inside the sandboxed child is told apart and reported: the solution's own
+(compile or runtime error, with its traceback) or ours (the harness, the task, its inputs)."""
+
+from __future__ import annotations
+
+import socket
+import traceback
+
+import torch
+
+from kernelrl.env.sandbox.protocol import send_message
+
+
+class HarnessFailure(RuntimeError):
+    """Our own code failed in the sandbox: never a verdict on the solution. ``stage`` says
+    where: ``task`` (loading the task), ``inputs`` (its get_inputs) or ``harness``; the worker
+    decides what each means for it (the evaluator: ours; curation, validating the task: the
+    task's)."""
+
+    def __init__(self, message: str, stage: str = "harness") -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class SolutionFailure(RuntimeError):
+    """The solution's own code raised; ``stage`` is ``compile`` or ``runtime``."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.stage = stage
+        self.cause = cause
+
+
+def short_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
+    """The traceback frames of the solution only, with its own line numbers."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if f.filename.startswith("<kernelrl_solution")]
+    lines = [f"  line {f.lineno}, in {f.name}: {f.line or ''}".rstrip() for f in own[-4:]]
+    message = f"{type(exc).__name__}: {exc}"
+    text = "\n".join([*lines, message]) if lines else message
+    return text[-limit_chars:]
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """Errors Triton's compiler raises; under the interpreter, errors raised inside kernel code
+    (shape, type and API misuse: what the compiler would have rejected; true memory faults
+    crash the process instead)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(
+        names
+        & {
+            "CompilationError",
+            "CompileTimeAssertionFailure",
+            "MLIRCompilationError",
+            "InterpreterError",
+        }
+    )
+
+
+def compile_error_stage(exc: BaseException) -> str:
+    return "compile" if is_compile_error(exc) else "runtime"
+
+
+def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exception:
+    """What the solution's own code raised, said as the solution's fault, except a GPU out of
+    memory when the device no longer had the share admitted for this evaluation (what this
+    process holds plus what is free is less than it was promised): other work on the shared GPU
+    took it, which is ours to schedule. A solution that asks for more than its share, with its
+    share still there, ran out of memory by itself."""
+    if isinstance(exc, torch.OutOfMemoryError) and admitted_bytes is not None:
+        free, _ = torch.cuda.mem_get_info()
+        available = torch.cuda.memory_reserved() + free
+        if available < admitted_bytes:
+            return HarnessFailure(
+                f"the GPU ran out of memory with {available / 2**30:.1f} GiB left to this "
+                f"evaluation of the {admitted_bytes / 2**30:.1f} GiB admitted for it: other "
+                "work on the GPU took the rest"
+            )
+    return SolutionFailure(compile_error_stage(exc), exc)
+
+
+def report_failure(sock: socket.socket, exc: BaseException, phase: dict[str, float]) -> None:
+    if isinstance(exc, SolutionFailure):
+        message = {"type": "error", "stage": exc.stage, "error": short_traceback(exc.cause)}
+    else:  # the harness itself failed: say so, never a verdict on the solution
+        where = traceback.extract_tb(exc.__traceback__)[-1:] or []
+        at = f" (at {where[0].name}:{where[0].lineno})" if where else ""
+        stage = exc.stage if isinstance(exc, HarnessFailure) else "harness"
+        message = {"type": "error", "stage": stage, "error": f"{exc!r}{at}"[-2000:]}
+    send_message(sock, {**message, "phase": phase})
