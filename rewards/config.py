@@ -10,6 +10,14 @@ from dataclasses import dataclass, field
 
 SPEEDUP_BASELINES = ("eager", "compile")
 
+#: How a speedup becomes the speedup component: ``log2`` (ours, clipped log2) or ``linear``
+#: (Dr. Kernel: the speedup itself, capped; a speedup under the lower bound earns nothing).
+SPEEDUP_TRANSFORMS = ("log2", "linear")
+
+#: Named reward definitions: ``kernelrl`` (the weights and shaping set field by field) and
+#: ``drkernel`` (the reward KernelGYM's Dr. Kernel recipes ship, see ``drkernel_reward_config``).
+REWARD_PRESETS = ("kernelrl", "drkernel")
+
 #: The reward components, in the order ``build_reward_funcs`` returns them.
 COMPONENT_NAMES = (
     "format_reward",
@@ -49,10 +57,25 @@ class RewardConfig:
         metadata={"help": "speedup reference: 'eager' or 'compile' (torch.compile)"},
     )
     speedup_clip_min: float = field(
-        default=-1.0, metadata={"help": "lower clip of log2(speedup): -1 means 2x slower or worse"}
+        default=-1.0,
+        metadata={
+            "help": "log2: lower clip of log2(speedup), -1 means 2x slower or worse; linear: a "
+            "speedup under this bound scores 0"
+        },
     )
     speedup_clip_max: float = field(
-        default=3.0, metadata={"help": "upper clip of log2(speedup): 3 means 8x faster or better"}
+        default=3.0,
+        metadata={
+            "help": "log2: upper clip of log2(speedup), 3 means 8x faster or better; linear: cap "
+            "of the speedup"
+        },
+    )
+    speedup_transform: str = field(
+        default="log2",
+        metadata={
+            "help": "'log2' (clipped log2 speedup) or 'linear' (the speedup capped at "
+            "speedup_clip_max, 0 under speedup_clip_min; Dr. Kernel's)"
+        },
     )
     integrity_penalty_per_check: float = field(
         default=1.0, metadata={"help": "penalty per failed integrity check (component = -this * n)"}
@@ -69,6 +92,10 @@ class RewardConfig:
         if self.speedup_baseline not in SPEEDUP_BASELINES:
             raise ValueError(
                 f"speedup_baseline must be one of {SPEEDUP_BASELINES}, got {self.speedup_baseline!r}"
+            )
+        if self.speedup_transform not in SPEEDUP_TRANSFORMS:
+            raise ValueError(
+                f"speedup_transform must be one of {SPEEDUP_TRANSFORMS}, got {self.speedup_transform!r}"
             )
         if self.speedup_clip_min > self.speedup_clip_max:
             raise ValueError(
@@ -89,3 +116,39 @@ class RewardConfig:
             "profiling_reward": self.profiling_weight,
             "integrity_penalty": self.integrity_weight,
         }
+
+
+def drkernel_reward_config(
+    speedup_baseline: str = "eager",
+    speedup_cap: float = 3.0,
+    profiling_cpu_fallback: float = 1.0,
+) -> RewardConfig:
+    """The reward Dr. Kernel ships (KernelGYM ``calculate_reward_speedup`` with the 14B recipe's
+    settings: ``init_correct_weight=0.5``, ``init_performance_weight=0.5``, speedup bounds
+    [0, 3], ``coverage_reward`` ``time_coverage`` at weight 0.5, ``penalty_score=0``), as our
+    components:
+
+        r = 0.5 * correct + 0.5 * min(speedup, 3) + 0.5 * own_kernel_share   if correct
+        r = 0                                                               otherwise
+
+    ``correctness_reward`` carries ``correct``, ``speedup_reward`` (linear transform, cap
+    ``speedup_cap``, lower bound 0) ``min(speedup, 3)`` and ``profiling_reward`` the share of GPU
+    time in the solution's own kernels (their ``time_coverage``); the speedup and profiling
+    components are already 0 unless the result is correct. Format and integrity carry weight 0:
+    their failure (compile error, wrong output, decoy kernel or any other hack) scores 0, not a
+    penalty. Differences that remain, by necessity: a speedup counts only where timings mean
+    something (a GPU), and on CPU, where no profile exists, the share is our
+    ``profiling_cpu_fallback`` (KernelGYM never runs on CPU; its missing profile reads 0).
+    """
+    return RewardConfig(
+        format_weight=0.0,
+        correctness_weight=0.5,
+        speedup_weight=0.5,
+        profiling_weight=0.5,
+        integrity_weight=0.0,
+        speedup_baseline=speedup_baseline,
+        speedup_clip_min=0.0,
+        speedup_clip_max=speedup_cap,
+        speedup_transform="linear",
+        profiling_cpu_fallback=profiling_cpu_fallback,
+    )

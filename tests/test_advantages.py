@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kernelrl.rl.advantages import (
+    drkernel_trloo_advantages,
     grpo_advantages,
     leave_one_out_advantages,
     pack_turns,
@@ -309,7 +310,7 @@ def test_trloo_unscored_turn_leaves_the_baseline_of_that_turn_only() -> None:
 
 
 # --------------------------------------------------------------------------- through the trainer
-def _trainer_for_scoring(advantage: str):  # noqa: ANN202 - a KernelGRPOTrainer
+def _trainer_for_scoring(advantage: str, rejection_preset: str = "kernelrl"):  # noqa: ANN202
     """The trainer's own reward and advantage code (``_calculate_rewards``,
     ``_apply_advantages``) on hand-built rollouts: only the state they read, no model."""
     import collections
@@ -318,7 +319,7 @@ def _trainer_for_scoring(advantage: str):  # noqa: ANN202 - a KernelGRPOTrainer
     from accelerate import Accelerator
 
     from kernelrl.rewards import build_reward_funcs
-    from kernelrl.rl.rejection import RejectionConfig
+    from kernelrl.rl.rejection import DrKernelRejectionConfig, RejectionConfig
     from kernelrl.rl.trainer import KernelGRPOTrainer
 
     trainer = object.__new__(KernelGRPOTrainer)
@@ -327,7 +328,8 @@ def _trainer_for_scoring(advantage: str):  # noqa: ANN202 - a KernelGRPOTrainer
     trainer.args = SimpleNamespace(
         max_turns=2, rejection_sampling=True, turn_return="own", turn_gamma=1.0,
         advantage=advantage, scale_rewards="group", report_to=[],
-        rejection_config=RejectionConfig,
+        rejection_config=RejectionConfig, rejection_preset=rejection_preset, seed=0,
+        drkernel_rejection_config=DrKernelRejectionConfig,
     )  # fmt: skip
     trainer.reward_funcs, trainer.reward_func_names = funcs, [f.__name__ for f in funcs]
     trainer.reward_weights = torch.tensor(weights)
@@ -418,3 +420,199 @@ def test_trainer_leaves_harness_error_turns_unscored(advantage: str) -> None:
     assert metrics["env/harness_error_frac"] == [pytest.approx(2 / 6)]
     assert metrics["env/unscored_turn_frac"] == [pytest.approx(2 / 6)]
     assert metrics["rejection/rate"] == [0.0]  # a harness_error is not a rejected failure
+
+
+# --------------------------------------------------------------------------- Dr. Kernel's TRLOO
+def _grid(samples: list, group_size: int, turns: int) -> tuple[torch.Tensor, ...]:
+    """(rewards, reached, valid) from per-sample turn rewards; None = an unscored turn."""
+    n = len(samples)
+    rewards = torch.zeros(n, turns)
+    reached = torch.zeros(n, turns, dtype=torch.bool)
+    valid = torch.zeros(n, turns, dtype=torch.bool)
+    for i, sample in enumerate(samples):
+        for t, r in enumerate(sample):
+            reached[i, t] = True
+            if r is not None:
+                rewards[i, t], valid[i, t] = r, True
+    shape = (n // group_size, group_size, turns)
+    return rewards.view(shape), reached.view(shape), valid.view(shape)
+
+
+def test_drkernel_trloo_unequal_turns_failed_turn_and_gamma() -> None:
+    # One prompt, 3 samples reaching 3, 1 and 2 turns; sample 0's first turn failed (reward 0,
+    # a sample like any other), gamma 0.5. Returns G_t = r_t + 0.5 G_{t+1}:
+    #   s0: G2 = 2, G1 = 1 + 0.5*2 = 2, G0 = 0 + 0.5*2 = 1;  s1: G0 = 1;  s2: G1 = 3, G0 = 1.5.
+    rewards, reached, valid = _grid([[0.0, 1.0, 2.0], [1.0], [0.0, 3.0]], 3, 3)
+    advantages, included = drkernel_trloo_advantages(rewards, reached, valid, gamma=0.5)
+    # Turn 0 over [1, 1, 1.5]: s0 1 - (1 + 1.5)/2 = -0.25; s1 -0.25; s2 1.5 - (1 + 1)/2 = 0.5.
+    # Turn 1 over s0 (2) and s2 (3): -1 and +1. Turn 2: s0 alone keeps its return 2.
+    close(advantages, [[[-0.25, -1.0, 2.0], [-0.25, 0.0, 0.0], [0.5, 1.0, 0.0]]])
+    assert included.tolist() == reached.tolist()
+    # Ours on the same discounted returns differs only where s0 is alone (no baseline -> 0).
+    ours = trloo_advantages(turn_returns(rewards, valid, "discounted", 0.5), valid)
+    close(ours, [[[-0.25, -1.0, 0.0], [-0.25, 0.0, 0.0], [0.5, 1.0, 0.0]]])
+
+
+def test_drkernel_trloo_gamma_one_is_their_recipe() -> None:
+    # gamma 1: s0 G = [3, 3, 2]; s1 [1]; s2 [3, 3].
+    rewards, reached, valid = _grid([[0.0, 1.0, 2.0], [1.0], [0.0, 3.0]], 3, 3)
+    advantages, _ = drkernel_trloo_advantages(rewards, reached, valid)
+    # Turn 0 over [3, 1, 3]: 3 - 2 = 1, 1 - 3 = -2, 1. Turn 1: 3 - 3 = 0 twice. Turn 2: 2.
+    close(advantages, [[[1.0, 0.0, 2.0], [-2.0, 0.0, 0.0], [1.0, 0.0, 0.0]]])
+
+
+def test_drkernel_trloo_groups_of_one_and_two() -> None:
+    # A group of one has no other sample: its return is its advantage (ours: 0).
+    rewards, reached, valid = _grid([[2.0, 1.0]], 1, 2)
+    advantages, _ = drkernel_trloo_advantages(rewards, reached, valid)
+    close(advantages, [[[3.0, 1.0]]])  # G0 = 2 + 1, G1 = 1
+    close(trloo_advantages(turn_returns(rewards, valid, "discounted", 1.0), valid), [[[0.0, 0.0]]])
+    # Groups of two: each sample's baseline is the other's return. Group 2: s1 stopped early.
+    rewards, reached, valid = _grid([[1.0], [0.0], [0.5, 1.0], [2.0]], 2, 2)
+    advantages, _ = drkernel_trloo_advantages(rewards, reached, valid)
+    # Group 1: [1, -1]. Group 2, turn 0: G = [1.5, 2] -> -0.5, 0.5; turn 1: s0 alone -> 1.
+    close(advantages, [[[1.0, 0.0], [-1.0, 0.0]], [[-0.5, 1.0], [0.5, 0.0]]])
+
+
+def test_drkernel_trloo_unscored_turn_removes_the_returns_that_sum_it() -> None:
+    # s0's second turn is a harness_error (unscored; it ends the rollout): its turn-0 return
+    # would sum an unknown reward, so s0 leaves every baseline (Dr. Kernel masks a failed
+    # rollout); s1 and s2 compare with each other only.
+    rewards, reached, valid = _grid([[1.0, None], [2.0], [0.0, 1.0]], 3, 2)
+    advantages, included = drkernel_trloo_advantages(rewards, reached, valid)
+    # Turn 0 over s1 (2) and s2 (0 + 1 = 1): +1, -1. Turn 1: s2 alone -> its return 1.
+    close(advantages, [[[0.0, 0.0], [1.0, 0.0], [-1.0, 1.0]]])
+    assert included.tolist() == [[[F, F], [T, F], [T, T]]]
+    # A scored turn after an unscored one (not produced by our rollout) keeps a known return.
+    rewards, reached, valid = _grid([[None, 2.0], [0.0, 1.0]], 2, 2)
+    advantages, included = drkernel_trloo_advantages(rewards, reached, valid)
+    assert included.tolist() == [[[F, T], [T, T]]]
+    # Turn 0: s1 alone keeps its return 0 + 1 = 1. Turn 1: s0 2 - 1 = 1, s1 1 - 2 = -1.
+    close(advantages, [[[0.0, 1.0], [1.0, -1.0]]])
+
+
+def _kernelgym_reference(rewards, reached, valid, gamma):  # noqa: ANN001, ANN202
+    """Dr. Kernel's estimator written in its own flat form: rows (sample, turn) with a uid per
+    prompt and a turn index (-1 for padding turns), a per-row mask, returns over the padded
+    turn grid, then (uid, turn) groups: A = G * n/(n-1) - mean * n/(n-1), or G when n = 1."""
+    groups, size, turns = rewards.shape
+    flat_r = rewards.reshape(-1, turns)
+    returns = torch.zeros_like(flat_r)
+    for t in reversed(range(turns)):
+        nxt = returns[:, t + 1] if t + 1 < turns else 0.0
+        returns[:, t] = torch.where(valid.reshape(-1, turns)[:, t], flat_r[:, t], 0.0) + gamma * nxt
+    rows = []
+    for i in range(groups * size):
+        failed = bool((reached.reshape(-1, turns)[i] & ~valid.reshape(-1, turns)[i]).any())
+        for t in range(turns):
+            turn_index = t if reached.reshape(-1, turns)[i, t] else -1
+            rows.append((i // size, turn_index, not failed, returns[i, t].item()))
+    by_key: dict = {}
+    for uid, turn_index, mask, ret in rows:
+        if turn_index != -1 and mask:
+            by_key.setdefault((uid, turn_index), []).append(ret)
+    out = []
+    for uid, turn_index, mask, ret in rows:
+        if turn_index == -1 or not mask:
+            out.append(0.0)
+            continue
+        values = by_key[(uid, turn_index)]
+        n = len(values)
+        mean = sum(values) / n
+        out.append(ret * n / (n - 1) - mean * n / (n - 1) if n > 1 else ret)
+    return torch.tensor(out).view(groups, size, turns)
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.7])
+def test_drkernel_trloo_matches_kernelgym_form_on_random_batches(gamma: float) -> None:
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        groups, size, turns = 3, int(torch.randint(1, 6, (1,), generator=generator)), 3
+        lengths = torch.randint(1, turns + 1, (groups * size,), generator=generator)
+        samples = []
+        for length in lengths.tolist():
+            sample = [round(float(x), 2) for x in torch.rand(length, generator=generator) * 3]
+            if torch.rand(1, generator=generator).item() < 0.15:
+                sample[-1] = None  # an unscored last turn: ends the rollout
+            samples.append(sample)
+        rewards, reached, valid = _grid(samples, size, turns)
+        advantages, _ = drkernel_trloo_advantages(rewards, reached, valid, gamma)
+        expected = _kernelgym_reference(rewards, reached, valid, gamma)
+        torch.testing.assert_close(advantages, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_drkernel_trloo_errors() -> None:
+    rewards, reached, valid = _grid([[1.0], [2.0]], 2, 1)
+    with pytest.raises(ValueError, match="reached"):
+        drkernel_trloo_advantages(rewards, reached.float(), valid)
+    with pytest.raises(ValueError, match="reached turn"):
+        drkernel_trloo_advantages(rewards, torch.zeros_like(reached), valid)
+    with pytest.raises(ValueError, match="gamma"):
+        drkernel_trloo_advantages(rewards, reached, valid, gamma=1.5)
+
+
+def test_trainer_drkernel_trloo_on_rollouts_with_harness_errors() -> None:
+    trainer = _trainer_for_scoring("drkernel_trloo", rejection_preset="drkernel")
+    trajectories, batch = _rollouts()
+    inputs = [{"prompt": "p", "kernelrl_rollout": t} for t in trajectories]
+    trainer._calculate_rewards(inputs, ["p"] * 4, ["c"] * 4, [[5, 6]] * 4)
+    width = max(len(t.completion_ids) for t in trajectories)
+    output = {
+        "completion_ids": torch.zeros(4, width, dtype=torch.long),
+        "tool_mask": torch.ones(4, width, dtype=torch.long),
+    }
+    trainer._apply_advantages(output, batch, "train")
+    # Turn rewards: s0 [0.1, 1.6], s1 [unscored], s2 [1.6], s3 [0.1, unscored]. s1 and s3 have
+    # an unscored turn: out of every baseline. Returns (gamma 1): s0 [1.7, 1.6], s2 [1.6].
+    # Turn 0: s0 1.7 - 1.6 = 0.1, s2 -0.1. Turn 1: s0 alone keeps its return 1.6.
+    expected = [
+        [0.1, 0.1, 0.0, 1.6, 1.6],
+        [0.0, 0.0, 0.0, 0.0, 0.0],
+        [-0.1, -0.1, 0.0, 0.0, 0.0],
+        [0.0, 0.0, 0.0, 0.0, 0.0],
+    ]
+    torch.testing.assert_close(output["advantages"], torch.tensor(expected), rtol=1e-5, atol=1e-5)
+    # s1's turn and both of s3's leave the loss (s3's first turn has an unknown return).
+    assert output["tool_mask"].tolist() == [
+        [1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1],
+        [1, 1, 1, 1, 1],
+        [0, 0, 1, 0, 0],
+    ]
+
+
+@pytest.mark.parametrize("advantage", ["drkernel_trloo", "trloo"])
+def test_trainer_drkernel_prs_rejected_turn_stays_in_their_baseline(advantage: str) -> None:
+    from kernelrl.env.result import EvalResult, Status
+    from kernelrl.env.task import Task
+    from kernelrl.rl.rollout import RolloutStats, Trajectory, Turn
+    from kernelrl.rl.trainer import RolloutBatch
+
+    trainer = _trainer_for_scoring(advantage, rejection_preset="drkernel")
+    trajectories = []
+    for share in (0.9, 0.1, 0.9, 0.9):  # sample 1 is correct but lazy: keep probability 0
+        trajectory = Trajectory(task=Task("t", "src"), prompt_ids=[1])
+        trajectory._append([5, 6], None, 0)
+        result = EvalResult(
+            "t", "triton", Status.CORRECT, device="cuda", own_kernel_share=share,
+            custom_kernel_launches=1,
+        )  # fmt: skip
+        trajectory.turns.append(Turn([5, 6], "code", False, result))
+        trajectories.append(trajectory)
+    batch = RolloutBatch(("k",), trajectories, RolloutStats())
+    inputs = [{"prompt": "p", "kernelrl_rollout": t} for t in trajectories]
+    trainer._calculate_rewards(inputs, ["p"] * 4, ["c"] * 4, [[5, 6]] * 4)
+    output = {
+        "completion_ids": torch.zeros(4, 2, dtype=torch.long),
+        "tool_mask": torch.ones(4, 2, dtype=torch.long),
+    }
+    trainer._apply_advantages(output, batch, "train")
+    # Rewards (kernelrl weights; no meaningful timing): 0.1 + 1 + 0.5 * share -> 1.55, 1.15.
+    # Dr. Kernel: the rejected sample stays in the others' baselines; ours: it leaves them,
+    # and the other three are equal.
+    a = 1.55 - (1.15 + 1.55 + 1.55) / 3 if advantage == "drkernel_trloo" else 0.0
+    expected = [[a, a], [0.0, 0.0], [a, a], [a, a]]
+    torch.testing.assert_close(output["advantages"], torch.tensor(expected), rtol=1e-5, atol=1e-5)
+    # Its tokens leave the loss (their PRS masks the response tokens of a rejected turn).
+    assert output["tool_mask"].tolist() == [[1, 1], [0, 0], [1, 1], [1, 1]]
+    assert trainer._metrics["train"]["rejection/rate"] == [pytest.approx(0.25)]

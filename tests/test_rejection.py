@@ -10,7 +10,14 @@ import torch
 
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.rl.advantages import trloo_advantages
-from kernelrl.rl.rejection import RejectionConfig, rejection_reason, rejection_weights
+from kernelrl.rl.rejection import (
+    DrKernelRejectionConfig,
+    RejectionConfig,
+    drkernel_keep_probability,
+    drkernel_rejection_weights,
+    rejection_reason,
+    rejection_weights,
+)
 
 
 def result(status: Status, **fields) -> EvalResult:
@@ -148,3 +155,60 @@ def test_real_h100_results_lazy_and_cheat_rejected() -> None:
     torch.testing.assert_close(weights, torch.tensor([1.0] * 8 + [0.0, 0.0]))
     assert stats["integrity"] == 1.0 and stats["low_kernel_share"] == 1.0
     assert stats["rate"] == pytest.approx(0.2)
+
+
+# --------------------------------------------------------------------------- Dr. Kernel's PRS
+def gpu(status: Status, share: float | None) -> EvalResult:
+    return result(status, device="cuda", own_kernel_share=share, custom_kernel_launches=1)
+
+
+@pytest.mark.parametrize(
+    ("share", "expected"),
+    [(0.0, 0.0), (0.25, 0.0), (0.3, 0.0), (0.325, 0.25), (0.35, 0.5), (0.4, 1.0), (0.9, 1.0)],
+)
+def test_drkernel_keep_probability_ramp(share: float, expected: float) -> None:
+    # clamp((share - 0.3) / 0.1, 0, 1) for a correct turn.
+    assert drkernel_keep_probability(gpu(Status.CORRECT, share)) == pytest.approx(expected)
+
+
+def test_drkernel_keep_probability_other_turns() -> None:
+    # Only correct turns are judged; a cheat is not correct (its reward is 0), so it is kept.
+    for status in (Status.INCORRECT, Status.INTEGRITY_VIOLATION, Status.COMPILE_ERROR,
+                   Status.HARNESS_ERROR):  # fmt: skip
+        assert drkernel_keep_probability(gpu(status, 0.0)) == 1.0
+    assert drkernel_keep_probability(gpu(Status.CORRECT, None)) is None  # CPU: cannot judge
+    hard = DrKernelRejectionConfig(threshold=0.3, ramp=0.0)  # factor 0: a hard cut at >= 0.3
+    assert drkernel_keep_probability(gpu(Status.CORRECT, 0.3), hard) == 1.0
+    assert drkernel_keep_probability(gpu(Status.CORRECT, 0.29), hard) == 0.0
+    with pytest.raises(ValueError, match="ramp"):
+        DrKernelRejectionConfig(ramp=-0.1)
+    with pytest.raises(ValueError, match="threshold"):
+        DrKernelRejectionConfig(threshold=1.5)
+
+
+def test_drkernel_rejection_weights_and_stats() -> None:
+    batch = [
+        gpu(Status.CORRECT, 0.9),  # kept
+        gpu(Status.CORRECT, 0.1),  # rejected for sure
+        gpu(Status.CORRECT, None),  # CPU-like: share unknown, kept
+        gpu(Status.INCORRECT, 0.0),  # kept
+        result(Status.HARNESS_ERROR),  # unscored, kept
+    ]
+    weights, stats = drkernel_rejection_weights(batch, generator=torch.Generator().manual_seed(1))
+    assert weights.tolist() == [1.0, 0.0, 1.0, 1.0, 1.0]
+    assert stats["rejected"] == 1.0 and stats["low_kernel_share"] == 1.0
+    assert stats["rate"] == pytest.approx(1 / 4)  # of the scored turns
+    assert stats["share_unknown"] == 1.0 and stats["unscored"] == 1.0
+    assert stats["expected_rejected"] == pytest.approx(1.0)
+
+
+def test_drkernel_rejection_draws_are_seeded_and_follow_the_probability() -> None:
+    batch = [gpu(Status.CORRECT, 0.35)] * 4000  # keep probability 0.5
+    first, _ = drkernel_rejection_weights(batch, generator=torch.Generator().manual_seed(7))
+    again, _ = drkernel_rejection_weights(batch, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(first, again)
+    assert abs(first.mean().item() - 0.5) < 0.04  # 4000 draws: sd 0.008
+    quarter, _ = drkernel_rejection_weights(
+        [gpu(Status.CORRECT, 0.325)] * 4000, generator=torch.Generator().manual_seed(3)
+    )
+    assert abs(quarter.mean().item() - 0.25) < 0.04

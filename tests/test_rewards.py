@@ -15,6 +15,7 @@ from kernelrl.rewards import (
     RewardConfig,
     build_reward_funcs,
     correctness_reward,
+    drkernel_reward_config,
     format_reward,
     integrity_penalty,
     profiling_reward,
@@ -319,3 +320,71 @@ def test_rewards_of_real_h100_results() -> None:
     for r in results[:8]:  # every bundled solution is correct with a speedup in the clip range
         assert reward_components(r)["correctness_reward"] == 1.0
         assert -1.0 <= reward_components(r)["speedup_reward"] <= 3.0
+
+
+# --------------------------------------------------------------------------- Dr. Kernel's reward
+DRK = drkernel_reward_config()
+
+
+@pytest.mark.parametrize(
+    ("speedup", "share", "expected"),
+    [
+        (5.0, 0.8, 0.5 + 0.5 * 3.0 + 0.5 * 0.8),  # speedup capped at 3
+        (2.0, 0.8, 0.5 + 0.5 * 2.0 + 0.5 * 0.8),
+        (0.5, 1.0, 0.5 + 0.5 * 0.5 + 0.5 * 1.0),  # slower than eager: still its speedup, linear
+        (1.0, 0.0, 0.5 + 0.5 * 1.0),
+    ],
+)
+def test_drkernel_reward_when_correct(speedup: float, share: float, expected: float) -> None:
+    r = gpu_correct(speedup_eager=speedup, share=share)
+    assert total_reward(r, DRK) == pytest.approx(expected)
+    parts = reward_components(r, DRK)
+    assert parts["speedup_reward"] == pytest.approx(min(speedup, 3.0))
+    assert parts["profiling_reward"] == pytest.approx(share)
+
+
+@pytest.mark.parametrize(
+    "status", [s for s in Status if s not in (Status.CORRECT, Status.HARNESS_ERROR)]
+)
+def test_drkernel_reward_is_zero_on_every_failure(status: Status) -> None:
+    # Incorrect, crashed, cheating (their decoy kernel: penalty_score 0), unparseable: 0.
+    r = result(status, device="cuda", timing_meaningful=True, speedup_vs_eager=2.0,
+               own_kernel_share=0.9, checks_failed=["side_stream"])  # fmt: skip
+    assert total_reward(r, DRK) == 0.0
+
+
+def test_drkernel_reward_unscored_and_cpu() -> None:
+    assert math.isnan(total_reward(result(Status.HARNESS_ERROR), DRK))  # never 0
+    # CPU: no meaningful speedup, no profile: 0.5 + 0.5 * profiling_cpu_fallback.
+    assert total_reward(cpu_correct(), DRK) == pytest.approx(1.0)
+    no_fallback = drkernel_reward_config(profiling_cpu_fallback=0.0)
+    assert total_reward(cpu_correct(), no_fallback) == pytest.approx(0.5)
+    compile_based = drkernel_reward_config(speedup_baseline="compile")
+    r = gpu_correct(speedup_eager=4.0, speedup_compile=1.5, share=1.0)
+    assert total_reward(r, compile_based) == pytest.approx(0.5 + 0.75 + 0.5)
+
+
+def test_drkernel_reward_funcs_and_weights() -> None:
+    funcs, weights = build_reward_funcs(DRK)
+    assert dict(zip(COMPONENT_NAMES, weights, strict=True)) == {
+        "format_reward": 0.0,
+        "correctness_reward": 0.5,
+        "speedup_reward": 0.5,
+        "profiling_reward": 0.5,
+        "integrity_penalty": 0.0,
+    }
+    r = gpu_correct(speedup_eager=2.5, share=0.6)
+    values = [f(["p"], ["c"], eval_results=[r])[0] for f in funcs]
+    assert sum(w * v for w, v in zip(weights, values, strict=True)) == pytest.approx(
+        0.5 + 1.25 + 0.3
+    )
+
+
+def test_linear_speedup_lower_bound() -> None:
+    # KernelGYM's lower bound (1.0 in their 8B default): a speedup under it earns nothing.
+    config = RewardConfig(speedup_transform="linear", speedup_clip_min=1.0, speedup_clip_max=3.0)
+    assert component("speedup_reward", gpu_correct(speedup_eager=0.8), config) == 0.0
+    assert component("speedup_reward", gpu_correct(speedup_eager=1.2), config) == pytest.approx(1.2)
+    assert component("speedup_reward", gpu_correct(speedup_eager=9.0), config) == 3.0
+    with pytest.raises(ValueError, match="speedup_transform"):
+        RewardConfig(speedup_transform="sqrt")

@@ -53,6 +53,13 @@ def test_every_training_recipe_parses(recipe: Path) -> None:
         ("model_name_or_path: m\nadvantage: ppo\n", "advantage must be one of"),
         ("model_name_or_path: m\nno_such_key: 1\n", "no_such_key"),
         ("advantage: trloo\n", "sets no model_name_or_path"),
+        # options the turn-level advantages would silently ignore are refused
+        ("model_name_or_path: m\nscale_rewards: batch\n", "scale_rewards=batch is not supported"),
+        ("model_name_or_path: m\nadvantage: trloo\nscale_rewards: group\n", "does not divide"),
+        (
+            "model_name_or_path: m\nmulti_objective_aggregation: normalize_then_sum\n",
+            "multi_objective_aggregation=normalize_then_sum is not supported",
+        ),
     ],
 )
 def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) -> None:
@@ -60,6 +67,19 @@ def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) 
     recipe.write_text("use_cpu: true\nbf16: false\n" + text)
     with pytest.raises(RecipeError, match=expected):
         parse_recipe(["--config", str(recipe)])
+
+
+def test_scale_rewards_defaults_to_the_estimators_own(tmp_path: Path) -> None:
+    grpo, _ = parse_recipe(["--config", str(SMOKE), "--advantage", "grpo"])
+    trloo, _ = parse_recipe(["--config", str(SMOKE)])
+    none, _ = parse_recipe(
+        ["--config", str(SMOKE), "--advantage", "grpo", "--scale_rewards", "none"]
+    )
+    assert (grpo.scale_rewards, trloo.scale_rewards, none.scale_rewards) == (
+        "group",
+        "none",
+        "none",
+    )
 
 
 def test_missing_recipe_exits_2_with_message(tmp_path: Path) -> None:

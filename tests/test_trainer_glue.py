@@ -1,0 +1,222 @@
+"""The trainer's glue on a tiny random model (transformers generation, ``use_vllm: false``):
+turn-level advantages laid over the tokens against hand-computed values, metrics that describe
+every trained turn, overlap (the batch trained on is the batch generated; staleness logged) and
+an exact resume from a checkpoint. Seconds on CPU."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rl_support import VerdictPool, task_rows, tiny_model
+
+from kernelrl.env.result import Status
+from kernelrl.rl.config import KernelGRPOConfig
+from kernelrl.rl.trainer import (
+    KernelGRPOTrainer,
+    over_tokens,
+    trained_reward_metrics,
+    turn_map,
+)
+
+STATUSES = [Status.INCORRECT, Status.COMPILE_ERROR, Status.FORMAT_ERROR, Status.RUNTIME_ERROR]
+
+
+def verdict(task, solution: str, call: int) -> Status:  # noqa: ANN001
+    """A function of the text only, so that a resumed run gets the same verdicts."""
+    return STATUSES[len(solution) % len(STATUSES)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+def config(output_dir: Path, **overrides: Any) -> KernelGRPOConfig:
+    values: dict[str, Any] = {
+        "output_dir": str(output_dir),
+        "use_cpu": True,
+        "bf16": False,
+        "use_vllm": False,
+        "num_generations": 2,
+        "per_device_train_batch_size": 2,
+        "max_steps": 2,
+        "max_turns": 2,
+        "max_completion_length": 12,
+        "max_feedback_tokens": 16,
+        "stop_when_correct": False,
+        "temperature": 1.0,
+        "learning_rate": 1e-2,
+        "beta": 0.0,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": [],
+        "seed": 0,
+        "disable_tqdm": True,
+        "rejection_sampling": False,
+    }
+    values.update(overrides)
+    return KernelGRPOConfig(**values)
+
+
+class Recording(KernelGRPOTrainer):
+    """Keeps what each step trained on (a view for the test, no behaviour change)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[dict[str, Any]] = []
+        self.generated: list[tuple] = []
+
+    def _start_rollout(self, inputs: list[dict[str, Any]], defer_last: bool) -> Any:
+        batch = super()._start_rollout(inputs, defer_last)
+        self.generated.append(batch.key)
+        return batch
+
+    def _apply_advantages(self, output: dict[str, Any], batch: Any, mode: str) -> None:
+        super()._apply_advantages(output, batch, mode)
+        self.steps.append(
+            {
+                "key": batch.key,
+                "trajectories": batch.trajectories,
+                "per_turn": self._turn_rewards.clone(),
+                "advantages": output["advantages"].clone(),
+            }
+        )
+
+
+def rows() -> list[dict[str, Any]]:
+    """Four prompts (two bundled tasks, twice), so that three steps stay in one epoch (the
+    look-ahead of overlap_evaluation does not cross an epoch)."""
+    first = task_rows(2)
+    return first + [{**row, "id": f"{row['id']}_again"} for row in first]
+
+
+def trainer(model_dir: str, args: KernelGRPOConfig, pool: VerdictPool) -> Recording:
+    from transformers import AutoTokenizer
+
+    from kernelrl.data.schema import make_dataset
+
+    tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    return Recording(
+        model=model_dir,
+        args=args,
+        train_dataset=make_dataset(rows(), "tasks"),
+        processing_class=tok,
+        pool=pool,
+    )
+
+
+def logs(trained: KernelGRPOTrainer) -> dict[int, dict]:
+    return {e["step"]: e for e in trained.state.log_history if "reward" in e}
+
+
+def test_turn_map_and_token_layout_by_hand() -> None:
+    # sample 0: turn 0 (2 tokens), feedback (3), turn 1 (1); sample 1: turn 0 (3 tokens)
+    tokens = turn_map([[0, 0, -1, -1, -1, 1], [0, 0, 0]], width=8)
+    assert tokens.tolist() == [[0, 0, -1, -1, -1, 1, -1, -1], [0, 0, 0, -1, -1, -1, -1, -1]]
+    advantages = torch.tensor([[0.5, -2.0], [1.5, 0.0]])
+    assert over_tokens(advantages, tokens).tolist() == [
+        [0.5, 0.5, 0, 0, 0, -2.0, 0, 0],
+        [1.5, 1.5, 1.5, 0, 0, 0, 0, 0],
+    ]
+    mask = torch.tensor([[False, True], [True, False]])
+    assert over_tokens(mask, tokens).tolist() == [
+        [False, False, False, False, False, True, False, False],
+        [True, True, True, False, False, False, False, False],
+    ]
+    with pytest.raises(ValueError, match="does not fit"):
+        turn_map([[0] * 9], width=8)
+
+
+def test_trained_reward_metrics_cover_every_turn() -> None:
+    nan = float("nan")
+    # one group of 3 samples, 2 turns, 2 components (weights 1 and 2)
+    per_turn = torch.tensor(
+        [
+            [[1.0, 0.0], [0.0, 1.0]],  # rewards 1, 2
+            [[1.0, 0.0], [nan, nan]],  # 1, not reached
+            [[0.0, 0.0], [1.0, 1.0]],  # 0, 3 (turn 1 rejected below)
+        ]
+    )
+    trained = torch.tensor([[True, True], [True, False], [True, False]])
+    out = trained_reward_metrics(per_turn, torch.tensor([1.0, 2.0]), trained, 3, ["c0", "c1"])
+    values = torch.tensor([1.0, 2.0, 1.0, 0.0])  # the four trained turns
+    assert out["reward"] == pytest.approx(values.mean().item())
+    assert out["reward_std"] == pytest.approx(values.std().item())
+    # turn 0: rewards 1, 1, 0 (spread); turn 1: one trained sample -> no baseline signal
+    assert out["frac_reward_zero_std"] == pytest.approx(1 / 4)
+    assert out["rewards/c0/mean"] == pytest.approx((1 + 0 + 1 + 0) / 4)
+    assert out["rewards/c1/mean"] == pytest.approx((0 + 1 + 0 + 0) / 4)
+
+
+def test_step_trains_turn_level_trloo_laid_over_tokens(model_dir: str, tmp_path: Path) -> None:
+    run = trainer(model_dir, config(tmp_path, max_steps=2), VerdictPool(verdict))
+    run.train()
+    assert len(run.steps) == 2
+    weights = run.reward_weights
+    for step, entry in zip(run.steps, logs(run).values(), strict=True):
+        per_turn = step["per_turn"]  # [2 samples, 2 turns, K]
+        rewards = (per_turn * weights).nansum(-1)
+        valid = ~per_turn.isnan().all(-1)
+        # TRLOO with a group of two: a turn's baseline is the other sample's reward at that turn
+        expected = torch.zeros(2, 2)
+        for t in range(2):
+            if valid[:, t].all():
+                expected[0, t] = rewards[0, t] - rewards[1, t]
+                expected[1, t] = rewards[1, t] - rewards[0, t]
+        for b, trajectory in enumerate(step["trajectories"]):
+            row = step["advantages"][b]
+            for position, turn in enumerate(trajectory.turn_index):
+                want = 0.0 if turn < 0 else expected[b, turn].item()
+                assert row[position].item() == pytest.approx(want), (b, position, turn)
+            assert not row[len(trajectory.turn_index) :].any()  # padding
+            # feedback tokens are never trained on: env_mask 0 exactly where turn_index is -1
+            assert [m == 0 for m in trajectory.env_mask] == [t < 0 for t in trajectory.turn_index]
+        # the logged reward is the mean over every trained turn, not the last turn's
+        assert entry["reward"] == pytest.approx(rewards[valid].mean().item(), abs=1e-6)
+        assert entry["turns/mean"] == 2
+
+
+def test_overlap_trains_on_the_batch_it_generated(model_dir: str, tmp_path: Path) -> None:
+    pool = VerdictPool(verdict)
+    run = trainer(model_dir, config(tmp_path, max_steps=3, overlap_evaluation=True), pool)
+    run.train()
+    # every batch was generated once (the look-ahead one is used, not regenerated) and each
+    # step trained on the batch generated for its inputs
+    assert len(run.generated) == 3
+    assert [s["key"] for s in run.steps] == run.generated
+    entries = logs(run)
+    # step 1 generated with the initial weights; later batches one step before their update
+    assert [entries[s]["rollout/staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert [s["trajectories"][0].policy_step for s in run.steps] == [0, 0, 1]
+    assert run._pending is None  # nothing generated that nobody trains on
+
+
+def test_resume_continues_exactly(model_dir: str, tmp_path: Path) -> None:
+    full = trainer(
+        model_dir,
+        config(tmp_path / "full", max_steps=3, save_strategy="steps", save_steps=1),
+        VerdictPool(verdict),
+    )
+    full.train()
+    assert (tmp_path / "full" / "checkpoint-1" / "kernelrl_state_0.pt").is_file()
+    resumed = trainer(
+        model_dir,
+        config(tmp_path / "full", max_steps=3, save_strategy="no"),
+        VerdictPool(verdict),
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-1"))
+    before, after = logs(full), logs(resumed)
+    assert len(resumed.steps) == 2  # steps 2 and 3 were run again, step 1 was not
+    for step in (2, 3):
+        for key in ("reward", "num_tokens", "completions/mean_length", "turns/mean"):
+            assert after[step][key] == pytest.approx(before[step][key]), (step, key)
+        assert math.isfinite(after[step]["loss"])
+    # the same completions, token for token
+    assert [t.completion_ids for t in resumed.steps[-1]["trajectories"]] == [
+        t.completion_ids for t in full.steps[-1]["trajectories"]
+    ]
+    assert resumed.steps[-1]["key"] == full.steps[-1]["key"]
