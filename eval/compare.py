@@ -8,6 +8,7 @@ mean the same thing on both sides.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,30 @@ def _best_speedup(records: list[SampleRecord]) -> float | None:
     return max(values) if values else None
 
 
+# Settings that say where a run lives, not what it measured.
+_NOT_SETTINGS = {"output_dir", "run_name", "overwrite", "plots", "report_to"}
+
+
+def setting_differences(config_a: dict[str, Any], config_b: dict[str, Any]) -> list[list[Any]]:
+    """[key, A's value, B's value] for every recipe setting the two runs do not share."""
+    keys = sorted((set(config_a) | set(config_b)) - _NOT_SETTINGS)
+    return [
+        [key, config_a.get(key), config_b.get(key)]
+        for key in keys
+        if config_a.get(key) != config_b.get(key)
+    ]
+
+
+def column_labels(meta_a: dict[str, Any], meta_b: dict[str, Any]) -> tuple[str, str]:
+    """Names for the A and B columns that tell the runs apart: the run names, else the
+    folders' names, else their paths."""
+    for key in ("run_name", "folder_name", "folder"):
+        a, b = meta_a.get(key) or "", meta_b.get(key) or ""
+        if a and b and a != b:
+            return f"A: {a}", f"B: {b}"
+    return "A", "B"
+
+
 def compare_runs(folder_a: str | Path, folder_b: str | Path, view: str = "best") -> dict[str, Any]:
     config_a, records_a = load_run(folder_a)
     config_b, records_b = load_run(folder_b)
@@ -100,6 +125,8 @@ def compare_runs(folder_a: str | Path, folder_b: str | Path, view: str = "best")
     summary_b = sweep_summary(records_b, stats, selection_b)
     meta_a = run_metadata(config_a, records_a, Path(folder_a), selection_a)
     meta_b = run_metadata(config_b, records_b, Path(folder_b), selection_b)
+    meta_a["folder_name"], meta_b["folder_name"] = Path(folder_a).name, Path(folder_b).name
+    meta_a["folder"], meta_b["folder"] = str(Path(folder_a)), str(Path(folder_b))
     pick = best_view if view == "best" else last_view
     solved_a, solved_b = _solved(pick(records_a)), _solved(pick(records_b))
     common = sorted(set(solved_a) & set(solved_b))
@@ -110,9 +137,12 @@ def compare_runs(folder_a: str | Path, folder_b: str | Path, view: str = "best")
         sa, sb = _best_speedup(solved_a[task]), _best_speedup(solved_b[task])
         if sa and sb:
             ratios.append((task, sb / sa))
+    label_a, label_b = column_labels(meta_a, meta_b)
     return {
         "a": meta_a,
         "b": meta_b,
+        "labels": [label_a, label_b],
+        "settings_differ": setting_differences(config_a, config_b),
         "view": view,
         "rows": _metric_rows(
             summary_a["views"][view]["overall"], summary_b["views"][view]["overall"]
@@ -129,14 +159,21 @@ def compare_runs(folder_a: str | Path, folder_b: str | Path, view: str = "best")
     }
 
 
+def _short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def compare_markdown(comparison: dict[str, Any]) -> str:
     a, b = comparison["a"], comparison["b"]
+    label_a, label_b = comparison["labels"]
     view = "best turn" if comparison["view"] == "best" else "last turn"
-    out = [f"# {a['run_name']} (A) vs {b['run_name']} (B), {view}", ""]
+    out = [f"# {label_a} vs {label_b}, {view}", ""]
     out += [
         _table(
-            ["", "A", "B"],
+            ["", label_a, label_b],
             [
+                ("folder", a["folder"], b["folder"]),
                 (
                     "generation",
                     f"{a['client']}: {a['model'] or ', '.join(a['fixed_solutions'])}",
@@ -154,8 +191,9 @@ def compare_markdown(comparison: dict[str, Any]) -> str:
         ),
         "",
     ]
+    out += settings_lines(comparison)
     rows = [(m, _fmt(x, k), _fmt(y, k), _delta(x, y, k)) for m, x, y, k in comparison["rows"]]
-    out += [_table(["metric", "A", "B", "B - A"], rows), ""]
+    out += [_table(["metric", label_a, label_b, "B - A"], rows), ""]
     out += [f"Tasks in both runs: {comparison['tasks_common']}."]
     for key, label in (
         ("solved_only_by_a", "Solved by A only"),
@@ -177,9 +215,20 @@ def compare_markdown(comparison: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def settings_lines(comparison: dict[str, Any]) -> list[str]:
+    """Markdown: the recipe settings that differ between the runs (or that none does)."""
+    differ = comparison["settings_differ"]
+    if not differ:
+        return ["Settings: identical (apart from where and how the results are written).", ""]
+    label_a, label_b = comparison["labels"]
+    rows = [(key, _short(x), _short(y)) for key, x, y in differ]
+    return ["Settings that differ:", "", _table(["setting", label_a, label_b], rows), ""]
+
+
 def compare_table(comparison: dict[str, Any]) -> Table:
-    table = Table(title=f"{comparison['a']['run_name']} (A) vs {comparison['b']['run_name']} (B)")
-    for column in ("metric", "A", "B", "B - A"):
+    label_a, label_b = comparison["labels"]
+    table = Table(title=f"{label_a} vs {label_b}")
+    for column in ("metric", label_a, label_b, "B - A"):
         table.add_column(column, justify="left" if column == "metric" else "right")
     for metric, x, y, kind in comparison["rows"]:
         table.add_row(metric, _fmt(x, kind), _fmt(y, kind), _delta(x, y, kind))
@@ -187,6 +236,17 @@ def compare_table(comparison: dict[str, Any]) -> Table:
 
 
 def print_comparison(comparison: dict[str, Any], console: Console) -> None:
+    label_a, label_b = comparison["labels"]
+    differ = comparison["settings_differ"]
+    if differ:
+        settings = Table(title="settings that differ")
+        for column in ("setting", label_a, label_b):
+            settings.add_column(column)
+        for key, x, y in differ:
+            settings.add_row(key, _short(x, 40), _short(y, 40))
+        console.print(settings)
+    else:
+        console.print("settings: identical (apart from where and how the results are written)")
     console.print(compare_table(comparison))
     for line in compare_markdown(comparison).splitlines():
         if line.startswith(("Solved by", "Tasks only", "Tasks both", "Tasks in both")):

@@ -159,6 +159,13 @@ class EvalSweepConfig(PoolChoice):
     plots: bool = field(default=True, metadata=_help("write matplotlib plots"))
     confidence: float = field(default=0.95, metadata=_help("confidence level of the intervals"))
     bootstrap_samples: int = field(default=2000, metadata=_help("bootstrap resamples"))
+    report_to: list[str] = field(
+        default_factory=list,
+        metadata=_help(
+            "wandb: also log the report to wandb (offline unless WANDB_API_KEY is set; the run "
+            "folder goes under output_dir)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

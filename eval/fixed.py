@@ -19,7 +19,9 @@ Sources, each adding samples to the tasks it covers (sample numbers continue acr
     ``<id>__<label>.py``) is refused with one line naming both: move it to ``<task id>/``.
 
 - a JSONL file: rows ``{"task_id", "completion"}`` with optional ``"sample"`` and ``"turn"``
-  (default: the next sample of the task, turn 0). Rows for later turns replay refinement.
+  (default: the next sample of the task, turn 0; turns count from 0 unless the row has
+  ``"turn_base": 1``, as the lines of a sweep's ``samples.jsonl`` do, so a sweep's store can be
+  replayed as it is). Rows for later turns replay refinement.
 
 A task that no source covers gets no samples: the sweep counts it as failed with the reason
 ``no solution`` (it is listed, never dropped from the denominators).
@@ -114,7 +116,9 @@ class FixedSolutions:
                 if task not in self.task_ids:
                     self.unmatched.append(f"{path}:{number} ({task})")
                     continue
-                turn = int(row.get("turn", 0))
+                # 0-based unless the row says otherwise (a sweep's samples.jsonl: turn_base 1)
+                base = int(row.get("turn_base", 0))
+                turn = int(row.get("turn", base)) - base
                 sample = int(row["sample"]) if "sample" in row else next_sample[task]
                 next_sample[task] = max(next_sample[task], sample + 1)
                 found[(task, sample, turn)] = (text, f"{path}:{number}")

@@ -26,7 +26,9 @@ the failed attempts of its not-evaluated tasks):
   none scores 0. ``None`` when k is above the samples any task was planned to get.
 
 Intervals: Wilson score intervals for rates (attempts treated as independent trials), percentile
-bootstrap for pass@k (resampling tasks) and for the geometric mean (resampling attempts).
+bootstrap for pass@k (resampling tasks; Wilson over tasks where every task scores exactly 0 or
+1, where a bootstrap degenerates to ``[0, 0]`` or ``[1, 1]``) and for the geometric mean
+(resampling attempts).
 
 Views of a multi-turn sweep, each one attempt per (task, sample): ``last`` (the final turn),
 ``best`` (the best turn: correct and fastest first, then the furthest stage reached), and per
@@ -331,14 +333,29 @@ def summarize(
         if k <= drawn:
             # missing samples (fewer than k scored, or none) count as failed
             values = [pass_at_k(max(len(f), k), sum(f), k) for f in per_task.values()]
-            low, high = bootstrap_interval(
-                values, mean, conf, config.bootstrap_samples, config.seed
-            )
-            estimate = Estimate(mean(values), low, high, n=len(values))
+            estimate, method = pass_at_k_estimate(values, config)
+            summary["pass_at_k"][str(k)] = {**estimate.to_dict(), "interval": method}
         else:
-            estimate = Estimate(None, n=0)
-        summary["pass_at_k"][str(k)] = estimate.to_dict()
+            summary["pass_at_k"][str(k)] = Estimate(None, n=0).to_dict()
     return summary
+
+
+def pass_at_k_estimate(values: Sequence[float], config: StatsConfig) -> tuple[Estimate, str]:
+    """Mean pass@k over tasks with its interval, and which interval it is: a percentile
+    bootstrap over tasks, except where every task scores exactly 0 or 1 (k of k samples, one
+    sample each, nothing solved). Those tasks are Bernoulli trials, so the interval is Wilson's,
+    as for rates; a bootstrap of all-0 (or all-1) values could only return ``[0.0%, 0.0%]``."""
+    value = mean(values)
+    if all(v in (0.0, 1.0) for v in values):
+        solved = sum(v == 1.0 for v in values)
+        low, high = wilson_interval(solved, len(values), config.confidence)
+        return Estimate(value, low, high, n=len(values)), "wilson over tasks"
+    if len(set(values)) == 1:  # e.g. one task: every resample is the same value
+        return Estimate(value, n=len(values)), "none: every task has the same pass@k"
+    low, high = bootstrap_interval(
+        values, mean, config.confidence, config.bootstrap_samples, config.seed
+    )
+    return Estimate(value, low, high, n=len(values)), "bootstrap over tasks"
 
 
 def _p_key(p: float) -> str:

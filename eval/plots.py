@@ -1,6 +1,7 @@
-"""Report plots (matplotlib, headless): speedup distribution, fast_p over p, per-level bars,
-turn-by-turn progress. Each plot says so on its face when there is nothing to draw (CPU runs
-have no meaningful timings) instead of being left out, so a report always has the same shape."""
+"""Report plots (matplotlib, headless): speedup distribution, fast_p over p, per-level (or
+per-category) bars, turn-by-turn progress. A plot with nothing to show is not drawn at all (a
+CPU run has no meaningful timings; a one-turn run has no turn-by-turn progress): ``write_plots``
+returns why, and the report says so in its place, instead of linking an empty picture."""
 
 from __future__ import annotations
 
@@ -33,8 +34,16 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _empty(ax: Any, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+NO_TIMINGS = "no correct solution has a meaningful speedup (timings mean something on a GPU only)"
+
+
+def timed_speedups(records: Sequence[SampleRecord]) -> dict[str, list[float]]:
+    """Speedups of the correct attempts of the best view, per baseline (empty on CPU runs)."""
+    view = best_view(records)
+    return {
+        baseline: [s for r in view if (s := speedup(r.result, baseline)) is not None]
+        for baseline in BASELINES
+    }
 
 
 def speedup_distribution(records: Sequence[SampleRecord], path: Path) -> Path:
@@ -59,8 +68,6 @@ def speedup_distribution(records: Sequence[SampleRecord], path: Path) -> Path:
         ax.set_xlabel("speedup (log2; right of 0 is faster than the baseline)")
         ax.set_ylabel("correct solutions")
         ax.legend()
-    else:
-        _empty(ax, "no timed correct solutions\n(timings are only meaningful on a GPU)")
     ax.set_title("Speedup of correct solutions (best turn)")
     return _save(fig, path)
 
@@ -84,89 +91,137 @@ def fast_p_curve(records: Sequence[SampleRecord], path: Path, max_p: float = 3.0
         ax.set_xlabel("speedup threshold p")
         ax.set_ylabel("fast_p (correct and speedup > p)")
         ax.legend()
-    else:
-        _empty(ax, "no timed correct solutions\n(timings are only meaningful on a GPU)")
     ax.set_title("fast_p over p (best turn)")
     return _save(fig, path)
 
 
+def group_kind(summary: dict[str, Any]) -> str:
+    """What ``levels.png`` and the report's group table show: ``level``, else ``category``
+    (kernelrl's own suite has no levels), else ``sweep`` (one bar group for everything)."""
+    view = summary["views"]["best"]
+    return "level" if view["levels"] else "category" if view["categories"] else "sweep"
+
+
 def level_bars(summary: dict[str, Any], path: Path) -> Path:
     """Correctness and fast_1 per level (best turn); per category when tasks have no level
-    (kernelrl's own suite), the whole sweep when they have neither."""
+    (kernelrl's own suite), the whole sweep when they have neither. A metric that is n/a in
+    every group (fast_1 on a CPU run) is left out and named under the axis."""
     view = summary["views"]["best"]
-    groups = view["levels"] or view["categories"] or {"all": view["overall"]}
-    kind = "level" if view["levels"] else "category" if view["categories"] else ""
-    metrics = [
+    kind = group_kind(summary)
+    groups = {"level": view["levels"], "category": view["categories"]}.get(kind) or {
+        "all": view["overall"]
+    }
+    candidates = [
         ("correct", lambda s: s["correct_rate"]["value"]),
-        ("fast_1 eager", lambda s: s["fast_p"]["eager"]["1"]["value"]),
-        ("fast_1 compile", lambda s: s["fast_p"]["compile"]["1"]["value"]),
+        ("fast_1 vs eager", lambda s: s["fast_p"]["eager"]["1"]["value"]),
+        ("fast_1 vs compile", lambda s: s["fast_p"]["compile"]["1"]["value"]),
     ]
-    fig, ax = _figure()
-    width = 0.8 / len(metrics)
     names = list(groups)
+    metrics = [
+        (label, get)
+        for label, get in candidates
+        if any(get(groups[name]) is not None for name in names)
+    ]
+    missing = [label for label, get in candidates if all(get(groups[n]) is None for n in names)]
+    fig, ax = _figure(max(6.4, 0.9 * len(names) + 2), 4.2)
+    width = 0.8 / len(metrics)
     for i, (label, get) in enumerate(metrics):
         values = [get(groups[name]) for name in names]
         xs = [j + (i - (len(metrics) - 1) / 2) * width for j in range(len(names))]
         ax.bar(xs, [v or 0.0 for v in values], width, label=label)
         for x, v in zip(xs, values, strict=True):
             ax.text(
-                x, (v or 0.0) + 0.01, "n/a" if v is None else f"{v:.0%}", ha="center", fontsize=7
+                x,
+                (v or 0.0) + 0.01,
+                "n/a" if v is None else f"{v:.0%}",
+                ha="center",
+                fontsize=7,
+                rotation=90 if len(metrics) > 1 and len(names) > 6 else 0,
             )
     ax.set_xticks(range(len(names)))
-    labels = [f"level {n}" if kind == "level" else n if kind else "all tasks" for n in names]
+    labels = [
+        f"level {n}" if kind == "level" else n if kind == "category" else "all tasks" for n in names
+    ]
     ax.set_xticklabels(
         labels,
         rotation=30 if len(names) > 4 else 0,
         ha="right" if len(names) > 4 else "center",
         fontsize=8,
     )
-    ax.set_ylim(0, 1.1)
+    ax.set_ylim(0, 1.15)
     ax.set_ylabel("share of attempts")
-    ax.set_title(f"Per {kind or 'sweep'} (best turn)")
+    if missing:
+        ax.set_xlabel(f"n/a, not drawn: {', '.join(missing)} (no meaningful timings)", fontsize=8)
+    ax.set_title(f"Per {kind} (best turn)")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
 def turn_progress(summary: dict[str, Any], path: Path) -> Path:
+    """Refinement, turn by turn. Lines often coincide (correct at a turn = correct so far on
+    the first turn), so each has its own marker, dash and width, the widest drawn first."""
     curve = summary["turns"]
     fig, ax = _figure()
-    if curve:
-        turns = [point["turn"] + 1 for point in curve]
-        series = [
-            ("correct at this turn", [p["correct_at_turn"]["value"] for p in curve]),
-            ("correct, best so far", [p["best_so_far"]["correct_rate"]["value"] for p in curve]),
-            ("compiled, best so far", [p["best_so_far"]["compile_rate"]["value"] for p in curve]),
-            (
-                "fast_1 eager, best so far",
-                [p["best_so_far"]["fast_p"]["eager"]["1"]["value"] for p in curve],
-            ),
-        ]
-        for label, values in series:
-            if any(v is not None for v in values):
-                ax.plot(
-                    turns,
-                    [v if v is not None else math.nan for v in values],
-                    marker="o",
-                    label=label,
-                )
-        ax.set_xticks(turns)
-        ax.set_ylim(0, 1.05)
-        ax.set_xlabel("turn")
-        ax.set_ylabel("share of samples")
-        ax.legend(fontsize=8)
-    else:
-        _empty(ax, "no attempts")
+    turns = [point["turn"] + 1 for point in curve]
+    series = [
+        ("compiled, best so far", [p["best_so_far"]["compile_rate"]["value"] for p in curve]),
+        ("correct, best so far", [p["best_so_far"]["correct_rate"]["value"] for p in curve]),
+        ("correct at this turn", [p["correct_at_turn"]["value"] for p in curve]),
+        (
+            "fast_1 vs eager, best so far",
+            [p["best_so_far"]["fast_p"]["eager"]["1"]["value"] for p in curve],
+        ),
+    ]
+    styles = [("s", "-", 4.0), ("o", "--", 2.5), ("^", ":", 1.5), ("D", "-.", 1.5)]
+    for (label, values), (marker, dash, width) in zip(series, styles, strict=True):
+        if any(v is not None for v in values):
+            ax.plot(
+                turns,
+                [v if v is not None else math.nan for v in values],
+                marker=marker,
+                linestyle=dash,
+                linewidth=width,
+                markersize=4 + width,
+                alpha=0.8,
+                label=label,
+            )
+    ax.set_xticks(turns)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("share of samples")
+    ax.legend(fontsize=8)
     ax.set_title("Turn by turn")
     return _save(fig, path)
 
 
+PLOT_FILES = {
+    "speedup": "speedup_distribution.png",
+    "fast_p": "fast_p.png",
+    "groups": "levels.png",
+    "turns": "turns.png",
+}
+
+
 def write_plots(
     records: Sequence[SampleRecord], summary: dict[str, Any], folder: Path
-) -> dict[str, Path]:
+) -> tuple[dict[str, Path], dict[str, str]]:
+    """({title: png} of the plots drawn, {file name: why not drawn}). A plot not drawn is also
+    removed from ``folder``, so no stale picture outlives the numbers it showed."""
     folder.mkdir(parents=True, exist_ok=True)
-    return {
-        "speedup distribution": speedup_distribution(records, folder / "speedup_distribution.png"),
-        "fast_p over p": fast_p_curve(records, folder / "fast_p.png"),
-        "per level": level_bars(summary, folder / "levels.png"),
-        "turn by turn": turn_progress(summary, folder / "turns.png"),
-    }
+    drawn: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    if any(timed_speedups(records).values()):
+        drawn["speedup distribution"] = speedup_distribution(
+            records, folder / PLOT_FILES["speedup"]
+        )
+        drawn["fast_p over p"] = fast_p_curve(records, folder / PLOT_FILES["fast_p"])
+    else:
+        skipped[PLOT_FILES["speedup"]] = skipped[PLOT_FILES["fast_p"]] = NO_TIMINGS
+    drawn[f"per {group_kind(summary)}"] = level_bars(summary, folder / PLOT_FILES["groups"])
+    if summary["max_turns"] > 1:
+        drawn["turn by turn"] = turn_progress(summary, folder / PLOT_FILES["turns"])
+    else:
+        skipped[PLOT_FILES["turns"]] = "one turn: nothing to show turn by turn"
+    for name in skipped:
+        (folder / name).unlink(missing_ok=True)
+    return drawn, skipped

@@ -156,7 +156,7 @@ code.
 """
 
 EXAMPLE_PARAGRAPH = """
-How $how looks, on a small example. This module:
+Here is what $how look like, on a small example. This module:
 
 ```python
 $example_reference

@@ -1,7 +1,8 @@
 """One sample of a sweep, and the JSONL file that stores all of them.
 
-``samples.jsonl`` is the sweep's store: one line per (task, sample, turn), appended and flushed
-as soon as its evaluation finishes. A sweep that is killed restarts by reading it back and
+``samples.jsonl`` is the sweep's store: one line per (task, sample, turn), appended and fsynced
+as soon as its evaluation finishes (turns count from 1 there, as in reports; in memory
+``SampleRecord.turn`` counts from 0). A sweep that is killed restarts by reading it back and
 skipping every key already there; a torn last line (the process died mid-write) is ignored and
 rewritten. Reports are computed from this file alone, so they can be rebuilt at any time.
 """
@@ -49,12 +50,43 @@ class SelectedTask:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+def _write(fd: int, data: bytes) -> int:
+    """One ``write(2)``: the single place results reach the disk (tests inject ENOSPC here)."""
+    return os.write(fd, data)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[_write(fd, view) :]
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` all at once: a reader (or a full disk) sees the old file or
+    the new one, never an empty or half-written one. The scratch file is removed on failure."""
+    path = Path(path)
+    scratch = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_all(fd, text.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(scratch, path)
+    except OSError as exc:
+        scratch.unlink(missing_ok=True)
+        if exc.filename is None:  # a failed write(2) names no file: say which one it was
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+
+
 def write_tasks(path: str | Path, tasks: list[SelectedTask]) -> None:
     """Write ``tasks.json`` atomically (a report read mid-write sees the old or the new file)."""
-    path = Path(path)
-    scratch = path.with_suffix(".json.tmp")
-    scratch.write_text(json.dumps([t.to_dict() for t in tasks], indent=1) + "\n")
-    os.replace(scratch, path)
+    write_atomic(path, json.dumps([t.to_dict() for t in tasks], indent=1) + "\n")
 
 
 def read_tasks(path: str | Path) -> list[SelectedTask] | None:
@@ -85,14 +117,19 @@ class SampleRecord:
         return (self.task_id, self.sample, self.turn)
 
     def to_dict(self) -> dict[str, Any]:
+        """As stored: ``turn`` counts from 1, as reports do (``turn_base: 1`` says so; records
+        without it were written counting from 0, and are read as such)."""
         data = asdict(self)
         data["result"] = self.result.to_dict()
+        data["turn"] = self.turn + 1
+        data["turn_base"] = 1
         return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SampleRecord:
         data = dict(data)
         data["result"] = EvalResult.from_dict(data["result"])
+        data["turn"] = int(data["turn"]) - int(data.get("turn_base", 0))
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -140,8 +177,18 @@ class SamplesFile:
         return {record.key: record for record in read_records(self.path)}
 
     def append(self, record: SampleRecord) -> None:
-        line = json.dumps(record.to_dict(), sort_keys=True) + "\n"
-        with self._lock, self.path.open("a") as handle:
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
+        """Append one line and fsync it. On a write error (a full disk) the file is cut back to
+        its last complete line and the ``OSError`` propagates: nothing half-written stays."""
+        line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                try:
+                    _write_all(fd, line)
+                    os.fsync(fd)
+                except OSError:
+                    os.ftruncate(fd, size)  # needs no free space
+                    raise
+            finally:
+                os.close(fd)

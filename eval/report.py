@@ -9,6 +9,7 @@ counted as failed and listed with their reason; harness errors get a line of the
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -28,9 +29,11 @@ from kernelrl.eval.records import (
     SelectedTask,
     read_records,
     read_tasks,
+    write_atomic,
 )
 
 HARNESS_NOTE = "not the solution's fault; rerun"
+_DIGITS = re.compile(r"(\d+)")
 
 
 # ---------------------------------------------------------------------------------- formatting
@@ -54,13 +57,23 @@ def fmt_speedup(estimate: dict[str, Any] | None) -> str:
     return text + f" (n={estimate['n']})"
 
 
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def fmt_pass(estimate: dict[str, Any] | None) -> str:
     if not estimate or estimate.get("value") is None:
         return "n/a"
     text = f"{estimate['value']:.1%}"
     if estimate.get("low") is not None:
         text += f" [{estimate['low']:.1%}, {estimate['high']:.1%}]"
-    return text + f" ({estimate['n']} tasks)"
+    return text + f" ({plural(estimate['n'], 'task')})"
+
+
+def natural_key(text: str) -> list[Any]:
+    """Sort key that orders numbers by value: ``10_x`` before ``100_x``, ``level2`` before
+    ``level10``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in _DIGITS.split(text)]
 
 
 def _num(value: float | None, pattern: str = ".2f", suffix: str = "x") -> str:
@@ -92,7 +105,7 @@ def headline_rows(overall: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(
         (
             "not evaluated (counted as failed)",
-            f"{len(overall['not_evaluated'])} of {overall['tasks']} tasks",
+            f"{len(overall['not_evaluated'])} of {plural(overall['tasks'], 'task')}",
         )
     )
     rows.append(("harness errors", f"{overall['harness_errors']} ({HARNESS_NOTE})"))
@@ -159,10 +172,17 @@ def run_metadata(
     results = [r.result for r in records]
     devices = Counter(r.device_name or r.device for r in results)
     versions = next((r.versions for r in results if r.versions), {})
+    client = config.get("client", "")
+    planned = [t.samples for t in selection or () if t.samples > 0]
+    if not planned:  # folders written before tasks.json
+        planned = list(Counter(r.task_id for r in records if r.turn == 0).values())
     return {
         "run_name": config.get("run_name") or folder.name,
-        "client": config.get("client", ""),
-        "model": config.get("model_name_or_path") or config.get("served_model_name") or "",
+        "folder": str(folder),
+        "client": client,
+        "model": served_model(config, records),
+        # samples per task: the recipe's for a model; what the sources hold for fixed solutions
+        "samples_range": [min(planned), max(planned)] if planned else None,
         "fixed_solutions": config.get("fixed_solutions") or [],
         "backend": config.get("backend", ""),
         "benchmark": config.get("benchmark", ""),
@@ -178,6 +198,16 @@ def run_metadata(
         "versions": versions,
         "generated_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def served_model(config: dict[str, Any], records: Sequence[SampleRecord] = ()) -> str:
+    """The model a run's completions came from: for an OpenAI-compatible endpoint the model the
+    server reported (or was asked for) and its URL, else ``model_name_or_path``."""
+    if config.get("client") == "openai":
+        served = next((m for r in records if (m := r.extra.get("served_model"))), None)
+        name = served or config.get("served_model_name") or "(the server's model)"
+        return f"{name} @ {config.get('api_base', '')}".strip(" @")
+    return config.get("model_name_or_path") or config.get("served_model_name") or ""
 
 
 def build_summary(folder: str | Path) -> tuple[dict[str, Any], list[SampleRecord], dict[str, Any]]:
@@ -207,29 +237,46 @@ def first_errors(records: Sequence[SampleRecord], width: int = 160) -> dict[str,
     return dict(sorted(examples.items()))
 
 
+def setting_rows(run: dict[str, Any], max_turns: int) -> list[tuple[str, str]]:
+    """The report's settings table. Fixed solutions are replayed, not sampled: samples per task
+    is what the sources hold (a range where tasks differ) and no sampling setting applies."""
+    fixed = run["client"] == "fixed"
+    who = run["model"] or ", ".join(run["fixed_solutions"]) or "?"
+    low, high = run.get("samples_range") or (run["samples"], run["samples"])
+    samples = str(low) if low == high else f"{low}-{high}"
+    if fixed:
+        samples += " (what the fixed solutions hold)"
+    turns = f"{run['turns']} planned, {max_turns} made" if run["turns"] != max_turns else max_turns
+    rows = [
+        ("generation", f"{run['client']}: {who}"),
+        ("benchmark", f"{run['benchmark']} {run['benchmark_path']}".strip()),
+        ("backend", run["backend"]),
+        ("tasks / attempts", f"{run['tasks']} / {run['attempts']}"),
+        ("samples per task, turns", f"{samples}, {turns}"),
+        (
+            ("temperature, max tokens", f"{run['temperature']}, {run['max_tokens']}")
+            if not fixed
+            else ("temperature, max tokens", "n/a: fixed completions are replayed, not sampled")
+        ),
+        ("evaluated on", ", ".join(f"{k} ({v})" for k, v in run["devices"].items())),
+        ("versions", ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()))),
+        ("report written", run["generated_at"]),
+    ]
+    return rows
+
+
 def markdown(
-    summary: dict[str, Any], plots: dict[str, Path] | None = None, folder: Path | None = None
+    summary: dict[str, Any],
+    plots: dict[str, Path] | None = None,
+    folder: Path | None = None,
+    skipped_plots: dict[str, str] | None = None,
 ) -> str:
     run = summary["run"]
     last, best = summary["views"]["last"], summary["views"]["best"]
     multi_turn = summary["max_turns"] > 1
     out = [f"# Evaluation sweep: {run['run_name']}", ""]
-    who = run["model"] or ", ".join(run["fixed_solutions"]) or "?"
     out += [
-        _table(
-            ["setting", "value"],
-            [
-                ("generation", f"{run['client']}: {who}"),
-                ("benchmark", f"{run['benchmark']} {run['benchmark_path']}".strip()),
-                ("backend", run["backend"]),
-                ("tasks / attempts", f"{run['tasks']} / {run['attempts']}"),
-                ("samples per task, turns", f"{run['samples']}, {run['turns']}"),
-                ("temperature, max tokens", f"{run['temperature']}, {run['max_tokens']}"),
-                ("evaluated on", ", ".join(f"{k} ({v})" for k, v in run["devices"].items())),
-                ("versions", ", ".join(f"{k} {v}" for k, v in sorted(run["versions"].items()))),
-                ("report written", run["generated_at"]),
-            ],
-        ),
+        _table(["setting", "value"], setting_rows(run, summary["max_turns"])),
         "",
     ]
     if not run["timing_meaningful"]:
@@ -249,7 +296,10 @@ def markdown(
         "Rates are over attempts (tasks x samples) of every selected task with Wilson "
         "intervals: a task that was not evaluated counts as failed (its planned samples, at "
         "least one). pass@k uses the unbiased estimator over every selected task with a "
-        "bootstrap over tasks; speedups are geometric means over correct attempts with a "
+        "percentile bootstrap over tasks; where every task scores exactly 0 or 1 (k samples of "
+        "k, or nothing solved) a bootstrap could only return the estimate itself, so the "
+        "interval is Wilson's over tasks, and where every task has the same fractional pass@k "
+        "(one task, say) no interval is shown; speedups are geometric means over correct attempts with a "
         "bootstrap interval. fast_p = correct and speedup > p. Harness errors are left out of "
         "every rate.",
         "",
@@ -354,15 +404,17 @@ def markdown(
             or f"not evaluated: {t['not_evaluated']}",
         )
         + ((("-" if t["best_turn"] is None else t["best_turn"] + 1),) if multi_turn else ())
-        for t in view["tasks"]
+        for t in sorted(view["tasks"], key=lambda t: natural_key(t["task_id"]))
     ]
     header = ["task", "level", "correct", "best vs eager", "best vs compile", "statuses"]
     out += [_table(header + (["first correct turn"] if multi_turn else []), rows), ""]
-    if plots:
+    if plots or skipped_plots:
         out += ["## Plots", ""]
-        for title, path in plots.items():
+        for title, path in (plots or {}).items():
             target = path.relative_to(folder) if folder else path
             out += [f"![{title}]({target.as_posix()})", ""]
+        for name, why in (skipped_plots or {}).items():
+            out += [f"- `plots/{name}` not drawn: {why}.", ""]
     return "\n".join(out)
 
 
@@ -385,6 +437,7 @@ def selection_lines(summary: dict[str, Any], limit: int | None = None) -> list[s
         ]
     if missing:
         out += ["## Not evaluated (counted as failed)", ""]
+        missing = sorted(missing, key=lambda t: natural_key(t["task_id"]))
         shown = missing[:limit] if limit else missing
         rows = [
             (t["task_id"], "-" if t["level"] is None else t["level"], t["reason"]) for t in shown
@@ -399,13 +452,15 @@ def write_report(folder: str | Path, plots: bool = True) -> dict[str, Any]:
     """(Re)build summary.json, report.md and the plots of a results folder; returns the summary."""
     folder = Path(folder)
     summary, records, _ = build_summary(folder)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    # Atomic: a full disk leaves the previous summary and report, never empty files.
+    write_atomic(folder / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     plot_paths: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
     if plots and records:
         from kernelrl.eval.plots import write_plots
 
-        plot_paths = write_plots(records, summary, folder / "plots")
-    (folder / "report.md").write_text(markdown(summary, plot_paths, folder))
+        plot_paths, skipped = write_plots(records, summary, folder / "plots")
+    write_atomic(folder / "report.md", markdown(summary, plot_paths, folder, skipped))
     return summary
 
 

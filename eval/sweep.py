@@ -19,6 +19,7 @@ denominator and list them; a task is never dropped silently.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -39,6 +40,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from kernelrl.env.pools import Pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.task import Task
 from kernelrl.eval.clients import Generation, GenerationClient, Request
@@ -53,6 +55,7 @@ from kernelrl.eval.records import (
     SampleRecord,
     SamplesFile,
     SelectedTask,
+    write_atomic,
     write_tasks,
 )
 
@@ -80,6 +83,15 @@ def check_resumable(config: EvalSweepConfig) -> None:
         )
 
 
+class SweepStopped(Exception):
+    """The sweep stopped before its plan was done: Ctrl-C, or results that could not be written
+    (a full disk). The message is one line: what was kept, what was lost, how to resume."""
+
+    def __init__(self, message: str, interrupted: bool) -> None:
+        super().__init__(message)
+        self.interrupted = interrupted
+
+
 def prepare_output(config: EvalSweepConfig) -> Path:
     """Create or reopen the results folder (``overwrite`` empties it first)."""
     check_resumable(config)
@@ -90,7 +102,9 @@ def prepare_output(config: EvalSweepConfig) -> Path:
             (folder / name).unlink(missing_ok=True)
         for plot in (folder / "plots").glob("*.png"):
             plot.unlink()
-    (folder / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n")
+    write_atomic(
+        folder / CONFIG_FILE, json.dumps(config.to_dict(), indent=2, sort_keys=True) + "\n"
+    )
     return folder
 
 
@@ -109,7 +123,7 @@ class Sweep:
         config: EvalSweepConfig,
         tasks: Sequence[Task],
         client: GenerationClient | None,
-        pool: Any,
+        pool: Pool,
         console: Console | None = None,
     ) -> None:
         self.config = config
@@ -136,6 +150,11 @@ class Sweep:
         self.records: dict[Key, SampleRecord] = {}
         self.failures: list[str] = []
         self.not_evaluated: dict[str, str] = {}  # task id -> the pool's error (first one)
+        self.new = 0  # records written by this run
+        self.lost = 0  # evaluated attempts whose record could not be written
+        self.write_error: OSError | None = None  # the first such error (a full disk)
+        self._submitted: list[Future[EvalResult]] = []  # pool futures, cancelled on a stop
+        self._written: list[Future[None]] = []  # one per submitted: resolved once recorded
 
     def selection(self) -> list[SelectedTask]:
         """The selected tasks for ``tasks.json``, with why a task has no evaluated attempt."""
@@ -220,7 +239,54 @@ class Sweep:
 
     # ------------------------------------------------------------------ running
     def run(self) -> SweepOutcome:
+        """Run what is left of the plan. Ctrl-C or a write error (a full disk) cancels the
+        evaluations not yet started, lets the running ones finish and be written, and raises
+        ``SweepStopped`` saying what is kept; the same command resumes."""
         started = time.perf_counter()
+        try:
+            return self._run(started)
+        except KeyboardInterrupt:
+            cancelled = self._stop()
+            raise SweepStopped(self._stopped_message(cancelled, "interrupted"), True) from None
+        except _WriteFailed:
+            cancelled = self._stop()
+            raise SweepStopped(self._stopped_message(cancelled, "stopped"), False) from None
+        except OSError as exc:  # config.json or tasks.json could not be written (a full disk)
+            cancelled = self._stop()
+            self.write_error = self.write_error or exc
+            raise SweepStopped(self._stopped_message(cancelled, "stopped"), False) from None
+
+    def _stop(self) -> int:
+        """Cancel every evaluation not started yet; wait for the running ones (their records
+        are written). Returns how many were cancelled."""
+        cancelled = sum(future.cancel() for future in self._submitted)
+        # Wait for the records, not the pool futures: a pool future is done before its callback
+        # has written the record (a cancelled one's callback ran inside cancel()).
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: stop waiting
+            wait(self._written)
+        return cancelled
+
+    def _stopped_message(self, cancelled: int, how: str) -> str:
+        store = Path(self.config.output_dir) / SAMPLES_FILE
+        saved = len(self.records)
+        kept = (
+            f"{saved} attempt{'s are' if saved != 1 else ' is'} saved in {store} ({self.new} new)"
+        )
+        skipped = f"{cancelled} queued evaluation{'s' if cancelled != 1 else ''} cancelled"
+        if self.write_error is not None:
+            error = self.write_error
+            cause = f"cannot write {error.filename or store}: {error.strerror or error}"
+            lost = (
+                f"{self.lost} evaluated attempt{'s' if self.lost != 1 else ''} could not be saved "
+                "and will be evaluated again"
+            )
+            return (
+                f"{cause}; {lost}; {kept}; {skipped}; free some space and run the same command "
+                "again to resume (summary.json and report.md were left as they were)"
+            )
+        return f"{how}: {kept}; {skipped}; run the same command again to resume"
+
+    def _run(self, started: float) -> SweepOutcome:
         folder = prepare_output(self.config)
         store = SamplesFile(folder / SAMPLES_FILE)
         store.path.touch()  # a results folder even if no task gets an attempt
@@ -240,7 +306,7 @@ class Sweep:
                 soft_wrap=True,
                 markup=True,
             )
-        new = 0
+        self.new = 0
         columns = (
             TextColumn("[progress.description]{task.description}"),
             BarColumn(),
@@ -268,6 +334,7 @@ class Sweep:
                 batch_size = max(1, self.config.generation_batch)
                 for start in range(0, len(pending), batch_size):
                     batch = pending[start : start + batch_size]
+                    self._check_written()
                     submitted = self._generate_and_submit(
                         batch, turn, store, progress, evaluate_bar
                     )
@@ -275,8 +342,8 @@ class Sweep:
                     if not self.config.overlap:
                         wait(submitted)  # the GPU is quiet while kernels are timed
                     futures.extend(submitted)
-                wait(futures)
-                new += len(futures)
+                self._wait_written(futures)
+                self._check_written()
                 # Future turns of samples that stopped (correct, or no fixed completion) shrink
                 # the plan; keep the bars honest.
                 remaining = self._planned(turn + 1)
@@ -285,9 +352,18 @@ class Sweep:
                     progress.update(bar, total=done + remaining)
         write_tasks(folder / TASKS_FILE, self.selection())
         records = sorted(self.records.values(), key=lambda r: (r.task_id, r.sample, r.turn))
-        return SweepOutcome(
-            records, folder, new - len(self.failures), self.failures, time.perf_counter() - started
-        )
+        return SweepOutcome(records, folder, self.new, self.failures, time.perf_counter() - started)
+
+    def _check_written(self) -> None:
+        if self.write_error is not None:
+            raise _WriteFailed
+
+    def _wait_written(self, futures: Sequence[Future[None]]) -> None:
+        """Wait for ``futures``, but stop at the first record that could not be written."""
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=0.5)
+            self._check_written()
 
     def _generate_and_submit(
         self,
@@ -315,6 +391,7 @@ class Sweep:
             )
         seconds = (time.perf_counter() - started) / len(requests)
         futures = self.pool.submit([task for task, _ in batch], [g.text for g in generations])
+        self._submitted.extend(futures)
         # Resolved once the record is written (a pool future resolves before its callbacks
         # run): the next turn must see every record of this one.
         written: list[Future[None]] = []
@@ -326,6 +403,7 @@ class Sweep:
                     f, t, s, turn, g, seconds, store, progress, bar, d
                 )
             )
+            self._written.append(done)  # after the callback: a stop never waits on a lone one
         return written
 
     def _finished(
@@ -343,8 +421,13 @@ class Sweep:
     ) -> None:
         """Pool callback thread: persist the attempt at once."""
         try:
-            self._record(future, task, sample, turn, generation, seconds, store)
-        except Exception as exc:  # not evaluated (e.g. a broken task), or not written
+            if not future.cancelled():  # cancelled: the sweep stopped before it started
+                self._record(future, task, sample, turn, generation, seconds, store)
+        except _NotWritten as exc:  # evaluated, but the store refused it (a full disk)
+            with self._lock:
+                self.lost += 1
+                self.write_error = self.write_error or exc.error
+        except Exception as exc:  # not evaluated (e.g. a broken task)
             error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             with self._lock:
                 self.failures.append(f"{task.id} sample {sample} turn {turn}: {exc}")
@@ -378,12 +461,29 @@ class Sweep:
             generation_s=round(seconds, 4),
             extra=dict(generation.extra),
         )
-        store.append(record)
+        served = getattr(self.client, "model", None)
+        if self.config.client == "openai" and isinstance(served, str):
+            record.extra.setdefault("served_model", served)  # what the endpoint ran
+        try:
+            store.append(record)
+        except OSError as exc:
+            raise _NotWritten(exc) from exc
         with self._lock:
             self.records[record.key] = record
+            self.new += 1
 
 
-def make_pool(config: EvalSweepConfig) -> Any:
+class _NotWritten(Exception):
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _WriteFailed(Exception):
+    """Raised in the sweep's thread once a record could not be written."""
+
+
+def make_pool(config: EvalSweepConfig) -> Pool:
     """The environment pool a sweep evaluates with (``pool``: local, ray or service), behind
     the shared results store when ``cache_db`` is set."""
     from kernelrl.env.evaluator import EvalConfig

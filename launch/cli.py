@@ -10,7 +10,14 @@ from rich.console import Console
 
 from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.task import TaskError
-from kernelrl.launch import curate_cli, env_service_cli, eval_cli, sft_cli, train_cli
+from kernelrl.launch import (
+    curate_cli,
+    env_service_cli,
+    eval_cli,
+    openai_serve_cli,
+    sft_cli,
+    train_cli,
+)
 from kernelrl.launch.errors import UserError, check_parent_folder
 
 
@@ -127,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     curate_cli.add_subcommand(commands)
     sft_cli.add_subcommand(commands)
     train_cli.add_subcommand(commands)
+    openai_serve_cli.add_subcommand(commands)
     return parser
 
 

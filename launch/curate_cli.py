@@ -20,6 +20,7 @@ client from ``kernelrl.eval.clients`` produces the k samples per task.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -113,4 +114,12 @@ def _curate(args: argparse.Namespace) -> int:
         if client is not None:
             client.close()
     console.print(f"dataset card: {result.card}")
+    from kernelrl.launch.wandb_log import log_curation, wants_wandb
+
+    if wants_wandb(config.report_to):
+        from dataclasses import asdict
+
+        name = os.path.basename(os.path.normpath(config.output_dir)) or "curate"
+        run_dir = log_curation(config.output_dir, result.reports, asdict(config), name)
+        console.print(f"wandb run: {run_dir}", soft_wrap=True)
     return 0

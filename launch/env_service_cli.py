@@ -172,10 +172,14 @@ def _serve(args: argparse.Namespace) -> int:
     import ray
 
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.ray_pool import init_ray
+    from kernelrl.env.pools.ray_workers import init_ray
     from kernelrl.env.service import start_http, start_service, stop_service
 
     console = Console(stderr=True)
+    if not config.address:  # a local Ray of our own: nothing of it may outlive us, even a SIGKILL
+        from kernelrl.launch.reaper import start_reaper
+
+        start_reaper()
     started_ray = init_ray(
         config.address,
         config.namespace,
@@ -220,7 +224,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"kernelrl env service {config.name!r} ready: {info['workers']} workers,"
         f" {info['num_slots']} slots on {info['device_name']}; {len(tasks)} named tasks;"
         f" store {store_path or 'off'}",
-        f"  Ray clients: RayPool.connect(name={config.name!r}, address={address!r},"
+        f"  Ray clients: ServiceClient(name={config.name!r}, address={address!r},"
         f" namespace={config.namespace!r})",
         f"  status:      {auth}kernelrl env status --address {address} --name {config.name}",
     ]
@@ -275,8 +279,23 @@ def _teardown(config: EnvServiceConfig, started_ray: bool, stop_service: Any) ->
 
 
 # ---------------------------------------------------------------------------------- status
+def use_local_ray_token() -> bool:
+    """Send this machine's Ray token when the user set no auth mode: local clusters (the ones
+    ``env serve`` starts) require it, and Ray only sends it when RAY_AUTH_MODE=token, so
+    ``env status`` / ``env stop`` would otherwise need that prefix. True if it was turned on."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return False
+    token_file = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if not (os.environ.get("RAY_AUTH_TOKEN") or token_file.is_file()):
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"
+    return True
+
+
 def _status(args: argparse.Namespace) -> int:
     from kernelrl.env.service import ServiceClient
+
+    use_local_ray_token()
 
     with ServiceClient(args.name, args.address, args.namespace) as client:
         stats = client.stats()
@@ -330,6 +349,7 @@ def _stop(args: argparse.Namespace) -> int:
 
     from kernelrl.env.service import connect_ray, stop_service
 
+    use_local_ray_token()
     connect_ray(args.address, args.namespace)
     try:
         started = time.monotonic()

@@ -15,6 +15,7 @@ anything else is a recipe parsed the TRL way (``trl.TrlParser``: YAML defaults, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -30,8 +31,8 @@ USAGE = """usage: kernelrl eval --config RECIPE.yaml [--key value ...]   run a s
        kernelrl eval compare RUN_A RUN_B [--view best|last] [--output FILE]
        kernelrl eval report RUN [--no-plots]                       rebuild a run's report
 
-Every recipe key can be given as a flag (--samples 4 --turns 2); `kernelrl eval --config X
---help` lists them."""
+Every recipe key can be given as a flag (--samples 4 --turns 2); `kernelrl eval --help` lists
+them."""
 
 
 def add_subcommand(commands: Any) -> None:
@@ -48,9 +49,16 @@ def add_subcommand(commands: Any) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     words = list(args.words)
-    if not words or words[0] in ("-h", "--help"):
-        print(USAGE, file=sys.stdout if words else sys.stderr)
-        return 0 if words else 2
+    if not words:
+        print(USAGE, file=sys.stderr)
+        return 2
+    if words[0] in ("-h", "--help"):
+        from kernelrl.eval.config import EvalSweepConfig
+        from kernelrl.launch.recipe import print_recipe_help
+
+        print(USAGE + "\n")
+        print_recipe_help((EvalSweepConfig,), "kernelrl eval")
+        return 0
     if words[0] == "compare":
         return _compare(words[1:])
     if words[0] == "report":
@@ -142,10 +150,16 @@ def _sweep(words: list[str]) -> int:
         check_model_value(config.model_name_or_path)
     console = Console(stderr=True)
     tasks = load_tasks(config)
+    if config.client == "openai":
+        served = config.served_model_name or "(the server's model)"
+        who = f"{served} @ {config.api_base}"
+    elif config.client == "fixed":
+        who = ", ".join(config.fixed_solutions)
+    else:
+        who = config.model_name_or_path
     console.print(
-        f"kernelrl eval: {len(tasks)} tasks, {config.client} "
-        f"{config.model_name_or_path or config.served_model_name or ''}".rstrip()
-        + f" -> {config.output_dir}",
+        f"kernelrl eval: {len(tasks)} task{'' if len(tasks) == 1 else 's'}, {config.client} "
+        f"{who} -> {config.output_dir}",
         soft_wrap=True,
     )
     folder = Path(config.output_dir)
@@ -153,32 +167,74 @@ def _sweep(words: list[str]) -> int:
         console.print(f"{folder}: every attempt is done; rebuilding the report", soft_wrap=True)
         summary = write_report(folder, plots=config.plots)
         print_summary(summary, console)
+        _log_wandb(config, summary, console)
         return 0
     from kernelrl.eval.clients import EndpointUnreachable
+    from kernelrl.eval.sweep import SweepStopped
 
+    stopped: SweepStopped | None = None
     try:
-        # The model first: vLLM starts its engine processes before the pool starts threads.
-        client = make_client(config, [t.id for t in tasks])
         try:
-            pool = make_pool(config)
+            # The model first: vLLM starts its engine processes before the pool starts threads.
+            client = make_client(config, [t.id for t in tasks])
             try:
-                outcome = Sweep(config, tasks, client, pool, console).run()
+                pool = make_pool(config)
+                try:
+                    outcome = Sweep(config, tasks, client, pool, console).run()
+                except SweepStopped as exc:
+                    stopped = exc
+                finally:
+                    _quietly(pool.close)
             finally:
-                pool.close()
-        finally:
-            client.close()
-    except EndpointUnreachable as exc:  # the sweep resumes once a server answers
-        raise UserError(str(exc)) from None
-    summary = write_report(outcome.folder, plots=config.plots)
+                _quietly(client.close)
+        except EndpointUnreachable as exc:  # the sweep resumes once a server answers
+            raise UserError(str(exc)) from None
+    except KeyboardInterrupt:  # while the model or the pool started, or while they closed
+        if stopped is None:
+            print(
+                f"kernelrl eval: interrupted before any attempt of this run was saved; "
+                f"{folder} is as it was; run the same command again to start",
+                file=sys.stderr,
+            )
+            return 130
+    if stopped is not None:
+        if stopped.interrupted:
+            print(f"kernelrl eval: {stopped}", file=sys.stderr)
+            return 130
+        raise UserError(str(stopped))
+    try:
+        summary = write_report(outcome.folder, plots=config.plots)
+    except OSError as exc:  # a full disk after the sweep: samples.jsonl holds everything
+        raise UserError(
+            f"every attempt is saved in {outcome.folder / 'samples.jsonl'}, but the report could "
+            f"not be written ({exc.strerror or exc}); free some space and run `kernelrl eval "
+            f"report {outcome.folder}`"
+        ) from None
     print_summary(summary, console)
     console.print(
-        f"{outcome.new_records} new attempts in {outcome.seconds:.0f} s; "
+        f"{outcome.new_records} new attempt{'' if outcome.new_records == 1 else 's'} in "
+        f"{outcome.seconds:.0f} s; "
         f"report: {outcome.folder / 'report.md'}",
         soft_wrap=True,
     )
     for failure in outcome.failures[:10]:
         console.print(f"[red]not evaluated[/red]: {escape(failure)}", soft_wrap=True)
+    _log_wandb(config, summary, console)
     return 1 if outcome.failures else 0
+
+
+def _log_wandb(config: Any, summary: dict[str, Any], console: Console) -> None:
+    from kernelrl.launch.wandb_log import log_sweep, wants_wandb
+
+    if wants_wandb(config.report_to):
+        run_dir = log_sweep(config.output_dir, summary, config.to_dict())
+        console.print(f"wandb run: {run_dir}", soft_wrap=True)
+
+
+def _quietly(close: Any) -> None:
+    """Close a client or pool after a stop; a second Ctrl-C while closing is not a traceback."""
+    with contextlib.suppress(KeyboardInterrupt):
+        close()
 
 
 def _compare(words: list[str]) -> int:

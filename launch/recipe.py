@@ -5,7 +5,7 @@ bad recipe gets the same one-line error everywhere."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kernelrl.launch.errors import check_folder_path
 
@@ -14,16 +14,79 @@ class RecipeError(ValueError):
     """A recipe that cannot be used: missing file, malformed YAML, unknown key, bad value."""
 
 
+class _OneLineParser:
+    """Mixin: argparse's ``error`` (usage text, then exit 2) becomes a one-line RecipeError."""
+
+    def error(self, message: str) -> NoReturn:  # argparse's hook for every parse error
+        raise RecipeError(" ".join(message.split()))
+
+
+def recipe_parser(dataclass_types: tuple[type, ...], prog: str, for_help: bool = False) -> Any:
+    """TRL's parser over ``dataclass_types`` whose errors are one line. ``for_help``: one that
+    also lists ``--config`` (TrlParser takes the flag before parsing, so it cannot be an
+    argument of the parser that builds the dataclasses)."""
+    from trl import TrlParser
+
+    parser_type = type("RecipeParser", (_OneLineParser, TrlParser), {})
+    parser = parser_type(dataclass_types, prog=prog)
+    if for_help:
+        group = parser.add_argument_group("recipe")
+        group.add_argument(
+            "--config",
+            metavar="RECIPE.yaml",
+            help="flat YAML recipe: its keys set the defaults; --key value flags override them",
+        )
+    return parser
+
+
+def print_recipe_help(dataclass_types: tuple[type, ...], prog: str) -> None:
+    """Every key of the recipe's dataclasses, ``--config`` first."""
+    recipe_parser(dataclass_types, prog, for_help=True).print_help()
+
+
+def _known_keys(parser: Any) -> set[str]:
+    return {action.dest for action in parser._actions} | {"env"}
+
+
+def check_keys(parser: Any, recipe: dict[str, Any], words: list[str], prog: str) -> None:
+    """``RecipeError`` naming every recipe key and ``--flag`` that no dataclass of ``prog``
+    knows, with the closest known key; before any dataclass is built."""
+    import difflib
+
+    known = _known_keys(parser)
+    flags = {o for action in parser._actions for o in action.option_strings} | {"--config"}
+    unknown = [str(k) for k in recipe if str(k) not in known]
+    for word in words:
+        name = word.split("=", 1)[0]
+        # argparse takes a unique prefix of a flag; anything else is a typo
+        if (
+            name.startswith("--")
+            and name not in flags
+            and len([f for f in flags if f.startswith(name)]) != 1
+        ):
+            unknown.append(name)
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key.lstrip("-"), sorted(known), n=1)
+        hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    raise RecipeError(
+        f"unknown key{'s' if len(unknown) > 1 else ''} for `{prog}`: {', '.join(hints)}; "
+        f"`{prog} --help` lists every key"
+    )
+
+
 def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str) -> tuple[Any, ...]:
     """The dataclasses, filled from the recipe and the flags (``-h`` prints help and exits 0);
     ``RecipeError`` with one line for anything that cannot be used."""
     import yaml
-    from trl import TrlParser
 
-    parser = TrlParser(dataclass_types, prog=prog)
     if "-h" in words or "--help" in words:
-        parser.print_help()
+        print_recipe_help(dataclass_types, prog)
         raise SystemExit(0)
+    parser = recipe_parser(dataclass_types, prog)
+    recipe: dict[str, Any] = {}
     if "--config" in words:
         index = words.index("--config")
         if index + 1 >= len(words):
@@ -31,6 +94,17 @@ def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str)
         path = Path(words[index + 1])
         if not path.is_file():
             raise RecipeError(f"recipe {path} does not exist")
+        try:
+            recipe = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"malformed YAML in recipe: {' '.join(str(exc).split())}") from exc
+        except OSError as exc:
+            raise RecipeError(f"cannot read recipe: {exc}") from exc
+        if not isinstance(recipe, dict):
+            raise RecipeError(f"recipe {path} must be a YAML mapping of keys to values")
+    # Unknown keys first: building the dataclasses runs their checks (TrainingArguments refuses
+    # bf16 on a CPU), which would hide the typo that is the real mistake.
+    check_keys(parser, recipe, words, prog)
     try:
         parsed = tuple(parser.parse_args_and_config(list(words)))
     except yaml.YAMLError as exc:
@@ -39,12 +113,6 @@ def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str)
         raise RecipeError(f"cannot read recipe: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise RecipeError(" ".join(str(exc).split())) from exc
-    except SystemExit as exc:  # argparse: a flag it cannot parse (message already printed)
-        if exc.code:
-            raise RecipeError(
-                f"bad command-line flags for `{prog}` (see the message above)"
-            ) from None
-        raise
     # Before anything runs: a file where the results folder should be is refused, untouched.
     for config in parsed:
         if getattr(config, "output_dir", None):

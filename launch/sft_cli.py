@@ -138,12 +138,13 @@ def _sft(args: argparse.Namespace) -> int:
     if not words:
         print(USAGE, file=sys.stderr)
         return 2
-    os.environ.setdefault("WANDB_MODE", "offline")  # never ask for a key; sync later if wanted
     from trl import ModelConfig, SFTConfig
 
     script, training_args, model_args = parse_recipe(
         words, (SFTScriptArguments, SFTConfig, ModelConfig), "kernelrl sft"
     )
+    if "wandb" in (training_args.report_to or []) and not os.environ.get("WANDB_API_KEY"):
+        os.environ.setdefault("WANDB_MODE", "offline")  # never ask for a key; sync later
     summary = run_sft(script, training_args, model_args)
     losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
     print(

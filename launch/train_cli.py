@@ -186,11 +186,12 @@ def _train(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
-        from trl import ModelConfig, TrlParser
+        from trl import ModelConfig
 
+        from kernelrl.launch.recipe import print_recipe_help
         from kernelrl.rl.config import KernelGRPOConfig
 
-        TrlParser((KernelGRPOConfig, ModelConfig), prog="kernelrl train").print_help()
+        print_recipe_help((KernelGRPOConfig, ModelConfig), "kernelrl train")
         return 0
     try:
         training_args, model_args = parse_train_recipe(argv)
@@ -210,6 +211,13 @@ def _serve(args: argparse.Namespace) -> int:
     from kernelrl.launch.models import resolve_model
 
     argv = list(args.args)
+    if "-h" in argv or "--help" in argv:
+        parser = make_parser(prog="kernelrl serve")
+        parser.add_argument_group("recipe").add_argument(
+            "--config", metavar="RECIPE.yaml", help="YAML of these keys; flags override them"
+        )
+        parser.print_help()
+        return 0
     dry_run = "--dry_run" in argv
     argv = [a for a in argv if a != "--dry_run"]
     try:

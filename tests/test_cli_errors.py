@@ -147,7 +147,108 @@ def test_dead_openai_endpoint_names_the_url(tmp_path: Path, served_model_name: s
     code, err = kernelrl(["eval", "--config", str(recipe)], tmp_path)
     assert code == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    # The sweep's header and progress come first; the cause is one line, the last.
-    causes = [line for line in err.strip().splitlines() if url in line]
+    # The sweep's header (which names the endpoint) and progress come first; the cause is one
+    # line, the last.
+    causes = [line for line in err.strip().splitlines() if "Connection error" in line]
     assert len(causes) == 1 and err.strip().splitlines()[-1] == causes[0], err[-3000:]
+    assert url in causes[0]
     assert causes[0].startswith("kernelrl eval: ") and "start one" in causes[0]
+
+
+# ------------------------------------------------------------------ recipes: unknown keys, bad values
+def test_unknown_recipe_key_before_the_bf16_check(tmp_path: Path) -> None:
+    """Without ``use_cpu``, building TrainingArguments on a CPU fails on bf16; the typo comes
+    first, named with the key it was meant to be."""
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(
+        "model_name_or_path: smollm2-135m-instruct\ndataset_path: data\noutput_dir: out\n"
+        "max_stepz: 3\n"
+    )
+    code, err = kernelrl(["sft", "--config", str(recipe)], tmp_path)
+    assert_one_line(code, err, "kernelrl: error", "max_stepz (did you mean max_steps?)", "--help")
+    assert "bf16" not in err
+    code, err = kernelrl(
+        ["train", "--config", str(RECIPES / "smoke" / "cpu.yaml"), "--use_cpu", "false"]
+        + ["--num_generatons", "2", "--output_dir", "out"],
+        tmp_path,
+    )
+    assert_one_line(code, err, "kernelrl train: error", "--num_generatons", "num_generations")
+    assert "bf16" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "key"),
+    [
+        (
+            "eval",
+            ["--config", str(RECIPES / "eval" / "fixed_bundled.yaml"), "--samples", "x"],
+            "--samples",
+        ),
+        (
+            "curate",
+            ["--config", str(RECIPES / "curate" / "smoke_cpu.yaml"), "--dedup_ngram", "x"],
+            "--dedup_ngram",
+        ),
+    ],
+)
+def test_bad_value_is_one_line_not_the_usage(
+    tmp_path: Path, command: str, args: list[str], key: str
+) -> None:
+    code, err = kernelrl([command, *args, "--output_dir", "out"], tmp_path)
+    assert_one_line(code, err, "kernelrl: error", key, "invalid int value: 'x'")
+    assert "usage:" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_value_in_a_recipe_file(tmp_path: Path) -> None:
+    recipe = tmp_path / "sft.yaml"
+    recipe.write_text(
+        (RECIPES / "smollm2" / "sft" / "smoke_cpu.yaml").read_text() + "\nmax_steps: many\n"
+    )
+    code, err = kernelrl(["sft", "--config", str(recipe), "--output_dir", "out"], tmp_path)
+    assert_one_line(code, err, "kernelrl: error", "--max_steps", "'many'")
+
+
+def test_sft_without_wandb_says_nothing_about_wandb(tmp_path: Path) -> None:
+    """``report_to: none``: no "Running in WANDB offline mode" (transformers prints it whenever
+    WANDB_MODE is offline), so nothing may set WANDB_MODE for such a run."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelrl.launch.cli", "sft"]
+        + ["--config", str(RECIPES / "smollm2" / "sft" / "smoke_cpu.yaml")]
+        + ["--output_dir", "out", "--dataset_path", str(tmp_path / "no_dataset")],
+        cwd=tmp_path,
+        env={**env, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "WANDB" not in proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------------ --help lists --config and every key
+@pytest.mark.parametrize(
+    ("words", "key"),
+    [
+        (["eval", "--help"], "--samples"),
+        (["curate", "--help"], "--dedup_threshold"),
+        (["sft", "--help"], "--dataset_path"),
+        (["train", "--help"], "--advantage"),
+        (["env", "serve", "--help"], "--logical_gpus"),
+        (["serve", "--help"], "--gpu_memory_utilization"),
+    ],
+)
+def test_help_lists_config_and_the_keys(
+    words: list[str], key: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelrl.launch.cli import main
+
+    try:
+        code = main(words)
+    except SystemExit as exc:  # argparse's help exits 0
+        code = exc.code
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "--config RECIPE.yaml" in out and key in out

@@ -119,11 +119,13 @@ def test_recipe_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.Captur
 def test_ray_client_uses_the_named_service(service: dict) -> None:
     import ray
 
-    from kernelrl.env.ray_pool import RayPool
+    from kernelrl.env.pools import Pool
+    from kernelrl.env.service import ServiceClient
 
     assert f"name={NAME!r}" in service["banner"] and "RAY_AUTH_MODE=token" in service["banner"]
-    with RayPool.connect(name=NAME, address=service["address"]) as client:
-        assert client.num_slots == 2 and client.device == "cpu"
+    assert "ServiceClient(" in service["banner"]
+    with ServiceClient(name=NAME, address=service["address"]) as client:
+        assert isinstance(client, Pool) and client.num_slots == 2 and client.device == "cpu"
         solutions = [GOOD + "\n# ray client\n", SEGFAULT]
         results = client.evaluate([RELU, RELU], solutions)
         assert [r.status for r in results] == [Status.CORRECT, Status.RUNTIME_ERROR]

@@ -55,7 +55,7 @@ from kernelrl.data.curate.sft_select import (
 from kernelrl.data.curate.trajectories_to_sft import RevisionConfig, trajectories_to_sft
 from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
 from kernelrl.data.loaders import load_samples, load_tasks, load_trajectories
-from kernelrl.env.pools import PoolChoice
+from kernelrl.env.pools import Pool, PoolChoice
 
 STEPS = ("normalize", "dedup", "decontaminate", "validate", "difficulty", "sft")
 
@@ -97,6 +97,10 @@ class CurateConfig(PoolChoice):
         default="auto", metadata={"help": "cpu | cuda | auto, for validation and evaluation"}
     )
     seed: int = 0
+    report_to: list[str] = field(
+        default_factory=list,
+        metadata={"help": "wandb: log step counts and the card (offline unless WANDB_API_KEY)"},
+    )
     # validate
     validate_workers: int = 2
     validate_timeout_s: float = 120.0
@@ -194,7 +198,7 @@ def _save_parquet(dataset: Dataset, folder: Path) -> Path:
 class _LazyPool:
     """The recipe's pool, made on first use and closed by the pipeline (only if it made it)."""
 
-    def __init__(self, config: CurateConfig, pool: Any) -> None:
+    def __init__(self, config: CurateConfig, pool: Pool) -> None:
         self.config, self.pool, self.owned = config, pool, False
 
     def get(self) -> Any:
@@ -272,7 +276,7 @@ class _Steps:
 
 def run_curation(
     config: CurateConfig,
-    pool: Any = None,
+    pool: Pool | None = None,
     generate: Generate | None = None,
     console: Console | None = None,
     command: str = "",
