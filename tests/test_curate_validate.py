@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from pathlib import Path
@@ -182,15 +183,22 @@ def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> Non
         shared = prober.run(good, model_seed, seeds, time_it=False)
         alone = prober.run(good, model_seed, seeds, time_it=False, alone=True)
         odd = prober.run(unmeasurable, *seeds_for(unmeasurable, config), time_it=False)
+        with contextlib.ExitStack() as held:
+            large = prober._admit(
+                held, False, {"input_bytes": 8 * GIB, "param_bytes": 0, "output_bytes": 0}
+            )
+    assert large == {"bytes": plan_for(8 * GIB, 0, 0).child_bytes, "timing_placements": 1}
     assert shared.failure is None and alone.failure is None and odd.failure is None
     tensor = 4 * 33 * 4
     expected = plan_for(tensor, 0, tensor).child_bytes
-    assert budget.asked == [expected, 64 * GIB, 64 * GIB]
+    assert budget.asked == [expected, 64 * GIB, 64 * GIB, plan_for(8 * GIB, 0, 0).child_bytes]
     assert budget.reserved == 0 and budget.in_flight == 0
 
 
 def test_failures_that_may_be_ours_are_run_again_alone() -> None:
-    oom = Probe(failure="reference_crashes", detail="torch.OutOfMemoryError: CUDA out of memory")
+    oom = Probe(
+        failure="reference_crashes", detail="ory. Tried to allocate 8 GiB", out_of_memory=True
+    )
     ok = Probe()
     assert _ours(Probe(failure="harness_error"), ok, "cpu")
     assert _ours(ok, oom, "cuda")
