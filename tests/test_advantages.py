@@ -342,11 +342,18 @@ def _trainer_for_scoring(advantage: str, rejection_preset: str = "kernelrl"):  #
     return trainer
 
 
+def _in_flight(inputs: list, batch: object):  # noqa: ANN202 - BatchInFlight
+    """What ``score_batch`` hands TRL's hooks: the inputs and their (already run) rollout."""
+    from kernelrl.rl.trainer import BatchInFlight
+
+    return BatchInFlight(inputs, batch)
+
+
 def _rollouts():  # noqa: ANN202 - (trajectories, RolloutBatch)
     from kernelrl.env.result import EvalResult, Status
     from kernelrl.env.task import Task
     from kernelrl.rl.rollout import RolloutStats, Trajectory, Turn
-    from kernelrl.rl.trainer import RolloutBatch
+    from kernelrl.rl.steps import RolloutBatch
 
     def evaluated(status: Status) -> EvalResult:
         # CPU results: correct = 0.1 + 1 + 0.5 (profiling fallback) = 1.6; failures 0.1.
@@ -376,12 +383,13 @@ def test_trainer_leaves_harness_error_turns_unscored(advantage: str) -> None:
     trainer = _trainer_for_scoring(advantage)
     trajectories, batch = _rollouts()
     inputs = [{"prompt": "p", "kernelrl_rollout": t} for t in trajectories]
+    trainer._in_flight = flight = _in_flight(inputs, batch)
     last = trainer._calculate_rewards(inputs, ["p"] * 4, ["c"] * 4, [[5, 6]] * 4)
     # TRL gets the last turn's components: NaN rows (all functions returned None) for the
     # samples whose last turn is unscored, which TRL itself treats as unscorable.
     assert torch.isnan(last[1]).all() and torch.isnan(last[3]).all()
     assert not torch.isnan(last[0]).any() and not torch.isnan(last[2]).any()
-    turn_rewards = trainer._turn_rewards
+    turn_rewards = flight.turns.components
     assert torch.isnan(turn_rewards[1, 0]).all() and torch.isnan(turn_rewards[3, 1]).all()
 
     width = max(len(t.completion_ids) for t in trajectories)
@@ -389,7 +397,7 @@ def test_trainer_leaves_harness_error_turns_unscored(advantage: str) -> None:
         "completion_ids": torch.zeros(4, width, dtype=torch.long),
         "tool_mask": torch.ones(4, width, dtype=torch.long),
     }
-    trainer._apply_advantages(output, batch, "train")
+    trainer._apply_advantages(output, flight, "train")
     # Turn rewards: s0 [0.1, 1.6], s1 [unscored], s2 [1.6], s3 [0.1, unscored].
     if advantage == "trloo":
         # Turn 0 over s0, s2, s3: s0 0.1 - (1.6 + 0.1)/2 = -0.75; s2 1.6 - 0.1 = 1.5; s3 -0.75.
@@ -555,13 +563,14 @@ def test_trainer_drkernel_trloo_on_rollouts_with_harness_errors() -> None:
     trainer = _trainer_for_scoring("drkernel_trloo", rejection_preset="drkernel")
     trajectories, batch = _rollouts()
     inputs = [{"prompt": "p", "kernelrl_rollout": t} for t in trajectories]
+    trainer._in_flight = flight = _in_flight(inputs, batch)
     trainer._calculate_rewards(inputs, ["p"] * 4, ["c"] * 4, [[5, 6]] * 4)
     width = max(len(t.completion_ids) for t in trajectories)
     output = {
         "completion_ids": torch.zeros(4, width, dtype=torch.long),
         "tool_mask": torch.ones(4, width, dtype=torch.long),
     }
-    trainer._apply_advantages(output, batch, "train")
+    trainer._apply_advantages(output, flight, "train")
     # Turn rewards: s0 [0.1, 1.6], s1 [unscored], s2 [1.6], s3 [0.1, unscored]. s1 and s3 have
     # an unscored turn: out of every baseline. Returns (gamma 1): s0 [1.7, 1.6], s2 [1.6].
     # Turn 0: s0 1.7 - 1.6 = 0.1, s2 -0.1. Turn 1: s0 alone keeps its return 1.6.
@@ -586,7 +595,7 @@ def test_trainer_drkernel_prs_rejected_turn_stays_in_their_baseline(advantage: s
     from kernelrl.env.result import EvalResult, Status
     from kernelrl.env.task import Task
     from kernelrl.rl.rollout import RolloutStats, Trajectory, Turn
-    from kernelrl.rl.trainer import RolloutBatch
+    from kernelrl.rl.steps import RolloutBatch
 
     trainer = _trainer_for_scoring(advantage, rejection_preset="drkernel")
     trajectories = []
@@ -601,12 +610,13 @@ def test_trainer_drkernel_prs_rejected_turn_stays_in_their_baseline(advantage: s
         trajectories.append(trajectory)
     batch = RolloutBatch(("k",), trajectories, RolloutStats())
     inputs = [{"prompt": "p", "kernelrl_rollout": t} for t in trajectories]
+    trainer._in_flight = flight = _in_flight(inputs, batch)
     trainer._calculate_rewards(inputs, ["p"] * 4, ["c"] * 4, [[5, 6]] * 4)
     output = {
         "completion_ids": torch.zeros(4, 2, dtype=torch.long),
         "tool_mask": torch.ones(4, 2, dtype=torch.long),
     }
-    trainer._apply_advantages(output, batch, "train")
+    trainer._apply_advantages(output, flight, "train")
     # Rewards (kernelrl weights; no meaningful timing): 0.1 + 1 + 0.5 * share -> 1.55, 1.15.
     # Dr. Kernel: the rejected sample stays in the others' baselines; ours: it leaves them,
     # and the other three are equal.

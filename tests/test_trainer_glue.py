@@ -15,12 +15,9 @@ from rl_support import VerdictPool, task_rows, tiny_model
 
 from kernelrl.env.result import Status
 from kernelrl.rl.config import KernelGRPOConfig
-from kernelrl.rl.trainer import (
-    KernelGRPOTrainer,
-    over_tokens,
-    trained_reward_metrics,
-    turn_map,
-)
+from kernelrl.rl.metrics import trained_reward_metrics
+from kernelrl.rl.steps import over_tokens, turn_map
+from kernelrl.rl.trainer import KernelGRPOTrainer
 
 STATUSES = [Status.INCORRECT, Status.COMPILE_ERROR, Status.FORMAT_ERROR, Status.RUNTIME_ERROR]
 
@@ -75,13 +72,13 @@ class Recording(KernelGRPOTrainer):
         self.generated.append(batch.key)
         return batch
 
-    def _apply_advantages(self, output: dict[str, Any], batch: Any, mode: str) -> None:
-        super()._apply_advantages(output, batch, mode)
+    def _apply_advantages(self, output: dict[str, Any], flight: Any, mode: str) -> None:
+        super()._apply_advantages(output, flight, mode)
         self.steps.append(
             {
-                "key": batch.key,
-                "trajectories": batch.trajectories,
-                "per_turn": self._turn_rewards.clone(),
+                "key": flight.rollout.key,
+                "trajectories": flight.rollout.trajectories,
+                "per_turn": flight.turns.components.clone(),
                 "advantages": output["advantages"].clone(),
             }
         )
