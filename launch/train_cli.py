@@ -1,8 +1,9 @@
 """``kernelrl train`` (GRPO/TRLOO from a recipe) and ``kernelrl serve`` (vLLM for server mode).
 
 ``kernelrl train --config recipes/<model>/<algo>/<name>.yaml [--key value ...]``: the recipe is
-one flat YAML parsed the TRL way (``trl.TrlParser``) into ``KernelGRPOConfig`` (GRPOConfig plus
-kernelrl's fields) and TRL's ``ModelConfig``; flags override YAML keys; a YAML ``env:`` mapping
+one flat YAML parsed the TRL way (``trl.TrlParser``) into ``kernelrl.rl.config.TRAIN_RECIPE``
+(``KernelGRPOConfig``, the reward, rejection and pool configs, TRL's ``ModelConfig``); flags
+override YAML keys; a YAML ``env:`` mapping
 sets environment variables. Multi-GPU runs go through accelerate:
 ``accelerate launch --config_file recipes/accelerate_configs/zero3.yaml -m kernelrl.launch.cli
 train --config ...``.
@@ -49,13 +50,13 @@ def add_subcommand(commands: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------------- recipes
 def parse_train_recipe(argv: list[str]) -> tuple[Any, Any]:
     """(KernelGRPOConfig, ModelConfig) from ``--config FILE`` and ``--key value`` flags."""
-    from trl import ModelConfig
+    from kernelrl.rl.config import TRAIN_RECIPE, compose_recipe
 
-    from kernelrl.rl.config import KernelGRPOConfig
-
-    training_args, model_args = parse_recipe(
-        argv, (KernelGRPOConfig, ModelConfig), "kernelrl train"
-    )
+    parsed = parse_recipe(argv, TRAIN_RECIPE, "kernelrl train")
+    try:
+        training_args, model_args = compose_recipe(parsed)
+    except ValueError as exc:
+        raise RecipeError(" ".join(str(exc).split())) from exc
     if model_args.model_name_or_path is None:
         raise RecipeError("the recipe sets no model_name_or_path")
     return training_args, model_args
@@ -186,12 +187,10 @@ def _train(args: argparse.Namespace) -> int:
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
-        from trl import ModelConfig
-
         from kernelrl.launch.recipe import print_recipe_help
-        from kernelrl.rl.config import KernelGRPOConfig
+        from kernelrl.rl.config import TRAIN_RECIPE
 
-        print_recipe_help((KernelGRPOConfig, ModelConfig), "kernelrl train")
+        print_recipe_help(TRAIN_RECIPE, "kernelrl train")
         return 0
     try:
         training_args, model_args = parse_train_recipe(argv)

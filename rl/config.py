@@ -1,23 +1,28 @@
-"""KernelGRPOConfig: TRL's GRPOConfig plus what kernel RL adds.
+"""The configuration of a training run: several dataclasses, one flat recipe.
 
-One flat dataclass, so a recipe is one flat YAML parsed by ``trl.TrlParser`` and every key can be
-overridden with ``--key value``. The reward and rejection fields mirror
-``kernelrl.rewards.RewardConfig`` and ``kernelrl.rl.rejection.RejectionConfig`` (the rejection
-fields carry a ``rejection_`` prefix because their own names - ``mode``, ``weight`` - are too
-generic for a flat recipe); ``reward_config()`` and ``rejection_config()`` build those objects.
+As TRL's scripts do, a recipe is one flat YAML parsed by ``trl.TrlParser`` into several
+dataclasses at once (``TRAIN_RECIPE``: ``KernelGRPOConfig``, ``kernelrl.rewards.RewardConfig``,
+``RejectionSampling``, ``EnvPoolConfig`` and TRL's ``ModelConfig``), every key overridable with
+``--key value``. Each part is defined once, next to its use; ``KernelGRPOConfig.compose`` hangs
+the parsed parts on the training arguments (``args.reward``, ``args.rejection``,
+``args.environment``) and checks what spans parts (a preset and the keys it defines), so that
+the trainer and TRL receive one ``args`` object; ``args.to_dict()`` (the logged run config)
+holds every part's keys. ``train_config(**keys)`` does the same from a flat mapping.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
+from typing import Any
 
-from trl import GRPOConfig
+from trl import GRPOConfig, ModelConfig
 
-from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS
+from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS, Pool, make_pool
 from kernelrl.rewards import REWARD_PRESETS, RewardConfig, drkernel_reward_config
 from kernelrl.rl.advantages import ADVANTAGE_ESTIMATORS
-from kernelrl.rl.rejection import REJECTION_PRESETS, DrKernelRejectionConfig, RejectionConfig
+from kernelrl.rl.rejection import RejectionSampling
 
 ADVANTAGES = ADVANTAGE_ESTIMATORS  # grpo, trloo (ours), drkernel_trloo (Dr. Kernel's, exactly)
 TURN_RETURNS = ("own", "discounted")
@@ -26,6 +31,53 @@ DEFAULT_FEEDBACK_TEMPLATE = (
     "{feedback}\n\nRevise your solution: answer with the complete ModelNew in one ```python "
     "code block."
 )
+
+
+@dataclass
+class EnvPoolConfig:
+    """The environment pool a training run evaluates with (parsed next to KernelGRPOConfig)."""
+
+    env_pool: str = field(
+        default="local",
+        metadata={
+            "help": "'local' (subprocesses here), 'ray' (actors on the cluster's GPUs) or "
+            "'service' (a running `kernelrl env serve`)"
+        },
+    )
+    env_device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
+    env_workers: int | None = field(
+        default=None, metadata={"help": "CPU slots or GPUs of the pool (default: all)"}
+    )
+    env_per_gpu: int = field(
+        default=EVALS_PER_GPU, metadata={"help": "evaluations in flight per GPU"}
+    )
+    env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
+    env_ray_address: str | None = field(
+        default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
+    )
+    env_service_name: str = field(
+        default="kernelrl-env", metadata={"help": "name of the environment service"}
+    )
+    env_store_path: str | None = field(
+        default=None, metadata={"help": "results store shared with sweeps and curation"}
+    )
+
+    def __post_init__(self) -> None:
+        _choice("env_pool", self.env_pool, POOL_KINDS)
+
+    def make_pool(self) -> Pool:
+        """The pool these keys describe (the caller closes it)."""
+        from kernelrl.env.evaluator import EvalConfig
+
+        return make_pool(
+            self.env_pool,
+            EvalConfig(device=self.env_device, timeout_s=self.env_timeout_s),
+            workers=self.env_workers,
+            per_gpu=self.env_per_gpu,
+            ray_address=self.env_ray_address,
+            service_name=self.env_service_name,
+            store_path=self.env_store_path,
+        )
 
 
 @dataclass
@@ -98,26 +150,7 @@ class KernelGRPOConfig(GRPOConfig):
         },
     )
 
-    # ------------------------------------------------------------------ rewards
-    format_weight: float = field(default=0.1, metadata={"help": "weight of format_reward"})
-    correctness_weight: float = field(
-        default=1.0, metadata={"help": "weight of correctness_reward"}
-    )
-    speedup_weight: float = field(default=1.0, metadata={"help": "weight of speedup_reward"})
-    profiling_weight: float = field(default=0.5, metadata={"help": "weight of profiling_reward"})
-    integrity_weight: float = field(default=1.0, metadata={"help": "weight of integrity_penalty"})
-    speedup_baseline: str = field(
-        default="eager", metadata={"help": "speedup reference: 'eager' or 'compile'"}
-    )
-    speedup_clip_min: float = field(default=-1.0, metadata={"help": "lower clip of log2(speedup)"})
-    speedup_clip_max: float = field(default=3.0, metadata={"help": "upper clip of log2(speedup)"})
-    integrity_penalty_per_check: float = field(
-        default=1.0, metadata={"help": "penalty per failed integrity check"}
-    )
-    profiling_cpu_fallback: float = field(
-        default=1.0, metadata={"help": "profiling_reward of a correct CPU result (no profile)"}
-    )
-
+    # ------------------------------------------------------------------ reward definition
     reward_preset: str = field(
         default="kernelrl",
         metadata={
@@ -130,63 +163,11 @@ class KernelGRPOConfig(GRPOConfig):
         default=3.0, metadata={"help": "reward_preset=drkernel: cap of the speedup term"}
     )
 
-    # ------------------------------------------------------------------ rejection sampling
-    rejection_sampling: bool = field(
-        default=True,
-        metadata={"help": "drop or down-weight cheating and lazy (low own-kernel share) samples"},
-    )
-    rejection_min_own_kernel_share: float = field(
-        default=0.5, metadata={"help": "reject correct samples whose kernels did less of the work"}
-    )
-    rejection_drop_integrity_violations: bool = field(
-        default=True, metadata={"help": "reject integrity violations"}
-    )
-    rejection_mode: str = field(
-        default="drop", metadata={"help": "'drop' (weight 0) or 'downweight' (rejection_weight)"}
-    )
-    rejection_weight: float = field(
-        default=0.1, metadata={"help": "weight of a rejected sample in downweight mode"}
-    )
-    rejection_preset: str = field(
-        default="kernelrl",
-        metadata={
-            "help": "'kernelrl' (the rejection_* keys above) or 'drkernel' (Dr. Kernel's PRS: keep "
-            "a correct turn with probability clamp((share - drkernel_prs_threshold) / "
-            "drkernel_prs_ramp, 0, 1); a rejected turn's tokens leave the loss)"
-        },
-    )
-    drkernel_prs_threshold: float = field(
-        default=0.3, metadata={"help": "rejection_preset=drkernel: share at or under which to drop"}
-    )
-    drkernel_prs_ramp: float = field(
-        default=0.1, metadata={"help": "rejection_preset=drkernel: share ramp to always keeping"}
-    )
-
-    # ------------------------------------------------------------------ environment pool
-    env_pool: str = field(
-        default="local",
-        metadata={
-            "help": "'local' (subprocesses here), 'ray' (actors on the cluster's GPUs) or "
-            "'service' (a running `kernelrl env serve`)"
-        },
-    )
-    env_device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
-    env_workers: int | None = field(
-        default=None, metadata={"help": "CPU slots or GPUs of the pool (default: all)"}
-    )
-    env_per_gpu: int = field(
-        default=EVALS_PER_GPU, metadata={"help": "evaluations in flight per GPU"}
-    )
-    env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
-    env_ray_address: str | None = field(
-        default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
-    )
-    env_service_name: str = field(
-        default="kernelrl-env", metadata={"help": "name of the environment service"}
-    )
-    env_store_path: str | None = field(
-        default=None, metadata={"help": "results store shared with sweeps and curation"}
-    )
+    # ------------------------------------------------------------------ composed parts
+    # Parsed as their own dataclasses next to this one (TRAIN_RECIPE); set by ``compose``.
+    reward: RewardConfig = field(default_factory=RewardConfig, init=False, repr=False)
+    rejection: RejectionSampling = field(default_factory=RejectionSampling, init=False, repr=False)
+    environment: EnvPoolConfig = field(default_factory=EnvPoolConfig, init=False, repr=False)
 
     # ------------------------------------------------------------------ tasks (read by launch)
     tasks: list[str] = field(
@@ -228,10 +209,7 @@ class KernelGRPOConfig(GRPOConfig):
         self._check_honoured()
         _choice("advantage", self.advantage, ADVANTAGES)
         _choice("reward_preset", self.reward_preset, REWARD_PRESETS)
-        _choice("rejection_preset", self.rejection_preset, REJECTION_PRESETS)
-        self._check_presets()
         _choice("turn_return", self.turn_return, TURN_RETURNS)
-        _choice("env_pool", self.env_pool, POOL_KINDS)
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
         if not 0.0 <= self.turn_gamma <= 1.0:
@@ -247,10 +225,36 @@ class KernelGRPOConfig(GRPOConfig):
                 "set the reward weights with format_weight, correctness_weight, speedup_weight, "
                 "profiling_weight and integrity_weight, not reward_weights"
             )
-        # Build both once here so that a bad value fails when the recipe is parsed.
-        self.reward_config()
-        self.rejection_config()
-        self.drkernel_rejection_config()
+        if self.advantage == "drkernel_trloo" and self.turn_return != "own":
+            raise ValueError(
+                "advantage=drkernel_trloo always uses returns-to-go G_t = r_t + turn_gamma * "
+                "G_{t+1}; remove turn_return (set turn_gamma instead)"
+            )
+        self.compose(self.reward, self.rejection, self.environment)
+
+    def compose(
+        self, reward: RewardConfig, rejection: RejectionSampling, environment: EnvPoolConfig
+    ) -> KernelGRPOConfig:
+        """Hang the parts parsed next to this config on it, and refuse what spans parts: a
+        reward preset that would ignore reward keys set to other than their defaults."""
+        if self.reward_preset == "drkernel":
+            defaults = RewardConfig()
+            changed = [k for k in _REWARD_KEYS if getattr(reward, k) != getattr(defaults, k)]
+            if changed:
+                raise ValueError(
+                    f"reward_preset=drkernel defines {', '.join(changed)}; remove "
+                    f"{'them' if len(changed) > 1 else 'it'} or set reward_preset: kernelrl"
+                )
+        self.reward, self.rejection, self.environment = reward, rejection, environment
+        self.reward_config()  # a bad value fails when the recipe is parsed
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """TRL's keys and the parts' (what the run logs as its config names every recipe key)."""
+        out = super().to_dict()
+        for part in (self.reward, self.rejection, self.environment):
+            out.update(dataclasses.asdict(part))
+        return out
 
     def _resolve_scale_rewards(self) -> None:
         """The estimator's own default; a value it would ignore is an error, not a no-op."""
@@ -282,64 +286,19 @@ class KernelGRPOConfig(GRPOConfig):
                 "advantages; remove multi_objective_aggregation"
             )
 
-    def _check_presets(self) -> None:
-        """A preset defines its part exactly: a key it would ignore, set to another value than
-        its default, is an error (no silent option change)."""
-        defaults = {f.name: f.default for f in fields(KernelGRPOConfig)}
-        owned = {
-            "reward_preset": _REWARD_KEYS,
-            "rejection_preset": _REJECTION_KEYS,
-        }
-        for preset_key, keys in owned.items():
-            if getattr(self, preset_key) != "drkernel":
-                continue
-            changed = [k for k in keys if getattr(self, k) != defaults[k]]
-            if changed:
-                raise ValueError(
-                    f"{preset_key}=drkernel defines {', '.join(changed)}; remove "
-                    f"{'them' if len(changed) > 1 else 'it'} or set {preset_key}: kernelrl"
-                )
-        if self.advantage == "drkernel_trloo" and self.turn_return != defaults["turn_return"]:
-            raise ValueError(
-                "advantage=drkernel_trloo always uses returns-to-go G_t = r_t + turn_gamma * "
-                "G_{t+1}; remove turn_return (set turn_gamma instead)"
-            )
-
     def reward_config(self) -> RewardConfig:
+        """The reward trained on: the parsed ``RewardConfig``, or Dr. Kernel's definition."""
         if self.reward_preset == "drkernel":
             return drkernel_reward_config(
-                speedup_baseline=self.speedup_baseline,
+                speedup_baseline=self.reward.speedup_baseline,
                 speedup_cap=self.drkernel_speedup_cap,
-                profiling_cpu_fallback=self.profiling_cpu_fallback,
+                profiling_cpu_fallback=self.reward.profiling_cpu_fallback,
             )
-        return RewardConfig(
-            format_weight=self.format_weight,
-            correctness_weight=self.correctness_weight,
-            speedup_weight=self.speedup_weight,
-            profiling_weight=self.profiling_weight,
-            integrity_weight=self.integrity_weight,
-            speedup_baseline=self.speedup_baseline,
-            speedup_clip_min=self.speedup_clip_min,
-            speedup_clip_max=self.speedup_clip_max,
-            integrity_penalty_per_check=self.integrity_penalty_per_check,
-            profiling_cpu_fallback=self.profiling_cpu_fallback,
-        )
-
-    def drkernel_rejection_config(self) -> DrKernelRejectionConfig:
-        return DrKernelRejectionConfig(
-            threshold=self.drkernel_prs_threshold, ramp=self.drkernel_prs_ramp
-        )
-
-    def rejection_config(self) -> RejectionConfig:
-        return RejectionConfig(
-            min_own_kernel_share=self.rejection_min_own_kernel_share,
-            drop_integrity_violations=self.rejection_drop_integrity_violations,
-            mode=self.rejection_mode,
-            weight=self.rejection_weight,
-        )
+        return self.reward
 
 
-#: Keys whose meaning a ``drkernel`` preset replaces (kept at their defaults under it).
+#: RewardConfig keys whose meaning ``reward_preset: drkernel`` replaces (kept at their
+#: defaults under it).
 _REWARD_KEYS = (
     "format_weight",
     "correctness_weight",
@@ -348,16 +307,30 @@ _REWARD_KEYS = (
     "integrity_weight",
     "speedup_clip_min",
     "speedup_clip_max",
+    "speedup_transform",
     "integrity_penalty_per_check",
 )
-_REJECTION_KEYS = (
-    "rejection_min_own_kernel_share",
-    "rejection_drop_integrity_violations",
-    "rejection_mode",
-    "rejection_weight",
-)
+
+#: The dataclasses a training recipe is parsed into, in the order the parser returns them.
+TRAIN_RECIPE = (KernelGRPOConfig, RewardConfig, RejectionSampling, EnvPoolConfig, ModelConfig)
+
+
+def train_config(**keys: Any) -> KernelGRPOConfig:
+    """``KernelGRPOConfig`` with its parts, from the flat keys a recipe would hold (TRL's
+    parser splits them between the dataclasses; a key none of them knows is an error)."""
+    from trl import TrlParser
+
+    args, reward, rejection, environment = TrlParser(TRAIN_RECIPE[:-1]).parse_dict(keys)
+    return args.compose(reward, rejection, environment)
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def compose_recipe(parsed: tuple[Any, ...]) -> tuple[KernelGRPOConfig, ModelConfig]:
+    """(training arguments with their parts, model arguments) from what the parser returns for
+    ``TRAIN_RECIPE``; ValueError for a preset and the keys it defines set together."""
+    args, reward, rejection, environment, model = parsed
+    return args.compose(reward, rejection, environment), model

@@ -41,6 +41,9 @@ kept (``share_unknown``); KernelGYM never runs on CPU, and there a missing profi
 weight 1, as above. ``drkernel_keep_probability`` and ``drkernel_rejection_weights`` implement
 it; in Dr. Kernel a rejected turn leaves the loss (its tokens are masked) but stays in the
 baseline of the others (``kernelrl.rl.advantages.drkernel_trloo_advantages``).
+
+``RejectionSampling``: the rejection keys of a training recipe (on/off, preset, both presets'
+settings), parsed next to ``KernelGRPOConfig`` (``kernelrl.rl.config.TRAIN_RECIPE``).
 """
 
 from __future__ import annotations
@@ -211,3 +214,80 @@ def drkernel_rejection_weights(
         **{key: float(value) for key, value in counts.items()},
     }
     return weights, stats
+
+
+@dataclass
+class RejectionSampling:
+    """The rejection keys of a training recipe (parsed next to ``KernelGRPOConfig``).
+
+    Prefixed because a flat recipe's ``mode`` or ``weight`` would say nothing; ``config()`` and
+    ``drkernel_config()`` are the configs of the two presets' functions above."""
+
+    rejection_sampling: bool = field(
+        default=True,
+        metadata={"help": "drop or down-weight cheating and lazy (low own-kernel share) samples"},
+    )
+    rejection_min_own_kernel_share: float = field(
+        default=0.5, metadata={"help": "reject correct samples whose kernels did less of the work"}
+    )
+    rejection_drop_integrity_violations: bool = field(
+        default=True, metadata={"help": "reject integrity violations"}
+    )
+    rejection_mode: str = field(
+        default="drop", metadata={"help": "'drop' (weight 0) or 'downweight' (rejection_weight)"}
+    )
+    rejection_weight: float = field(
+        default=0.1, metadata={"help": "weight of a rejected sample in downweight mode"}
+    )
+    rejection_preset: str = field(
+        default="kernelrl",
+        metadata={
+            "help": "'kernelrl' (the rejection_* keys above) or 'drkernel' (Dr. Kernel's PRS: keep "
+            "a correct turn with probability clamp((share - drkernel_prs_threshold) / "
+            "drkernel_prs_ramp, 0, 1); a rejected turn's tokens leave the loss)"
+        },
+    )
+    drkernel_prs_threshold: float = field(
+        default=0.3, metadata={"help": "rejection_preset=drkernel: share at or under which to drop"}
+    )
+    drkernel_prs_ramp: float = field(
+        default=0.1, metadata={"help": "rejection_preset=drkernel: share ramp to always keeping"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.rejection_preset not in REJECTION_PRESETS:
+            raise ValueError(
+                f"rejection_preset must be one of {REJECTION_PRESETS}, got "
+                f"{self.rejection_preset!r}"
+            )
+        if self.rejection_preset == "drkernel":
+            # The preset defines these exactly: one set to another value would be ignored.
+            keys = ("min_own_kernel_share", "drop_integrity_violations", "mode", "weight")
+            defaults = RejectionSampling.__dataclass_fields__
+            changed = [
+                f"rejection_{k}"
+                for k in keys
+                if getattr(self, f"rejection_{k}") != defaults[f"rejection_{k}"].default
+            ]
+            if changed:
+                raise ValueError(
+                    f"rejection_preset=drkernel defines {', '.join(changed)}; remove "
+                    f"{'them' if len(changed) > 1 else 'it'} or set rejection_preset: kernelrl"
+                )
+        self.config()  # a bad value fails when the recipe is parsed
+        self.drkernel_config()
+
+    def config(self) -> RejectionConfig:
+        """``rejection_weights``' config (preset ``kernelrl``)."""
+        return RejectionConfig(
+            min_own_kernel_share=self.rejection_min_own_kernel_share,
+            drop_integrity_violations=self.rejection_drop_integrity_violations,
+            mode=self.rejection_mode,
+            weight=self.rejection_weight,
+        )
+
+    def drkernel_config(self) -> DrKernelRejectionConfig:
+        """``drkernel_rejection_weights``' config (preset ``drkernel``)."""
+        return DrKernelRejectionConfig(
+            threshold=self.drkernel_prs_threshold, ramp=self.drkernel_prs_ramp
+        )

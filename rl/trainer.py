@@ -48,8 +48,7 @@ from accelerate.utils import gather, gather_object
 from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 
-from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pools import Pool, make_pool
+from kernelrl.env.pools import Pool
 from kernelrl.rewards import build_reward_funcs
 from kernelrl.rl import compat, steps, weight_sync
 from kernelrl.rl.config import KernelGRPOConfig
@@ -100,15 +99,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         args.reward_weights = weights
         self._owns_pool = pool is None
         if pool is None:
-            pool = make_pool(
-                args.env_pool,
-                EvalConfig(device=args.env_device, timeout_s=args.env_timeout_s),
-                workers=args.env_workers,
-                per_gpu=args.env_per_gpu,
-                ray_address=args.env_ray_address,
-                service_name=args.env_service_name,
-                store_path=args.env_store_path,
-            )
+            pool = args.environment.make_pool()
         self.pool = pool
         self._in_flight: BatchInFlight | None = None  # the batch TRL is scoring
         self._pending: RolloutBatch | None = None  # generated ahead (overlap_evaluation)
@@ -327,11 +318,12 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
             extra={"trainer_state": self.state, "log_metric": compat.log_metric_fn(self)},
         )
         reject = None
-        if self.args.rejection_sampling:
+        rejection = self.args.rejection
+        if rejection.rejection_sampling:
             reject = steps.make_rejector(
-                self.args.rejection_preset,
-                self.args.rejection_config(),
-                self.args.drkernel_rejection_config(),
+                rejection.rejection_preset,
+                rejection.config(),
+                rejection.drkernel_config(),
                 seed=(self.args.seed, self.state.global_step, self.accelerator.process_index),
             )
         self._in_flight.turns = steps.rewarded_turns(
@@ -363,7 +355,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
             self.accelerator.process_index * len(trajectories), len(trajectories)
         )
         left_out = steps.left_out_turns(
-            local, mine, drop_rejected=self.args.rejection_preset == "drkernel"
+            local, mine, drop_rejected=self.args.rejection.rejection_preset == "drkernel"
         )
         tokens = steps.token_advantages(
             mine.advantages, left_out, trajectories, output["completion_ids"].shape[1]

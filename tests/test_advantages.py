@@ -319,17 +319,16 @@ def _trainer_for_scoring(advantage: str, rejection_preset: str = "kernelrl"):  #
     from accelerate import Accelerator
 
     from kernelrl.rewards import build_reward_funcs
-    from kernelrl.rl.rejection import DrKernelRejectionConfig, RejectionConfig
+    from kernelrl.rl.rejection import RejectionSampling
     from kernelrl.rl.trainer import KernelGRPOTrainer
 
     trainer = object.__new__(KernelGRPOTrainer)
     funcs, weights = build_reward_funcs()
     trainer.accelerator = Accelerator(cpu=True)
     trainer.args = SimpleNamespace(
-        max_turns=2, rejection_sampling=True, turn_return="own", turn_gamma=1.0,
-        advantage=advantage, scale_rewards="group", report_to=[],
-        rejection_config=RejectionConfig, rejection_preset=rejection_preset, seed=0,
-        drkernel_rejection_config=DrKernelRejectionConfig,
+        max_turns=2, turn_return="own", turn_gamma=1.0, advantage=advantage,
+        scale_rewards="group", report_to=[], seed=0,
+        rejection=RejectionSampling(rejection_preset=rejection_preset),
     )  # fmt: skip
     trainer.reward_funcs, trainer.reward_func_names = funcs, [f.__name__ for f in funcs]
     trainer.reward_weights = torch.tensor(weights)

@@ -9,7 +9,7 @@ import pytest
 
 from kernelrl.launch.train_cli import parse_train_recipe
 from kernelrl.rewards import RewardConfig, drkernel_reward_config
-from kernelrl.rl.config import KernelGRPOConfig
+from kernelrl.rl.config import train_config
 
 ROOT = Path(__file__).resolve().parent.parent
 DRKERNEL_14B = ROOT / "recipes" / "qwen3-14b" / "trloo" / "drkernel_14b.yaml"
@@ -17,8 +17,8 @@ CPU = {"output_dir": "/tmp/kernelrl-presets", "use_cpu": True, "bf16": False}
 
 
 def test_ours_is_the_default() -> None:
-    config = KernelGRPOConfig(**CPU)
-    assert (config.advantage, config.reward_preset, config.rejection_preset) == (
+    config = train_config(**CPU)
+    assert (config.advantage, config.reward_preset, config.rejection.rejection_preset) == (
         "trloo",
         "kernelrl",
         "kernelrl",
@@ -27,13 +27,13 @@ def test_ours_is_the_default() -> None:
 
 
 def test_drkernel_presets_select_their_definitions() -> None:
-    config = KernelGRPOConfig(
+    config = train_config(
         advantage="drkernel_trloo", reward_preset="drkernel", rejection_preset="drkernel",
         drkernel_speedup_cap=2.0, drkernel_prs_threshold=0.4, drkernel_prs_ramp=0.0,
         speedup_baseline="compile", **CPU,
     )  # fmt: skip
     assert config.reward_config() == drkernel_reward_config("compile", speedup_cap=2.0)
-    prs = config.drkernel_rejection_config()
+    prs = config.rejection.drkernel_config()
     assert (prs.threshold, prs.ramp) == (0.4, 0.0)
 
 
@@ -52,14 +52,14 @@ def test_drkernel_presets_select_their_definitions() -> None:
 )
 def test_conflicting_or_bad_keys_are_refused(keys: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        KernelGRPOConfig(**keys, **CPU)
+        train_config(**keys, **CPU)
 
 
 def test_drkernel_14b_recipe_has_their_hyperparameters() -> None:
     args, model = parse_train_recipe(
         ["--config", str(DRKERNEL_14B), "--use_cpu", "true", "--bf16", "false"]
     )
-    assert (args.advantage, args.reward_preset, args.rejection_preset) == (
+    assert (args.advantage, args.reward_preset, args.rejection.rejection_preset) == (
         "drkernel_trloo",
         "drkernel",
         "drkernel",

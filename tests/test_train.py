@@ -34,6 +34,27 @@ def test_recipe_parses_into_kernelrl_config() -> None:
     assert args.reward_config().weights()["format_reward"] == pytest.approx(0.1)
 
 
+def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
+    """One flat recipe, several dataclasses: each key lands in the part that defines it, the
+    parts hang on the training arguments, and a preset conflicting with another part's keys
+    is a clear error."""
+    from kernelrl.rewards import RewardConfig
+    from kernelrl.rl.config import EnvPoolConfig
+    from kernelrl.rl.rejection import RejectionSampling
+
+    flags = ["--speedup_clip_max", "2.5", "--rejection_mode", "downweight", "--env_workers", "3"]
+    args, _ = parse_recipe(["--config", str(SMOKE), *flags])
+    assert isinstance(args.reward, RewardConfig) and args.reward.speedup_clip_max == 2.5
+    assert args.reward_config() is args.reward  # preset kernelrl: the parsed config itself
+    assert isinstance(args.rejection, RejectionSampling)
+    assert args.rejection.config().mode == "downweight"
+    assert isinstance(args.environment, EnvPoolConfig) and args.environment.env_workers == 3
+    logged = args.to_dict()  # what the run logs as its config: every part's keys
+    assert logged["speedup_clip_max"] == 2.5 and logged["env_workers"] == 3
+    with pytest.raises(RecipeError, match="reward_preset=drkernel defines speedup_clip_max"):
+        parse_recipe(["--config", str(SMOKE), "--reward_preset", "drkernel", *flags[:2]])
+
+
 TRAINING_RECIPES = sorted(
     p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name in ("grpo", "trloo", "smoke")
 )

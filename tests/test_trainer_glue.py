@@ -14,7 +14,7 @@ import torch
 from rl_support import VerdictPool, task_rows, tiny_model
 
 from kernelrl.env.result import Status
-from kernelrl.rl.config import KernelGRPOConfig
+from kernelrl.rl.config import KernelGRPOConfig, train_config
 from kernelrl.rl.metrics import trained_reward_metrics
 from kernelrl.rl.steps import over_tokens, turn_map
 from kernelrl.rl.trainer import KernelGRPOTrainer
@@ -56,7 +56,7 @@ def config(output_dir: Path, **overrides: Any) -> KernelGRPOConfig:
         "rejection_sampling": False,
     }
     values.update(overrides)
-    return KernelGRPOConfig(**values)
+    return train_config(**values)
 
 
 class Recording(KernelGRPOTrainer):
