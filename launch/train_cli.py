@@ -79,8 +79,8 @@ def build_task_dataset(args: Any) -> Any:
     """RL task rows (kernelrl's task schema) with their prompts, from the recipe's sources."""
     from kernelrl.data.bundled import bundled_tasks
     from kernelrl.data.loaders import load_tasks
-    from kernelrl.data.prompts import SYSTEM, prompt_builders
     from kernelrl.data.schema import make_dataset, task_row
+    from kernelrl.prompts import SYSTEM, prompt_builders
 
     rows: list[dict[str, Any]] = []
     for source in args.tasks:

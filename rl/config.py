@@ -15,17 +15,13 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig
 
 from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS
+from kernelrl.prompts import FEEDBACK_TEMPLATE
 from kernelrl.rewards import REWARD_PRESETS, RewardConfig, drkernel_reward_config
 from kernelrl.rl.advantages import ADVANTAGE_ESTIMATORS
 from kernelrl.rl.rejection import REJECTION_PRESETS, DrKernelRejectionConfig, RejectionConfig
 
 ADVANTAGES = ADVANTAGE_ESTIMATORS  # grpo, trloo (ours), drkernel_trloo (Dr. Kernel's, exactly)
 TURN_RETURNS = ("own", "discounted")
-
-DEFAULT_FEEDBACK_TEMPLATE = (
-    "{feedback}\n\nRevise your solution: answer with the complete ModelNew in one ```python "
-    "code block."
-)
 
 
 @dataclass
@@ -59,7 +55,7 @@ class KernelGRPOConfig(GRPOConfig):
         default=True, metadata={"help": "end a rollout at its first correct turn"}
     )
     feedback_template: str = field(
-        default=DEFAULT_FEEDBACK_TEMPLATE,
+        default=FEEDBACK_TEMPLATE,
         metadata={"help": "next user message; {feedback} is the environment's feedback text"},
     )
     max_feedback_tokens: int = field(
