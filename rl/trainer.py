@@ -50,6 +50,7 @@ from trl.extras.profiling import profiling_context
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools import Pool, make_pool
 from kernelrl.env.result import Status
+from kernelrl.env.task import task_from_row
 from kernelrl.rewards import build_reward_funcs
 from kernelrl.rl import compat, weight_sync
 from kernelrl.rl.advantages import (
@@ -65,7 +66,6 @@ from kernelrl.rl.rollout import (
     RolloutConfig,
     RolloutStats,
     Trajectory,
-    task_from_row,
 )
 
 STATE_FILE = "kernelrl_state_{rank}.pt"
