@@ -84,8 +84,8 @@ def write_sft_data(split: dict[str, Any], folder: Path) -> int:
     """One conversational prompt -> solution row per train task, in the curate layout
     (``folder/sft/train.parquet``) that ``kernelrl sft`` reads."""
     from kernelrl.data.bundled import bundled_pairs
-    from kernelrl.data.prompts import prompt_builders
     from kernelrl.data.schema import task_row
+    from kernelrl.prompts import prompt_builders
 
     builder = prompt_builders(RECIPES / "prompt.txt", system=None)["triton"]
     rows = []

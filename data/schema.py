@@ -165,22 +165,7 @@ def make_dataset(rows: Iterable[Mapping[str, Any]], kind: str) -> Dataset:
     return Dataset.from_list(conformed, features=features)
 
 
-# ---------------------------------------------------------------------- tasks <-> rows
-def task_of(row: Mapping[str, Any]) -> Task:
-    """The environment's Task for an RL task row (the row's metadata wins over KERNELRL)."""
-    sizes = row.get("sizes")
-    return Task(
-        id=row["id"],
-        source=row["source"],
-        backend=row.get("backend") or "triton",
-        category=row.get("category") or "uncategorized",
-        atol=row.get("atol"),
-        rtol=row.get("rtol"),
-        sizes=json.loads(sizes) if isinstance(sizes, str) and sizes else (sizes or {}),
-        level=row.get("level"),
-    )
-
-
+# ------------------------------------------------- task -> row (row -> Task: env.task.task_from_row)
 def task_row(
     task: Task, origin: str = "", prompt: list[dict[str, str]] | None = None
 ) -> dict[str, Any]:

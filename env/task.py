@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,26 +192,59 @@ def load_task_folder(folder: str | Path, backend: str = "triton") -> list[Task]:
     return [load_task(f, backend) for f in files]
 
 
-def task_from_record(
-    record: Mapping[str, Any],
-    backend: str = "triton",
-    source_field: str = "code",
-    id_field: str = "name",
-    level_field: str | None = "level",
-) -> Task:
-    """One row of an HF ``datasets`` dataset (KernelBench's own uses code/name/level)."""
-    if source_field not in record:
-        raise TaskError(f"record has no field {source_field!r} (fields: {sorted(record)})")
-    level = record.get(level_field) if level_field else None
-    task_id = str(
-        record.get(id_field)
-        or f"task_{hashlib.sha256(record[source_field].encode()).hexdigest()[:8]}"
+def task_from_row(row: Mapping[str, Any], backend: str | None = None) -> Task:
+    """The Task of one dataset row: every row-to-Task conversion in kernelrl goes through here
+    (RL training, curation, evaluation sweeps on KernelBench's dataset).
+
+    Two layouts, told apart by their source column:
+
+    - kernelrl's task schema (``kernelrl.data.schema``, ``source``): ``id``, ``source`` and the
+      optional ``backend``, ``category``, ``atol``, ``rtol``, ``sizes`` (JSON text or a mapping)
+      and ``level``. The columns are the task's metadata and the source is not read again:
+      curation wrote them from the source's ``KERNELRL`` literal with the record's own metadata
+      winning, so a row can override what its source declares (size variants, tolerances).
+    - KernelBench's dataset layout (``code``): ``code``, ``name``, ``level``. The source is read
+      as a task file is (KernelBench contract checked, ``KERNELRL`` metadata); the id is the
+      name, or ``task_<content hash>`` for a row without one.
+
+    ``backend`` overrides the row's own (default ``triton``). A row of neither layout, or with
+    unreadable ``sizes``, is a one-line TaskError. How a task's constructor arguments are read
+    (KernelBench's positional list or KernelBook's ``[args, kwargs]``) is decided when it runs,
+    by :func:`init_args`, the same for both layouts.
+    """
+    if "source" in row:
+        if "id" not in row:
+            raise TaskError(f"a task row needs an 'id' column besides 'source', got {sorted(row)}")
+        sizes = row.get("sizes") or {}
+        if isinstance(sizes, str):
+            try:
+                sizes = json.loads(sizes) or {}
+            except json.JSONDecodeError as exc:
+                raise TaskError(f"task row {row['id']}: 'sizes' is not JSON: {exc}") from exc
+        return Task(
+            id=str(row["id"]),
+            source=row["source"],
+            backend=backend or row.get("backend") or "triton",
+            category=row.get("category") or "uncategorized",
+            atol=row.get("atol"),
+            rtol=row.get("rtol"),
+            sizes=sizes,
+            level=row.get("level"),
+        )
+    if "code" in row:
+        source = str(row["code"])
+        task_id = str(row.get("name") or f"task_{hashlib.sha256(source.encode()).hexdigest()[:8]}")
+        level = row.get("level")
+        return task_from_source(
+            source,
+            task_id,
+            backend or row.get("backend") or "triton",
+            int(level) if level is not None else None,
+        )
+    raise TaskError(
+        "a task row needs 'id' and 'source' (kernelrl's task schema) or 'code' (KernelBench's "
+        f"dataset layout), got {sorted(row)}"
     )
-    return task_from_source(record[source_field], task_id, backend, level)
-
-
-def tasks_from_dataset(rows: Iterable[Mapping[str, Any]], **kwargs: Any) -> list[Task]:
-    return [task_from_record(row, **kwargs) for row in rows]
 
 
 def _natural_key(path: Path) -> list[Any]:

@@ -2,7 +2,6 @@
 
 - ``config``: ``EvalSweepConfig``, the flat dataclass a recipe fills;
 - ``benchmarks``: KernelBench (checkout or HF dataset), task folders, selection;
-- ``prompts``: KernelBench-style prompts for Triton and CUDA, refinement turns;
 - ``clients`` / ``fixed``: vLLM, OpenAI-compatible, transformers, replayed completions;
 - ``sweep``: generation -> environment -> ``samples.jsonl`` (resumable), turn by turn;
 - ``metrics``, ``report``, ``plots``, ``compare``: numbers, markdown, figures, A/B tables.

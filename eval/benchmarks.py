@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kernelrl.env.task import Task, TaskError, load_task_folder, task_from_source
+from kernelrl.env.task import Task, TaskError, load_task_folder, task_from_row
 
 KERNELBENCH_HF_ID = "ScalingIntelligence/KernelBench"
 _LEVEL_DIR = re.compile(r"^level(\d+)$")
@@ -54,7 +54,8 @@ def load_kernelbench_folder(root: str | Path, backend: str = "triton") -> list[T
 
 
 def _record_task(row: Mapping[str, Any], backend: str, level: int | None) -> Task:
-    """One KernelBench dataset row (fields code, level, name, problem_id)."""
+    """One KernelBench dataset row (fields code, level, name, problem_id), with the id its
+    checkout gives the same problem (``level<N>/<problem_id>_<name>``)."""
     if "code" not in row:
         raise TaskError(f"dataset row has no 'code' field (fields: {sorted(row)})")
     level = row.get("level", level)
@@ -66,7 +67,7 @@ def _record_task(row: Mapping[str, Any], backend: str, level: int | None) -> Tas
     if not name:
         raise TaskError("dataset row has neither 'name' nor 'problem_id'")
     task_id = f"level{level}/{name}" if level is not None else name
-    return task_from_source(str(row["code"]), task_id, backend, level)
+    return task_from_row({"code": row["code"], "name": task_id, "level": level}, backend)
 
 
 def tasks_from_rows(

@@ -45,7 +45,6 @@ from kernelrl.env.result import EvalResult
 from kernelrl.env.task import Task
 from kernelrl.eval.clients import Generation, GenerationClient, Request
 from kernelrl.eval.config import EvalSweepConfig
-from kernelrl.eval.prompts import PromptBuilder
 from kernelrl.eval.records import (
     CONFIG_FILE,
     NO_SOLUTION,
@@ -58,6 +57,7 @@ from kernelrl.eval.records import (
     write_atomic,
     write_tasks,
 )
+from kernelrl.prompts import PromptBuilder
 
 OUTPUT_FILES = (SAMPLES_FILE, CONFIG_FILE, TASKS_FILE, "summary.json", "report.md")
 

@@ -4,8 +4,8 @@
 
 Recipes are flat YAML files parsed the TRL way (``trl.TrlParser`` over ``CurateConfig``):
 YAML keys set the defaults, ``--key value`` flags override them. The subparser takes every
-word after ``curate`` verbatim (prefix character ``+``) because only the recipe's dataclass
-knows the flags. A missing or malformed recipe, an unknown key or a bad value is one line on
+word after ``curate`` verbatim (``launch.recipe.add_recipe_command``) because only the recipe's
+dataclass knows the flags. A missing or malformed recipe, an unknown key or a bad value is one line on
 stderr and exit code 2 (``ValueError`` handled by ``kernelrl.launch.cli.main``).
 
 Tables, progress bars and logs go to stderr (as for ``kernelrl eval``). Ctrl-C ends with one
@@ -19,13 +19,12 @@ client from ``kernelrl.eval.clients`` produces the k samples per task.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kernelrl.launch.recipe import parse_recipe
+from kernelrl.launch.recipe import add_recipe_command, parse_recipe
 
 USAGE = """usage: kernelrl curate --config RECIPE.yaml [--key value ...]
 
@@ -34,15 +33,20 @@ Every recipe key can be given as a flag (--output_dir runs/x --steps normalize d
 
 
 def add_subcommand(commands: Any) -> None:
-    parser = commands.add_parser(
+    add_recipe_command(
+        commands,
         "curate",
         help="curate datasets: validate, dedup, decontaminate, tag, select SFT data",
-        description=USAGE,
-        prefix_chars="+",
-        add_help=False,
+        run=_curate,
+        recipe_types=_recipe_types,
+        usage=USAGE,
     )
-    parser.add_argument("words", nargs=argparse.REMAINDER)
-    parser.set_defaults(handler=_curate)
+
+
+def _recipe_types() -> tuple[type, ...]:
+    from kernelrl.data.curate.pipeline import CurateConfig
+
+    return (CurateConfig,)
 
 
 def make_generate(config: Any) -> tuple[Any, Any]:
@@ -79,19 +83,15 @@ def make_generate(config: Any) -> tuple[Any, Any]:
     return generate, client
 
 
-def _curate(args: argparse.Namespace) -> int:
-    words = list(args.words)
-    if not words:
-        print(USAGE, file=sys.stderr)
-        return 2
+def _curate(words: list[str]) -> int:
     import datasets
     from rich.console import Console
 
-    from kernelrl.data.curate.pipeline import CurateConfig, CurationInterrupted, run_curation
+    from kernelrl.data.curate.pipeline import CurationInterrupted, run_curation
 
     datasets.disable_progress_bars()  # the step tables and our progress bars say what happens
 
-    (config,) = parse_recipe(words, (CurateConfig,), "kernelrl curate")
+    (config,) = parse_recipe(words, _recipe_types(), "kernelrl curate")
     # Tables, progress and logs on stderr, as `kernelrl eval` does; stdout stays for data.
     console = Console(stderr=True)
     generate, client = None, None

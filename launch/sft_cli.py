@@ -13,15 +13,13 @@ by default, computes the loss on the completion only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kernelrl.launch.recipe import parse_recipe, resume_argument
+from kernelrl.launch.recipe import add_recipe_command, parse_recipe, resume_argument
 
 USAGE = """usage: kernelrl sft --config RECIPE.yaml [--key value ...]
 
@@ -48,15 +46,20 @@ class SFTScriptArguments:
 
 
 def add_subcommand(commands: Any) -> None:
-    parser = commands.add_parser(
+    add_recipe_command(
+        commands,
         "sft",
         help="SFT warm start on a curated dataset (TRL SFTTrainer)",
-        description=USAGE,
-        prefix_chars="+",
-        add_help=False,
+        run=_sft,
+        recipe_types=_recipe_types,
+        usage=USAGE,
     )
-    parser.add_argument("words", nargs=argparse.REMAINDER)
-    parser.set_defaults(handler=_sft)
+
+
+def _recipe_types() -> tuple[type, ...]:
+    from trl import ModelConfig, SFTConfig
+
+    return (SFTScriptArguments, SFTConfig, ModelConfig)
 
 
 def load_sft_data(script: SFTScriptArguments, seed: int) -> tuple[Any, Any]:
@@ -133,16 +136,8 @@ def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> 
     return summary
 
 
-def _sft(args: argparse.Namespace) -> int:
-    words = list(args.words)
-    if not words:
-        print(USAGE, file=sys.stderr)
-        return 2
-    from trl import ModelConfig, SFTConfig
-
-    script, training_args, model_args = parse_recipe(
-        words, (SFTScriptArguments, SFTConfig, ModelConfig), "kernelrl sft"
-    )
+def _sft(words: list[str]) -> int:
+    script, training_args, model_args = parse_recipe(words, _recipe_types(), "kernelrl sft")
     if "wandb" in (training_args.report_to or []) and not os.environ.get("WANDB_API_KEY"):
         os.environ.setdefault("WANDB_MODE", "offline")  # never ask for a key; sync later
     summary = run_sft(script, training_args, model_args)

@@ -15,44 +15,52 @@ train --config ...``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from kernelrl.launch.recipe import RecipeError, parse_recipe, resume_argument
+from kernelrl.launch.recipe import (
+    RecipeError,
+    add_recipe_command,
+    add_verbatim_command,
+    parse_recipe,
+    resume_argument,
+)
 
 __all__ = ["add_subcommand", "build_task_dataset", "parse_train_recipe", "run_training"]
 
 
-def add_subcommand(commands: argparse._SubParsersAction) -> None:
+def add_subcommand(commands: Any) -> None:
     """Register ``train`` and ``serve`` (their flags are parsed by TRL's parser)."""
-    train = commands.add_parser(
+    add_recipe_command(
+        commands,
         "train",
         help="RL training (GRPO/TRLOO) from a recipe: --config FILE [--key value ...]",
-        prefix_chars="+",  # every flag belongs to TRL's parser
-        add_help=False,
+        run=_train,
+        recipe_types=_recipe_types,
     )
-    train.add_argument("args", nargs=argparse.REMAINDER)
-    train.set_defaults(handler=_train)
-    serve = commands.add_parser(
+    add_verbatim_command(  # every flag belongs to `trl vllm-serve`'s parser
+        commands,
         "serve",
         help="serve the policy with vLLM for vllm_mode=server (wraps `trl vllm-serve`)",
-        prefix_chars="+",
-        add_help=False,
+        handler=_serve,
     )
-    serve.add_argument("args", nargs=argparse.REMAINDER)
-    serve.set_defaults(handler=_serve)
+
+
+def _recipe_types() -> tuple[type, ...]:
+    from kernelrl.rl.config import TRAIN_RECIPE
+
+    return TRAIN_RECIPE
 
 
 # ---------------------------------------------------------------------- recipes
 def parse_train_recipe(argv: list[str]) -> tuple[Any, Any]:
     """(KernelGRPOConfig, ModelConfig) from ``--config FILE`` and ``--key value`` flags."""
-    from kernelrl.rl.config import TRAIN_RECIPE, compose_recipe
+    from kernelrl.rl.config import compose_recipe
 
-    parsed = parse_recipe(argv, TRAIN_RECIPE, "kernelrl train")
+    parsed = parse_recipe(argv, _recipe_types(), "kernelrl train")
     try:
         training_args, model_args = compose_recipe(parsed)
     except ValueError as exc:
@@ -80,8 +88,8 @@ def build_task_dataset(args: Any) -> Any:
     """RL task rows (kernelrl's task schema) with their prompts, from the recipe's sources."""
     from kernelrl.data.bundled import bundled_tasks
     from kernelrl.data.loaders import load_tasks
-    from kernelrl.data.prompts import SYSTEM, prompt_builders
     from kernelrl.data.schema import make_dataset, task_row
+    from kernelrl.prompts import SYSTEM, prompt_builders
 
     rows: list[dict[str, Any]] = []
     for source in args.tasks:
@@ -182,16 +190,7 @@ def _wandb_run_dir() -> str | None:
     return directory
 
 
-def _train(args: argparse.Namespace) -> int:
-    argv = list(args.args)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if not argv or argv[0] in ("-h", "--help"):
-        from kernelrl.launch.recipe import print_recipe_help
-        from kernelrl.rl.config import TRAIN_RECIPE
-
-        print_recipe_help(TRAIN_RECIPE, "kernelrl train")
-        return 0
+def _train(argv: list[str]) -> int:
     try:
         training_args, model_args = parse_train_recipe(argv)
     except RecipeError as exc:
@@ -203,13 +202,12 @@ def _train(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- serving
-def _serve(args: argparse.Namespace) -> int:
+def _serve(argv: list[str]) -> int:
     """Resolve the model name, then hand over to ``trl vllm-serve`` (replaces this process)."""
     from trl.scripts.vllm_serve import build_command, main, make_parser
 
     from kernelrl.launch.models import resolve_model
 
-    argv = list(args.args)
     if "-h" in argv or "--help" in argv:
         parser = make_parser(prog="kernelrl serve")
         parser.add_argument_group("recipe").add_argument(

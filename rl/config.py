@@ -20,17 +20,13 @@ from typing import Any
 from trl import GRPOConfig, ModelConfig
 
 from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS, Pool, make_pool
+from kernelrl.prompts import FEEDBACK_TEMPLATE
 from kernelrl.rewards import REWARD_PRESETS, RewardConfig, drkernel_reward_config
 from kernelrl.rl.advantages import ADVANTAGE_ESTIMATORS
 from kernelrl.rl.rejection import RejectionSampling
 
 ADVANTAGES = ADVANTAGE_ESTIMATORS  # grpo, trloo (ours), drkernel_trloo (Dr. Kernel's, exactly)
 TURN_RETURNS = ("own", "discounted")
-
-DEFAULT_FEEDBACK_TEMPLATE = (
-    "{feedback}\n\nRevise your solution: answer with the complete ModelNew in one ```python "
-    "code block."
-)
 
 
 @dataclass
@@ -111,7 +107,7 @@ class KernelGRPOConfig(GRPOConfig):
         default=True, metadata={"help": "end a rollout at its first correct turn"}
     )
     feedback_template: str = field(
-        default=DEFAULT_FEEDBACK_TEMPLATE,
+        default=FEEDBACK_TEMPLATE,
         metadata={"help": "next user message; {feedback} is the environment's feedback text"},
     )
     max_feedback_tokens: int = field(

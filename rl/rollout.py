@@ -25,7 +25,6 @@ generation of the next batch (one-step off-policy).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -165,26 +164,6 @@ class RolloutStats:
     generation_s: float = 0.0
     evaluation_wait_s: float = 0.0  # time blocked on the pool between turns
     turns_generated: int = 0
-
-
-def task_from_row(row: Mapping[str, Any]) -> Task:
-    """The environment's Task for a dataset row (kernelrl's task schema: id, source, backend,
-    category, atol, rtol, sizes as JSON text or mapping, level)."""
-    sizes = row.get("sizes") or {}
-    if isinstance(sizes, str):
-        sizes = json.loads(sizes) if sizes else {}
-    if "source" not in row or "id" not in row:
-        raise ValueError(f"a task row needs 'id' and 'source' columns, got {sorted(row)}")
-    return Task(
-        id=str(row["id"]),
-        source=row["source"],
-        backend=row.get("backend") or "triton",
-        category=row.get("category") or "uncategorized",
-        atol=row.get("atol"),
-        rtol=row.get("rtol"),
-        sizes=sizes,
-        level=row.get("level"),
-    )
 
 
 class MultiTurnRollout:

@@ -49,6 +49,7 @@ from trl import GRPOTrainer
 from trl.extras.profiling import profiling_context
 
 from kernelrl.env.pools import Pool
+from kernelrl.env.task import task_from_row
 from kernelrl.rewards import build_reward_funcs
 from kernelrl.rl import compat, steps, weight_sync
 from kernelrl.rl.config import KernelGRPOConfig
@@ -58,7 +59,6 @@ from kernelrl.rl.rollout import (
     RolloutConfig,
     RolloutStats,
     Trajectory,
-    task_from_row,
 )
 from kernelrl.rl.steps import RolloutBatch, batch_key
 

@@ -111,8 +111,8 @@ class VerdictPool:
 def task_rows(n: int = 2) -> list[dict[str, Any]]:
     """Task rows with prompts, as ``kernelrl train`` builds them."""
     from kernelrl.data.bundled import bundled_tasks
-    from kernelrl.data.prompts import SYSTEM, prompt_builders
     from kernelrl.data.schema import task_row
+    from kernelrl.prompts import SYSTEM, prompt_builders
 
     tasks = [t for t in bundled_tasks("triton") if t.id in ("01_relu", "06_row_sum")][:n]
     rows = [task_row(t, origin="bundled") for t in tasks]

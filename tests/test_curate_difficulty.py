@@ -18,9 +18,9 @@ from kernelrl.data.curate.difficulty import (
 )
 from kernelrl.data.curate.normalize import normalize_tasks
 from kernelrl.data.loaders import load_tasks
-from kernelrl.data.schema import task_of
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.local import LocalPool
+from kernelrl.env.task import task_from_row
 
 ROOT = Path(__file__).resolve().parent.parent
 RAW = Path(__file__).parent / "data" / "curate" / "raw_tasks"
@@ -125,7 +125,7 @@ def test_pass_rate_with_the_real_model_through_the_launcher() -> None:
             and all(isinstance(a, str) and a for a in answers[0])
         )
         with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1) as pool:
-            results = pool.evaluate([task_of(tasks[0])] * 2, answers[0])
+            results = pool.evaluate([task_from_row(tasks[0])] * 2, answers[0])
             tagged, _ = tag_difficulty(tasks, DifficultyConfig(k=2), generate, pool)
     finally:
         client.close()

@@ -25,9 +25,9 @@ from kernelrl.data.schema import (
     TRAJECTORY_FEATURES,
     make_dataset,
     result_of,
-    task_of,
 )
 from kernelrl.env.result import EvalResult, Status
+from kernelrl.env.task import task_from_row
 
 DATA = Path(__file__).parent / "data" / "curate"
 
@@ -102,7 +102,7 @@ def test_normalize_rejects_non_tasks_and_renames_repeated_ids() -> None:
     row = kept[0]
     assert json.loads(row["sizes"]) == {"cpu": {"tokens": 10, "hidden": 96}}
     assert row["prompt"][-1]["role"] == "user" and "class Model" in row["prompt"][-1]["content"]
-    task = task_of(row)
+    task = task_from_row(row)
     assert (
         task.size_overrides("cpu") == {"tokens": 10, "hidden": 96} and task.hash == row["task_hash"]
     )

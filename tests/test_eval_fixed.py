@@ -45,12 +45,12 @@ from kernelrl.env.task import task_from_source
 from kernelrl.eval.config import EvalSweepConfig
 from kernelrl.eval.fixed import FixedSolutions
 from kernelrl.eval.metrics import StatsConfig, sweep_summary
-from kernelrl.eval.prompts import EXAMPLE_REFERENCE, EXAMPLE_SOLUTIONS
 from kernelrl.eval.records import read_records
 from kernelrl.eval.report import write_report
 from kernelrl.eval.sweep import Sweep
 from kernelrl.launch.cli import main
 from kernelrl.launch.eval_cli import load_tasks
+from kernelrl.prompts import EXAMPLE_REFERENCE, EXAMPLE_SOLUTIONS
 
 pytestmark = pytest.mark.slow
 

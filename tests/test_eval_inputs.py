@@ -25,13 +25,13 @@ from kernelrl.eval.benchmarks import (
 from kernelrl.eval.clients import Request
 from kernelrl.eval.config import EvalSweepConfig
 from kernelrl.eval.fixed import FixedSolutions
-from kernelrl.eval.prompts import (
+from kernelrl.launch.cli import main
+from kernelrl.prompts import (
     EXAMPLE_REFERENCE,
     EXAMPLE_SOLUTIONS,
     PromptBuilder,
     strip_metadata,
 )
-from kernelrl.launch.cli import main
 
 RELU = (TASKS_DIR / "01_relu.py").read_text()
 GELU = (TASKS_DIR / "02_gelu_tanh.py").read_text()

@@ -16,9 +16,8 @@ from kernelrl.env.task import (
     init_args,
     load_task,
     load_task_folder,
-    task_from_record,
+    task_from_row,
     task_from_source,
-    tasks_from_dataset,
 )
 
 CATEGORIES = {
@@ -63,10 +62,52 @@ def test_folder_loads_in_natural_order(tmp_path: Path) -> None:
 def test_dataset_record_kernelbench_fields() -> None:
     source = (TASKS_DIR / "01_relu.py").read_text()
     dataset = datasets.Dataset.from_list([{"code": source, "name": "19_ReLU", "level": 1}])
-    (task,) = tasks_from_dataset(dataset)
+    (task,) = [task_from_row(row) for row in dataset]
     assert (task.id, task.level, task.source) == ("19_ReLU", 1, source)
-    with pytest.raises(TaskError, match="no field 'code'"):
-        task_from_record({"text": source})
+    assert (task.category, task.backend) == ("elementwise", "triton")  # from KERNELRL
+    assert task.size_overrides("cpu") == {"batch_size": 16, "dim": 256}
+    nameless = task_from_row({"code": source}, backend="cuda")
+    assert (nameless.id, nameless.backend) == (f"task_{task.hash[:8]}", "cuda")
+    with pytest.raises(TaskError, match="needs 'id' and 'source'.*or 'code'"):
+        task_from_row({"text": source})
+    with pytest.raises(TaskError, match="KernelBench task, missing"):
+        task_from_row({"code": "x = 1\n", "name": "not_a_task"})
+
+
+def test_task_schema_row_columns_are_the_metadata() -> None:
+    """A row of kernelrl's task schema (as curation writes it) is taken as it is: its columns
+    win over the source's KERNELRL literal, ``sizes`` is JSON text or a mapping."""
+    source = (TASKS_DIR / "01_relu.py").read_text()
+    row = {
+        "id": 7,
+        "source": source,
+        "backend": "cuda",
+        "category": "fused",
+        "atol": 0.5,
+        "rtol": None,
+        "sizes": '{"cpu": {"batch_size": 2, "dim": 8}}',
+        "level": 3,
+    }
+    task = task_from_row(row)
+    assert (task.id, task.backend, task.category, task.atol, task.rtol, task.level) == (
+        "7",
+        "cuda",
+        "fused",
+        0.5,
+        None,
+        3,
+    )
+    assert task.size_overrides("cpu") == {"batch_size": 2, "dim": 8}
+    assert task_from_row(row, backend="triton").backend == "triton"
+    bare = task_from_row({"id": "r", "source": source, "sizes": "", "backend": None})
+    assert (bare.backend, bare.category, dict(bare.sizes)) == ("triton", "uncategorized", {})
+    assert task_from_row({**row, "sizes": {"cuda": {"dim": 4}}}).size_overrides("cuda") == {
+        "dim": 4
+    }
+    with pytest.raises(TaskError, match="needs an 'id' column"):
+        task_from_row({"source": source})
+    with pytest.raises(TaskError, match="'sizes' is not JSON"):
+        task_from_row({**row, "sizes": "{cpu"})
 
 
 @pytest.mark.parametrize(

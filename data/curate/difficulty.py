@@ -23,9 +23,10 @@ from rich.console import Console
 
 from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.resume import Journal
-from kernelrl.data.schema import make_dataset, task_of
+from kernelrl.data.schema import make_dataset
 from kernelrl.env.integrity.vocabulary import ALLOCATION_OPS
 from kernelrl.env.pools import Pool
+from kernelrl.env.task import task_from_row
 
 # Generation callable: prompts (message lists) and k -> k completions per prompt.
 Generate = Callable[[Sequence[list[dict[str, str]]], int], list[list[str]]]
@@ -423,7 +424,7 @@ def pass_rates(tasks: Dataset, generate: Generate, pool: Pool, k: int) -> list[f
     """Share of ``k`` generated samples per task that the environment judged correct."""
     rows = list(tasks)
     completions = generate([row["prompt"] for row in rows], k)
-    env_tasks = [task_of(row) for row in rows for _ in range(k)]
+    env_tasks = [task_from_row(row) for row in rows for _ in range(k)]
     flat = [c for per_task in completions for c in per_task]
     if len(flat) != len(env_tasks):
         raise ValueError(f"generate returned {len(flat)} completions for {len(rows)} tasks x k={k}")
@@ -443,7 +444,7 @@ def journaled_pass_rates(
     """``pass_rates`` in chunks of tasks, each task's rate journaled as its chunk ends (an
     interrupted run resumes), with a progress bar on ``console``."""
     rows = list(tasks)
-    hashes = [task_of(row).hash for row in rows]
+    hashes = [task_from_row(row).hash for row in rows]
     rates: dict[int, float] = {}
     for i, task_hash in enumerate(hashes):
         entry = journal.get(task_hash) if journal is not None else None

@@ -13,9 +13,9 @@ from datasets import Dataset
 from rich.console import Console
 
 from kernelrl.data.curate.report import StepReport, log_step, timed
-from kernelrl.data.prompts import prompt_builders
 from kernelrl.data.schema import make_dataset, task_row
 from kernelrl.env.task import BACKENDS, TaskError, task_from_source
+from kernelrl.prompts import prompt_builders
 
 
 def normalize_source(source: str) -> str:

@@ -25,10 +25,11 @@ from rich.console import Console
 
 from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.tokens import normalized_tokens
-from kernelrl.data.schema import make_dataset, result_columns, result_of, task_of
+from kernelrl.data.schema import make_dataset, result_columns, result_of
 from kernelrl.env.parse import FormatError, extract_solution
 from kernelrl.env.pools import Pool
 from kernelrl.env.result import EvalResult
+from kernelrl.env.task import task_from_row
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 _THINK = re.compile(r"<think>(.*?)</think>", re.S | re.I)
@@ -120,7 +121,7 @@ def evaluate_missing(
     samples: Dataset, tasks: Dataset, pool: Pool, console: Console | None = None
 ) -> tuple[Dataset, int]:
     """Fill ``result`` of samples that have none, through the pool; returns (samples, count)."""
-    by_id = {row["id"]: task_of(row) for row in tasks}
+    by_id = {row["id"]: task_from_row(row) for row in tasks}
     rows = list(samples)
     todo = [i for i, row in enumerate(rows) if not row.get("result")]
     if todo:
@@ -140,7 +141,7 @@ def evaluate_missing_turns(
     trajectories: Dataset, tasks: Dataset, pool: Pool, console: Console | None = None
 ) -> tuple[Dataset, int]:
     """Fill ``result`` of trajectory turns that have none, through the pool."""
-    by_id = {row["id"]: task_of(row) for row in tasks}
+    by_id = {row["id"]: task_from_row(row) for row in tasks}
     rows = list(trajectories)
     todo = [
         (i, t)

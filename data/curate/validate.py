@@ -52,13 +52,13 @@ from rich.console import Console
 
 from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.resume import Journal
-from kernelrl.data.schema import make_dataset, task_of
+from kernelrl.data.schema import make_dataset
 from kernelrl.env.admission import GpuMemoryBudget, plan_for
 from kernelrl.env.evaluator import resolve_device
 from kernelrl.env.reference import device_name
 from kernelrl.env.sandbox.processes import Child, ChildDied, ChildPool
 from kernelrl.env.sandbox.session import SandboxSession, reference_as_solution
-from kernelrl.env.task import Task
+from kernelrl.env.task import Task, task_from_row
 from kernelrl.env.timing import TimingConfig
 
 
@@ -478,7 +478,7 @@ def validate_tasks(
     config = config or ValidateConfig()
     report = StepReport("validate", count_in=len(tasks))
     rows = list(tasks)
-    task_list = [task_of(row) for row in rows]
+    task_list = [task_from_row(row) for row in rows]
     verdicts: dict[int, dict[str, Any]] = {}
     for index, task in enumerate(task_list):
         entry = journal.get(task.hash) if journal is not None else None

@@ -1,6 +1,10 @@
 """Prompts in the KernelBench style: the task's PyTorch reference, a one-shot example for the
 backend, and the instruction to answer with a ``ModelNew`` in one code block.
 
+One module below ``eval``, ``data`` and ``rl`` (it imports only ``env``): evaluation sweeps,
+the prompts stored in curated task rows and the prompts RL samples from are built by the same
+``PromptBuilder``, so that a policy is trained on the prompt it is evaluated with.
+
 Why KernelBench's structure (reference, one-shot pair, one-code-block answer; the wording is our
 own): numbers from a sweep are only comparable with published KernelBench numbers when the model
 sees the same kind of prompt. A template file can replace it
@@ -12,7 +16,8 @@ sees the same kind of prompt. A template file can replace it
 - ``$example``: the whole one-shot paragraph (empty when ``one_shot`` is off).
 
 Refinement turns continue the conversation: the earlier attempt as the assistant's message,
-then the environment's feedback and the request to improve.
+then the environment's feedback and the request to improve. RL's multi-turn rollouts do the
+same with ``FEEDBACK_TEMPLATE`` (``str.format``, a recipe's ``feedback_template``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,18 @@ from pathlib import Path
 from kernelrl.env.task import Task
 
 BACKEND_NAMES = {"triton": "Triton", "cuda": "CUDA"}
+
+# The system message of RL task rows (``kernelrl train``, ``kernelrl curate``).
+SYSTEM = (
+    "You are an expert GPU kernel engineer. You replace PyTorch operators with custom kernels "
+    "that are correct and faster than PyTorch."
+)
+
+# The user message after an RL turn: ``{feedback}`` is the environment's feedback text.
+FEEDBACK_TEMPLATE = (
+    "{feedback}\n\nRevise your solution: answer with the complete ModelNew in one ```python "
+    "code block."
+)
 
 EXAMPLE_REFERENCE = """import torch
 import torch.nn as nn
@@ -279,3 +296,16 @@ class PromptBuilder:
                 }
             )
         return messages
+
+
+def prompt_builders(
+    template_path: str | Path | None = None, system: str | None = SYSTEM, one_shot: bool = True
+) -> dict[str, PromptBuilder]:
+    """One builder per backend, for task rows of either backend; a bad template file fails
+    here, before any row is built."""
+    return {
+        backend: PromptBuilder.from_file(
+            template_path, backend=backend, one_shot=one_shot, system_prompt=system or ""
+        )
+        for backend in BACKEND_NAMES
+    }
