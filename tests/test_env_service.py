@@ -156,14 +156,15 @@ def test_http_endpoint_shares_pool_and_cache(service: dict) -> None:
     code, batch = post(f"{url}/evaluate", body)
     assert code == 200 and [r["status"] for r in batch] == ["format_error", "correct"]
     assert batch[0]["task_id"] == "my_relu" and batch[0]["feedback"]
-    for bad, message in (
-        ({"task_id": "nope", "solution": GOOD}, "unknown task_id"),
-        ({"task_id": "01_relu"}, "'solution'"),
-        ({"solution": GOOD}, "task_id"),
-        ({"task": {"source": "x = 1", "id": "t"}, "solution": GOOD}, "not a KernelBench task"),
+    for bad, expected, message in (
+        ({"task_id": "nope", "solution": GOOD}, 400, "unknown task_id"),
+        ({"task_id": "01_relu"}, 400, "'solution'"),
+        ({"solution": GOOD}, 400, "task_id"),
+        # a well-formed request whose inline task does not load: 422, as the README says
+        ({"task": {"source": "x = 1", "id": "t"}, "solution": GOOD}, 422, "not a KernelBench task"),
     ):
         code, payload = post(f"{url}/evaluate", bad)
-        assert code == 400 and message in payload["error"], payload
+        assert code == expected and message in payload["error"], payload
     with urllib.request.urlopen(f"{url}/status", timeout=60) as response:
         status = json.load(response)
     assert status["cache_hits"] >= 1 and status["workers"][0]["state"] == "ok"
