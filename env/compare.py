@@ -70,6 +70,12 @@ def describe_outputs(outputs: list[Any]) -> list[dict[str, Any]]:
     return described
 
 
+# Running totals of one output, kept on the reference's device so that comparing a chunk never
+# waits for the GPU: the host reads them once, in ``finish``. float64 holds counts and indices
+# of up to 2**53 elements exactly.
+_MISMATCHED, _NONFINITE, _MAX_DIFF, _MAX_REL, _REF_SCALE, _FIRST_BAD, _FIRST_GOT = range(7)
+
+
 @dataclass
 class _TensorState:
     name: str
@@ -77,12 +83,8 @@ class _TensorState:
     shape: tuple[int, ...]
     atol: float
     rtol: float
+    totals: torch.Tensor  # the seven running totals above
     received: int = 0
-    mismatched: int = 0
-    nonfinite: int = 0
-    first_bad: int | None = None
-    first_got: float = 0.0
-    max_diff: float = 0.0
 
 
 class OutputMatcher:
@@ -136,57 +138,68 @@ class OutputMatcher:
                 )
             else:
                 atol, rtol = self.task.tolerances(_dtype_name(ref.dtype))
-                self._tensors[k] = _TensorState(name, ref.reshape(-1), shape, atol, rtol)
+                totals = torch.zeros(7, dtype=torch.float64, device=ref.device)
+                totals[_FIRST_BAD] = -1
+                self._tensors[k] = _TensorState(name, ref.reshape(-1), shape, atol, rtol, totals)
         return streams
 
     def add_chunk(self, k: int, chunk: torch.Tensor) -> None:
-        """The next elements of output ``k`` (1-D, its dtype, any device)."""
+        """The next elements of output ``k`` (1-D, its dtype, any device). ``chunk`` may be
+        reused by the caller as soon as this returns: it is copied first, and nothing after the
+        copy waits for the device."""
         state = self._tensors.get(k)
-        if state is None:
+        if state is None or chunk.numel() == 0:
             return
         start = state.received
         state.received += chunk.numel()
         ref = state.reference[start : state.received].double()
         out = chunk.to(state.reference.device).double()
         finite_ref = torch.isfinite(ref)
-        bad_finite = finite_ref & ~torch.isfinite(out)
-        state.nonfinite += int(bad_finite.sum())
+        nonfinite = (finite_ref & ~torch.isfinite(out)).sum()
         diff = (out - ref).abs()
         diff = torch.where(finite_ref, diff, torch.where(out == ref, 0.0, float("inf")))
         mismatched = diff > state.atol + state.rtol * ref.abs()
-        finite_abs = torch.where(finite_ref, ref.abs(), 0.0)
-        if finite_abs.numel():
-            self.result.ref_scale = max(self.result.ref_scale, float(finite_abs.max()))
-        if diff.numel():
-            state.max_diff = max(state.max_diff, float(diff.max()))
-            self.result.max_abs_err = max(self.result.max_abs_err, float(diff.max()))
-            rel = diff / ref.abs().clamp_min(state.atol)
-            self.result.max_rel_err = max(self.result.max_rel_err, float(rel.max()))
-        count = int(mismatched.sum())
-        if count and state.first_bad is None:
-            local = int(mismatched.nonzero()[0])
-            state.first_bad, state.first_got = start + local, float(out[local])
-        state.mismatched += count
+        count = mismatched.sum()
+        first = torch.argmax(mismatched.to(torch.uint8))  # the first mismatch, if any
+        totals = state.totals
+        take_first = (count > 0) & (totals[_FIRST_BAD] < 0)
+        state.totals = torch.stack(
+            [
+                totals[_MISMATCHED] + count,
+                totals[_NONFINITE] + nonfinite,
+                torch.maximum(totals[_MAX_DIFF], diff.max()),
+                torch.maximum(totals[_MAX_REL], (diff / ref.abs().clamp_min(state.atol)).max()),
+                torch.maximum(totals[_REF_SCALE], torch.where(finite_ref, ref.abs(), 0.0).max()),
+                torch.where(take_first, start + first, totals[_FIRST_BAD]),
+                torch.where(take_first, out[first], totals[_FIRST_GOT]),
+            ]
+        )
 
     def finish(self) -> Comparison:
         for state in self._tensors.values():
+            mismatched, nonfinite, max_diff, max_rel, ref_scale, first_bad, first_got = (
+                state.totals.tolist()
+            )
+            self.result.max_abs_err = max(self.result.max_abs_err, max_diff)
+            self.result.max_rel_err = max(self.result.max_rel_err, max_rel)
+            self.result.ref_scale = max(self.result.ref_scale, ref_scale)
             total = state.reference.numel()
             if state.received != total:
                 self.result.problems.append(
                     f"{state.name}: {state.received} of {total} values arrived"
                 )
-            elif state.nonfinite:
+            elif nonfinite:
                 self.result.problems.append(
-                    f"{state.name}: {state.nonfinite} NaN/Inf values where the reference is finite"
+                    f"{state.name}: {int(nonfinite)} NaN/Inf values where the reference is finite"
                 )
-            elif state.mismatched:
-                index = _unravel(state.first_bad or 0, state.shape)
-                expected = float(state.reference[state.first_bad or 0].double())
+            elif mismatched:
+                first = max(int(first_bad), 0)
+                expected = float(state.reference[first].double())
                 self.result.problems.append(
-                    f"{state.name}: {state.mismatched}/{total} values outside "
-                    f"atol={state.atol:g}, rtol={state.rtol:g}; first at index {index}: "
-                    f"got {state.first_got:.6g}, expected {expected:.6g}; "
-                    f"max abs error {state.max_diff:.3g}"
+                    f"{state.name}: {int(mismatched)}/{total} values outside "
+                    f"atol={state.atol:g}, rtol={state.rtol:g}; first at index "
+                    f"{_unravel(first, state.shape)}: got {first_got:.6g}, expected "
+                    f"{expected:.6g}; max abs error {max_diff:.3g}"
                 )
         self.result.correct = not self.result.problems
         return self.result

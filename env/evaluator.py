@@ -134,7 +134,9 @@ class Evaluator:
 
         plan = memory_plan(task) if self.gpu_memory is not None else None
         admitted = self.gpu_memory.reserve(plan.total_bytes) if plan else contextlib.nullcontext()
+        waited = time.perf_counter()
         with admitted:
+            result.phase_seconds["admission"] = time.perf_counter() - waited
             self._run_admitted(task, source, own_names, result, plan)
 
     def _run_admitted(
@@ -243,7 +245,11 @@ class Evaluator:
             report = session.receive()
             if self._stopped_early(report, result):
                 return
+            started = time.perf_counter()
             comparison = self._compare(task, session, report, expected, index)
+            result.phase_seconds["compare"] = result.phase_seconds.get("compare", 0.0) + (
+                time.perf_counter() - started
+            )
             expected_dtypes = {v.dtype for v in expected if isinstance(v, torch.Tensor)}
             del expected
             if plan and plan.large:  # give the cached blocks back to the other sandboxes

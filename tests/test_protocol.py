@@ -49,3 +49,58 @@ def test_oversized_and_typeless_messages_are_refused() -> None:
     a.sendall(struct.pack("!Q", len(buffer.getvalue())) + buffer.getvalue())
     with pytest.raises(ProtocolError, match="'type'"):
         recv_message(b)
+
+
+def _streamed(output: torch.Tensor) -> list[torch.Tensor]:
+    """``output``'s bytes sent over a real socket pair and read back in the receiver's chunks."""
+    from kernelrl.env.sandbox.protocol import recv_exactly_into, send_tensor_bytes
+
+    left, right = socket.socketpair()
+    received = torch.empty(output.numel() * output.element_size(), dtype=torch.uint8)
+    try:
+        import threading
+
+        sender = threading.Thread(target=send_tensor_bytes, args=(left, output))
+        sender.start()
+        recv_exactly_into(right, memoryview(received.numpy()))
+        sender.join()
+    finally:
+        left.close()
+        right.close()
+    flat = received.view(output.dtype)
+    return [flat[i : i + 1000] for i in range(0, flat.numel(), 1000)]  # uneven last chunk
+
+
+def _compare(expected: torch.Tensor, output: torch.Tensor):
+    from kernelrl.env.compare import OutputMatcher, describe_outputs
+    from kernelrl.env.task import task_from_source
+
+    task = task_from_source(
+        "class Model: ...\ndef get_inputs(): ...\ndef get_init_inputs(): ...\n", "t"
+    )
+    matcher = OutputMatcher(task, [expected], 0)
+    matcher.check_description(describe_outputs([output]))
+    for chunk in _streamed(output):
+        matcher.add_chunk(0, chunk)
+    return matcher.finish()
+
+
+def test_streamed_outputs_are_compared_chunk_by_chunk() -> None:
+    expected = torch.randn(3, 1501, dtype=torch.float32)
+    same = _compare(expected, expected.t().contiguous().t())  # a non-contiguous layout
+    assert same.correct and same.max_abs_err == 0.0
+    assert same.ref_scale == pytest.approx(float(expected.abs().max()))
+
+    wrong = expected.clone()
+    wrong[2, 7] += 1.0  # in the last chunks only
+    wrong[2, 9] += 3.0
+    result = _compare(expected, wrong)
+    assert not result.correct
+    assert "2/4503 values outside" in result.problems[0]
+    assert "first at index [2, 7]" in result.problems[0]
+    assert f"expected {float(expected[2, 7]):.6g}" in result.problems[0]
+    assert result.max_abs_err == pytest.approx(3.0, rel=1e-5)
+
+    nan = expected.clone()
+    nan[0, 0] = float("nan")
+    assert "1 NaN/Inf values" in _compare(expected, nan).problems[0]

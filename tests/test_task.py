@@ -235,3 +235,98 @@ def test_kernelbook_task_evaluates_correct_on_cpu() -> None:
     with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1) as pool:
         (result,) = pool.evaluate([task], [KERNELBOOK_SOLUTION])
     assert result.status == "correct", result.feedback
+
+
+# KernelBench's level-1 BatchNorm task, small: KernelBench runs the reference in training mode
+# (no .eval()), so the task means normalising with the batch's own statistics.
+BATCHNORM_TASK = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, num_features):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(num_features=num_features)
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 3, 5, 7) * 2.0 + 1.0]
+
+
+def get_init_inputs():
+    return [3]
+"""
+
+BATCHNORM_SOLUTION = """
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def batch_norm_kernel(x_ptr, w_ptr, b_ptr, out_ptr, N, C, HW, eps, BATCH_STATS: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    c = tl.program_id(0)
+    count = N * HW
+    mean = 0.0
+    var = 1.0
+    if BATCH_STATS:
+        total = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, count, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + (i // HW) * C * HW + c * HW + i % HW, mask=i < count, other=0.0)
+            total += x
+        mean = tl.sum(total, axis=0) / count
+        squares = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, count, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + (i // HW) * C * HW + c * HW + i % HW, mask=i < count, other=0.0)
+            d = tl.where(i < count, x - mean, 0.0)
+            squares += d * d
+        var = tl.sum(squares, axis=0) / count
+    scale = tl.load(w_ptr + c) / tl.sqrt(var + eps)
+    shift = tl.load(b_ptr + c) - mean * scale
+    for start in range(0, count, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        where = (i // HW) * C * HW + c * HW + i % HW
+        x = tl.load(x_ptr + where, mask=i < count, other=0.0)
+        tl.store(out_ptr + where, x * scale + shift, mask=i < count)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, num_features):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(num_features=num_features)
+
+    def forward(self, x):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        n, c, h, w = x.shape
+        batch_norm_kernel[(c,)](x, self.bn.weight, self.bn.bias, out, n, c, h * w, self.bn.eps,
+                                BATCH_STATS=BATCH_STATS, BLOCK=64)
+        return out
+
+
+BATCH_STATS = True
+"""
+
+
+def test_batchnorm_task_is_judged_as_kernelbench_defines_it() -> None:
+    """A BatchNorm solution that normalises with the batch's statistics is correct; one that
+    uses the initial running statistics (what an eval-mode reference would compute) is not."""
+    from kernelrl.env.evaluator import EvalConfig
+    from kernelrl.env.pools.local import LocalPool
+
+    module = harness.load_module(BATCHNORM_TASK, "kernelrl_test_batchnorm_task")
+    assert harness.build_model(module.Model, module, 0, torch.device("cpu")).training
+    task = task_from_source(BATCHNORM_TASK, "batchnorm")
+    running_stats = BATCHNORM_SOLUTION.replace("BATCH_STATS = True", "BATCH_STATS = False")
+    with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1) as pool:
+        batch, running = pool.evaluate([task, task], [BATCHNORM_SOLUTION, running_stats])
+    assert batch.status == "correct", batch.feedback
+    assert running.status == "incorrect", running.feedback

@@ -56,14 +56,19 @@ def build_model(
 ) -> torch.nn.Module:
     """Construct a model under ``seed`` so Model and ModelNew get identical parameters.
 
-    Constructor arguments always come from the task's ``get_init_inputs``.
+    Constructor arguments always come from the task's ``get_init_inputs``. The model stays in
+    the mode its constructor leaves it in (training), because that is how KernelBench runs its
+    references (under ``no_grad``, never ``.eval()``): a BatchNorm task is defined with the
+    batch's statistics, and a solution written for KernelBench computes those. In eval mode
+    the reference would use the initial running statistics instead, judge such solutions
+    incorrect, and make some level-3 models all but constant in their inputs.
     """
     with _RNG_LOCK, torch.device(device):
         torch.manual_seed(seed)
         args, kwargs = init_args(task.get_init_inputs())
         torch.manual_seed(seed)
         model = model_class(*args, **kwargs)
-    return model.to(device).eval()
+    return model.to(device)
 
 
 def make_inputs(module: types.ModuleType, seed: int, device: torch.device) -> list[Any]:

@@ -46,19 +46,25 @@ from kernelrl.env.timing import TimingConfig, placements, time_fn
 SPOT_AUDIT_PROBABILITY = 0.5
 
 
-def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 16 * 2**20) -> tuple[int, int]:
-    """Two position-weighted sums of a tensor's bytes, computed where it lives, chunk by chunk:
-    enough to tell whether it changed, without a second copy of a multi-GiB tensor."""
+def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[int, int]:
+    """Two position-weighted sums of a tensor's 32-bit words (bytes when its size is not a
+    multiple of 4), computed where it lives, chunk by chunk: enough to tell whether it changed,
+    without a second copy of a multi-GiB tensor. Words, not bytes, and one host sync per
+    tensor: a 6 GiB output is fingerprinted in milliseconds on a GPU, not seconds."""
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
         return (0, 0)
     data = flat.contiguous().view(torch.uint8)
-    plain = weighted = 0
-    for start in range(0, data.numel(), chunk_bytes):
-        words = data[start : start + chunk_bytes].to(torch.int64)
+    if data.numel() % 4 == 0:
+        data = data.view(torch.int32)
+    step = max(chunk_bytes // data.element_size(), 1)
+    sums = torch.zeros(2, dtype=torch.int64, device=data.device)
+    for start in range(0, data.numel(), step):
+        words = data[start : start + step].to(torch.int64)
         positions = torch.arange(start, start + words.numel(), device=words.device) % 65521 + 1
-        plain += int(words.sum())
-        weighted += int((words * positions).sum())
+        sums[0] += words.sum()
+        sums[1] += (words * positions).sum()
+    plain, weighted = sums.tolist()
     return (plain, weighted)
 
 

@@ -66,16 +66,51 @@ def recv_message(sock: socket.socket) -> dict[str, Any]:
 def send_tensor_bytes(sock: socket.socket, tensor: torch.Tensor) -> None:
     """The raw bytes of ``tensor`` (any device, any layout), in chunks of ``CHUNK_BYTES``.
 
-    Row-major order of the logical tensor, so the receiver needs only dtype and shape.
+    Row-major order of the logical tensor, so the receiver needs only dtype and shape. A GPU
+    tensor goes through two pinned host buffers: the device copies the next chunk while this
+    one is on the socket.
     """
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
         return
-    words = flat.element_size()
-    step = max(CHUNK_BYTES // words, 1)
-    for start in range(0, flat.numel(), step):
-        chunk = flat[start : start + step].contiguous().view(torch.uint8).cpu()
-        sock.sendall(memoryview(chunk.numpy()))
+    step = max(CHUNK_BYTES // flat.element_size(), 1)
+    if flat.device.type != "cuda":
+        for start in range(0, flat.numel(), step):
+            chunk = flat[start : start + step].contiguous().view(torch.uint8).cpu()
+            sock.sendall(memoryview(chunk.numpy()))
+        return
+    buffers, copied = _pinned_buffers(), [torch.cuda.Event(), torch.cuda.Event()]
+    sizes = [0, 0]
+
+    def copy_chunk(slot: int, start: int) -> None:
+        piece = flat[start : start + step].contiguous().view(torch.uint8)
+        sizes[slot] = piece.numel()
+        buffers[slot][: sizes[slot]].copy_(piece, non_blocking=True)
+        copied[slot].record()
+
+    copy_chunk(0, 0)
+    for number, start in enumerate(range(0, flat.numel(), step)):
+        slot = number % 2
+        if start + step < flat.numel():  # the other buffer was sent in the previous round
+            copy_chunk(1 - slot, start + step)
+        copied[slot].synchronize()
+        sock.sendall(memoryview(buffers[slot].numpy())[: sizes[slot]])
+
+
+_PINNED: list[torch.Tensor] = []
+
+
+def _pinned_buffers() -> list[torch.Tensor]:
+    """Two page-locked chunk buffers, made once per process (allocating them costs more than
+    copying a chunk)."""
+    if not _PINNED:
+        try:
+            _PINNED.extend(
+                torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=True) for _ in "ab"
+            )
+        except RuntimeError:  # no page-locked memory left: pageable buffers, copied in turn
+            _PINNED[:] = [torch.empty(CHUNK_BYTES, dtype=torch.uint8) for _ in "ab"]
+    return _PINNED
 
 
 def recv_exactly_into(sock: socket.socket, buffer: memoryview) -> None:
