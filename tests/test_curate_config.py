@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kernelrl.data.curate import pipeline
 from kernelrl.data.curate.config import CURATE_RECIPE, compose_recipe, curate_config
-from kernelrl.data.curate.pipeline import validate_settings
 from kernelrl.data.curate.resume import fingerprint
 from kernelrl.launch.recipe import RecipeError, parse_recipe, recipe_parser
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "curate"
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes" / "curate"
 SMOKE = RECIPES / "smoke_cpu.yaml"
 
 
@@ -76,4 +78,16 @@ def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes(
     }
     for (recipe, *flags), key in expected.items():
         config = parse("--config", str(recipe), *flags)
-        assert fingerprint("validate", validate_settings(config)) == key
+        assert fingerprint("validate", pipeline.validate_settings(config)) == key
+
+
+def test_the_h100_journal_in_benchmarks_would_resume(monkeypatch) -> None:
+    """The validate journal of levels 1-3 on an H100 (``benchmarks/results``), written by
+    ``kernelbench_gpu.yaml --validate_workers 8``, has the key this code computes for that
+    command (on this machine ``cuda`` is taken as given: no GPU to resolve it)."""
+    journal = ROOT / "benchmarks" / "results" / "h100_curate_validate"
+    lines = (journal / "validate_journal_final_250.jsonl").read_text().splitlines()
+    written = {json.loads(line)["config"] for line in lines}
+    monkeypatch.setattr(pipeline, "resolve_device", lambda device: device)
+    config = parse("--config", str(RECIPES / "kernelbench_gpu.yaml"), "--validate_workers", "8")
+    assert written == {fingerprint("validate", pipeline.validate_settings(config))}
