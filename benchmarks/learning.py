@@ -229,7 +229,7 @@ def estimate(
 ) -> dict[str, Any]:
     """Per stage and metric: mean, Wilson interval (rates) and the two-level bootstrap interval;
     per pair of stages: the difference with its paired (same resampled tasks) interval."""
-    from kernelrl.eval.metrics import wilson_interval
+    from kernelrl.eval.estimators import wilson_interval
 
     table: dict[str, Any] = {"stages": {}, "differences": {}}
     arrays = {

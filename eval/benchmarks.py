@@ -5,7 +5,7 @@ KernelBench problems are named ``level<L>/<file stem>`` (problem numbers restart
 level), bundled and folder tasks keep their file stem.
 
 Categories: a task that declares none (KernelBench problems never do) gets the one its
-operators imply, read from its source's AST by ``kernelrl.data.curate.difficulty`` (the same
+operators imply, read from its source's AST by ``kernelrl.data.curate.operators`` (the same
 inference curation uses), so per-category tables cover KernelBench too. That makes ``eval``
 import a sibling (``data``); the inference belongs at task loading (``env/task.py``) and moves
 there once the owner of that file agrees.
@@ -126,7 +126,7 @@ def with_category(task: Task) -> Task:
     """The task with its declared category, or else the one inferred from its operators."""
     if task.category not in UNCATEGORIZED:
         return task
-    from kernelrl.data.curate.difficulty import infer_category, task_ops
+    from kernelrl.data.curate.operators import infer_category, task_ops
 
     return dataclasses.replace(task, category=infer_category(task_ops(task.source)))
 

@@ -18,7 +18,8 @@ from rich.table import Table
 
 from kernelrl.eval.metrics import FAST_P, best_view, last_view, speedup, sweep_summary
 from kernelrl.eval.records import SampleRecord
-from kernelrl.eval.report import _table, load_run, load_selection, run_metadata, stats_config
+from kernelrl.eval.report import _table
+from kernelrl.eval.summary import load_run, load_selection, run_metadata, stats_config
 
 
 def _value(estimate: dict[str, Any] | None) -> float | None:

@@ -25,10 +25,10 @@ the failed attempts of its not-evaluated tasks):
   fewer than k scored samples counts its missing ones as failed (a lower bound), a task with
   none scores 0. ``None`` when k is above the samples any task was planned to get.
 
-Intervals: Wilson score intervals for rates (attempts treated as independent trials), percentile
-bootstrap for pass@k (resampling tasks; Wilson over tasks where every task scores exactly 0 or
-1, where a bootstrap degenerates to ``[0, 0]`` or ``[1, 1]``) and for the geometric mean
-(resampling attempts).
+Intervals (``kernelrl.eval.estimators``): Wilson score intervals for rates (attempts treated as
+independent trials), percentile bootstrap for pass@k (resampling tasks; Wilson over tasks where
+every task scores exactly 0 or 1, where a bootstrap degenerates to ``[0, 0]`` or ``[1, 1]``) and
+for the geometric mean (resampling attempts).
 
 Views of a multi-turn sweep, each one attempt per (task, sample): ``last`` (the final turn),
 ``best`` (the best turn: correct and fastest first, then the furthest stage reached), and per
@@ -37,15 +37,21 @@ turn t the best attempt among turns <= t (what refinement has achieved by then).
 
 from __future__ import annotations
 
-import math
-import random
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
-from statistics import NormalDist
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kernelrl.env.result import EvalResult, Status
+from kernelrl.eval.estimators import (
+    Estimate,
+    StatsConfig,
+    bootstrap_interval,
+    geomean,
+    mean,
+    pass_at_k,
+    pass_at_k_estimate,
+    rate,
+)
 from kernelrl.eval.records import SampleRecord, SelectedTask
 
 FAST_P = (0.0, 1.0, 1.2, 2.0)
@@ -138,89 +144,7 @@ def best_view(records: Iterable[SampleRecord], up_to_turn: int | None = None) ->
     return view
 
 
-# ---------------------------------------------------------------------------------- statistics
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k for one task (Chen et al. 2021), in the numerically stable product form."""
-    if k > n:
-        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
-
-
-def _z(confidence: float) -> float:
-    return NormalDist().inv_cdf(0.5 + confidence / 2)
-
-
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 1.0)
-    z = _z(confidence)
-    p = successes / n
-    denominator = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return (max(0.0, center - half), min(1.0, center + half))
-
-
-def bootstrap_interval(
-    values: Sequence[float],
-    statistic: Callable[[Sequence[float]], float],
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> tuple[float, float]:
-    """Percentile bootstrap; deterministic for a given seed."""
-    if not values:
-        return (math.nan, math.nan)
-    rng = random.Random(seed)
-    n = len(values)
-    stats = sorted(
-        statistic([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)
-    )
-    alpha = (1 - confidence) / 2
-    low = stats[min(resamples - 1, max(0, math.floor(alpha * resamples)))]
-    high = stats[min(resamples - 1, max(0, math.ceil((1 - alpha) * resamples) - 1))]
-    return (low, high)
-
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
 # ---------------------------------------------------------------------------------- summaries
-@dataclass
-class Estimate:
-    value: float | None
-    low: float | None = None
-    high: float | None = None
-    count: int | None = None  # successes, for rates
-    n: int = 0  # trials (rates, geomean) or tasks (pass@k)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def rate(flags: Sequence[bool], confidence: float) -> Estimate:
-    n, count = len(flags), sum(flags)
-    if n == 0:
-        return Estimate(None, n=0, count=0)
-    low, high = wilson_interval(count, n, confidence)
-    return Estimate(count / n, low, high, count, n)
-
-
-@dataclass
-class StatsConfig:
-    pass_ks: Sequence[int] = (1,)
-    confidence: float = 0.95
-    bootstrap_samples: int = 2000
-    seed: int = 0
-
-
 def selection_of(
     records: Iterable[SampleRecord], selection: Sequence[SelectedTask] | None = None
 ) -> list[SelectedTask]:
@@ -338,24 +262,6 @@ def summarize(
         else:
             summary["pass_at_k"][str(k)] = Estimate(None, n=0).to_dict()
     return summary
-
-
-def pass_at_k_estimate(values: Sequence[float], config: StatsConfig) -> tuple[Estimate, str]:
-    """Mean pass@k over tasks with its interval, and which interval it is: a percentile
-    bootstrap over tasks, except where every task scores exactly 0 or 1 (k of k samples, one
-    sample each, nothing solved). Those tasks are Bernoulli trials, so the interval is Wilson's,
-    as for rates; a bootstrap of all-0 (or all-1) values could only return ``[0.0%, 0.0%]``."""
-    value = mean(values)
-    if all(v in (0.0, 1.0) for v in values):
-        solved = sum(v == 1.0 for v in values)
-        low, high = wilson_interval(solved, len(values), config.confidence)
-        return Estimate(value, low, high, n=len(values)), "wilson over tasks"
-    if len(set(values)) == 1:  # e.g. one task: every resample is the same value
-        return Estimate(value, n=len(values)), "none: every task has the same pass@k"
-    low, high = bootstrap_interval(
-        values, mean, config.confidence, config.bootstrap_samples, config.seed
-    )
-    return Estimate(value, low, high, n=len(values)), "bootstrap over tasks"
 
 
 def _p_key(p: float) -> str:

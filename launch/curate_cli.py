@@ -2,19 +2,21 @@
 
     kernelrl curate --config recipes/curate/smoke_cpu.yaml [--key value ...]
 
-Recipes are flat YAML files parsed the TRL way (``trl.TrlParser`` over ``CurateConfig``):
+Recipes are flat YAML files parsed the TRL way (``trl.TrlParser`` over
+``kernelrl.data.curate.config.CURATE_RECIPE``: ``CurateConfig`` and each step's own keys):
 YAML keys set the defaults, ``--key value`` flags override them. The subparser takes every
 word after ``curate`` verbatim (``launch.recipe.add_recipe_command``) because only the recipe's
-dataclass knows the flags. A missing or malformed recipe, an unknown key or a bad value is one line on
-stderr and exit code 2 (``ValueError`` handled by ``kernelrl.launch.cli.main``).
+dataclasses know the flags. A missing or malformed recipe, an unknown key or a bad value is one
+line on stderr and exit code 2 (``ValueError`` handled by ``kernelrl.launch.cli.main``).
 
 Tables, progress bars and logs go to stderr (as for ``kernelrl eval``). Ctrl-C ends with one
 line saying what was kept under ``output_dir/.curate_state`` and exit status 130; the same
 command resumes from there (finished steps are loaded, journaled records are not rerun).
 
 Model handling lives here, not in ``kernelrl.data`` (dependency arrows): with
-``pass_rate_model`` set, the model name is resolved (``launch.models``) and a generation
-client from ``kernelrl.eval.clients`` produces the k samples per task.
+``pass_rate_model`` set (a key of the difficulty step), the model name is resolved
+(``launch.models``) and a generation client from ``kernelrl.eval.clients`` produces the k
+samples per task.
 """
 
 from __future__ import annotations
@@ -44,25 +46,27 @@ def add_subcommand(commands: Any) -> None:
 
 
 def _recipe_types() -> tuple[type, ...]:
-    from kernelrl.data.curate.pipeline import CurateConfig
+    from kernelrl.data.curate.config import CURATE_RECIPE
 
-    return (CurateConfig,)
+    return CURATE_RECIPE
 
 
 def make_generate(config: Any) -> tuple[Any, Any]:
-    """(generate(prompts, k) -> k completions per prompt, client) for the pass-rate model."""
+    """(generate(prompts, k) -> k completions per prompt, client) for the pass-rate model of a
+    composed ``CurateConfig`` (its ``difficulty`` part; samples seeded from the run's ``seed``)."""
     from kernelrl.eval.clients import Request, Sampling, TransformersClient, VLLMClient
     from kernelrl.launch.models import resolve_model
 
-    model = resolve_model(config.pass_rate_model)
-    sampling = Sampling(config.pass_rate_temperature, 1.0, config.pass_rate_max_new_tokens)
-    if config.pass_rate_client == "transformers":
+    keys = config.difficulty
+    model = resolve_model(keys.pass_rate_model)
+    sampling = Sampling(keys.pass_rate_temperature, 1.0, keys.pass_rate_max_new_tokens)
+    if keys.pass_rate_client == "transformers":
         client = TransformersClient(model, sampling)
-    elif config.pass_rate_client == "vllm":
+    elif keys.pass_rate_client == "vllm":
         client = VLLMClient(model, sampling, seed=config.seed)
     else:
         raise ValueError(
-            f"pass_rate_client must be transformers or vllm, got {config.pass_rate_client!r}"
+            f"pass_rate_client must be transformers or vllm, got {keys.pass_rate_client!r}"
         )
 
     def generate(prompts: Sequence[list[dict[str, str]]], k: int) -> list[list[str]]:
@@ -87,16 +91,17 @@ def _curate(words: list[str]) -> int:
     import datasets
     from rich.console import Console
 
+    from kernelrl.data.curate.config import compose_recipe
     from kernelrl.data.curate.pipeline import CurationInterrupted, run_curation
 
     datasets.disable_progress_bars()  # the step tables and our progress bars say what happens
 
-    (config,) = parse_recipe(words, _recipe_types(), "kernelrl curate")
+    config = compose_recipe(parse_recipe(words, _recipe_types(), "kernelrl curate"))
     # Tables, progress and logs on stderr, as `kernelrl eval` does; stdout stays for data.
     console = Console(stderr=True)
     generate, client = None, None
     try:
-        if config.pass_rate_model:
+        if config.difficulty.pass_rate_model:
             generate, client = make_generate(config)
         result = run_curation(
             config, generate=generate, console=console, command="kernelrl curate " + " ".join(words)
@@ -117,9 +122,7 @@ def _curate(words: list[str]) -> int:
     from kernelrl.launch.wandb_log import log_curation, wants_wandb
 
     if wants_wandb(config.report_to):
-        from dataclasses import asdict
-
         name = os.path.basename(os.path.normpath(config.output_dir)) or "curate"
-        run_dir = log_curation(config.output_dir, result.reports, asdict(config), name)
+        run_dir = log_curation(config.output_dir, result.reports, config.to_dict(), name)
         console.print(f"wandb run: {run_dir}", soft_wrap=True)
     return 0

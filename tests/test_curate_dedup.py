@@ -97,13 +97,13 @@ def test_decontamination_does_not_flag_different_tasks() -> None:
         benchmark = Benchmark([(k, v) for k, v in sources.items() if k != task_id], config)
         match = benchmark.best_match(source)
         worst = max(worst, match["score"] if match else 0.0)
-    assert worst < config.threshold
+    assert worst < config.decontam_threshold
     # and the same benchmark catches a renamed copy
     benchmark = Benchmark(list(sources.items()), config)
     copy = re.sub(r"\bx\b", "logits", sources["14_softmax_rows"]).replace("batch_size", "n")
     assert copy != sources["14_softmax_rows"]
     assert benchmark.best_match(copy)["benchmark_id"] == "14_softmax_rows"
-    assert benchmark.best_match(copy)["score"] >= config.threshold
+    assert benchmark.best_match(copy)["score"] >= config.decontam_threshold
 
 
 # ------------------------------------------------- dedup compares computations, not text
@@ -281,11 +281,13 @@ def test_shape_variants_are_an_option() -> None:
     assert len(kept) == 2
     assert report.notes["shape_variants"][0]["id"] == "tall"
     assert report.notes["shape_variants"][0]["same_computation_as"] == "square"
-    kept, report = dedup(data, DedupConfig(shape_variants=True))
+    kept, report = dedup(data, DedupConfig(dedup_shape_variants=True))
     assert [(r.id, r.reason) for r in report.removed] == [("tall", "shape_variant")]
     # conv2d vs conv3d stay apart even when shape variants merge
     conv2d, conv3d = PAIRS["conv2d_vs_conv3d"]
-    kept, report = dedup(dataset_of({"a": conv2d, "b": conv3d}), DedupConfig(shape_variants=True))
+    kept, report = dedup(
+        dataset_of({"a": conv2d, "b": conv3d}), DedupConfig(dedup_shape_variants=True)
+    )
     assert report.removed == []
 
 

@@ -91,7 +91,7 @@ def test_pass_rate_from_k_samples_through_the_pool() -> None:
 
     with LocalPool(EvalConfig(device="cpu", timeout_s=120), workers=1) as pool:
         tagged, report = tag_difficulty(
-            tasks, DifficultyConfig(k=2, max_pass_rate=0.9), generate, pool
+            tasks, DifficultyConfig(pass_rate_k=2, max_pass_rate=0.9), generate, pool
         )
     assert seen == [2]
     assert (
@@ -100,7 +100,9 @@ def test_pass_rate_from_k_samples_through_the_pool() -> None:
         and tagged["difficulty"] == ["easy"]
     )
     with LocalPool(EvalConfig(device="cpu", timeout_s=120), workers=1) as pool:
-        _, report = tag_difficulty(tasks, DifficultyConfig(k=1, max_pass_rate=0.9), generate, pool)
+        _, report = tag_difficulty(
+            tasks, DifficultyConfig(pass_rate_k=1, max_pass_rate=0.9), generate, pool
+        )
     assert [r.reason for r in report.removed] == ["pass_rate_too_high"]
 
 
@@ -108,12 +110,12 @@ def test_pass_rate_from_k_samples_through_the_pool() -> None:
 def test_pass_rate_with_the_real_model_through_the_launcher() -> None:
     """`kernelrl curate` with pass_rate_model: SmolLM2 writes k answers per task, the pool
     judges them. 32 new tokens cannot hold a ModelNew, so every answer is a format error."""
-    from kernelrl.data.curate.pipeline import CurateConfig
+    from kernelrl.data.curate.config import curate_config
     from kernelrl.launch.curate_cli import make_generate
 
     tasks, _ = normalize_tasks(load_tasks([f"kernelbench:{RAW}"]))
     tasks = tasks.filter(lambda row: row["id"] == "02_softmax_rows")
-    config = CurateConfig(
+    config = curate_config(
         pass_rate_model="smollm2-135m-instruct", pass_rate_k=2, pass_rate_max_new_tokens=32
     )
     generate, client = make_generate(config)
@@ -126,7 +128,7 @@ def test_pass_rate_with_the_real_model_through_the_launcher() -> None:
         )
         with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1) as pool:
             results = pool.evaluate([task_from_row(tasks[0])] * 2, answers[0])
-            tagged, _ = tag_difficulty(tasks, DifficultyConfig(k=2), generate, pool)
+            tagged, _ = tag_difficulty(tasks, DifficultyConfig(pass_rate_k=2), generate, pool)
     finally:
         client.close()
     assert [str(r.status) for r in results] == ["format_error", "format_error"]

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from curate_smoke_run import run_cli
 
-from kernelrl.data.curate import resume, validate
-from kernelrl.data.curate.pipeline import CurateConfig, CurationInterrupted, run_curation
+from kernelrl.data.curate import reference_probe, resume
+from kernelrl.data.curate.config import CurateConfig, curate_config
+from kernelrl.data.curate.pipeline import CurationInterrupted, run_curation
 from kernelrl.data.loaders import load_curated
 
 RAW = Path(__file__).parent / "data" / "curate" / "raw_tasks"
@@ -38,7 +39,7 @@ def stable(tasks) -> list[dict]:
 
 
 def config(corpus: Path, out: Path) -> CurateConfig:
-    return CurateConfig(
+    return curate_config(
         output_dir=str(out),
         task_sources=[f"kernelbench:{corpus}"],
         steps=["normalize", "dedup", "validate", "difficulty"],
@@ -50,13 +51,13 @@ def config(corpus: Path, out: Path) -> CurateConfig:
 
 def test_interrupted_validation_resumes_with_only_the_rest(corpus, tmp_path, monkeypatch) -> None:
     runs: list[str] = []
-    original_run = validate.ReferenceProber.run
+    original_run = reference_probe.ReferenceProber.run
 
     def counting_run(self, task, *args, **kwargs):
         runs.append(task.id)
         return original_run(self, task, *args, **kwargs)
 
-    monkeypatch.setattr(validate.ReferenceProber, "run", counting_run)
+    monkeypatch.setattr(reference_probe.ReferenceProber, "run", counting_run)
     whole = run_curation(config(corpus, tmp_path / "whole"))
     assert len(runs) == 2 * len(TASKS)
 

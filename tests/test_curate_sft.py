@@ -77,7 +77,7 @@ def test_selection_rules() -> None:
         row("cpu", "b", completion("fine", 8), result()),
         row("unmeasured", "b", completion("fine", 9), None),
     ]
-    config = SelectConfig(min_speedup=1.0, max_reasoning_tokens=200, cap_per_task=1)
+    config = SelectConfig(sft_min_speedup=1.0, sft_max_reasoning_tokens=200, sft_cap_per_task=1)
     kept, report = select_sft(make_dataset(rows, "sft"), config)
     reasons = {r.id: r.reason for r in report.removed}
     assert kept["id"] == ["ok_short", "cpu"]
@@ -93,7 +93,10 @@ def test_selection_rules() -> None:
     }
     # ranking by speed instead, and CPU results dropped when a speedup is required
     fastest = SelectConfig(
-        min_speedup=1.0, cap_per_task=1, rank_by="fastest", require_meaningful_timing=True
+        sft_min_speedup=1.0,
+        sft_cap_per_task=1,
+        sft_rank_by="fastest",
+        sft_require_meaningful_timing=True,
     )
     kept, report = select_sft(make_dataset(rows, "sft"), fastest)
     assert kept["id"] == ["ok_long", "rambling"]
@@ -149,7 +152,7 @@ def test_revisions_from_trajectories() -> None:
         "trajectories",
     )
     examples, report = trajectories_to_sft(
-        data, RevisionConfig(history="full", min_improvement=1.1)
+        data, RevisionConfig(revision_history="full", revision_min_improvement=1.1)
     )
     assert examples["id"] == ["fix/turn2", "faster/turn1"]
     assert sorted(r.id for r in report.removed) == ["never", "same_speed"]
@@ -161,6 +164,6 @@ def test_revisions_from_trajectories() -> None:
         fix["prompt"][2]["content"] == "feedback 0" and fix["prompt"][4]["content"] == "feedback 1"
     )
     assert fix["completion"][0]["content"].startswith("<think>\nc\n</think>")
-    last, _ = trajectories_to_sft(data, RevisionConfig(history="last"))
+    last, _ = trajectories_to_sft(data, RevisionConfig(revision_history="last"))
     assert [m["role"] for m in last[0]["prompt"]] == ["user", "assistant", "user"]
     assert last[0]["prompt"][2]["content"] == "feedback 1"

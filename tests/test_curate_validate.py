@@ -5,22 +5,19 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from kernelrl.data.curate.normalize import normalize_tasks
-from kernelrl.data.curate.validate import (
-    Probe,
-    ReferenceProber,
-    ValidateConfig,
-    _ours,
-    seeds_for,
-    validate_tasks,
-)
+from kernelrl.data.curate.reference_probe import Probe, ReferenceProber
+from kernelrl.data.curate.validate import ValidateConfig, _ours, validate_tasks
+from kernelrl.data.curate.verdict import seeds_for
 from kernelrl.data.schema import make_dataset
 from kernelrl.env.admission import GpuMemoryBudget, plan_for
 from kernelrl.env.task import task_from_source
+from kernelrl.env.timing import TimingConfig
 
 GIB = 2**30
 
@@ -93,8 +90,8 @@ def validated(listener, tmp_path_factory):
     }
     rows = [{"id": key, "source": source, "origin": "test"} for key, source in records.items()]
     tasks, _ = normalize_tasks(make_dataset(rows, "tasks"))
-    config = ValidateConfig(device="cpu", timeout_s=12, workers=2)
-    kept, report = validate_tasks(tasks, config)
+    config = ValidateConfig(validate_timeout_s=12, validate_workers=2)
+    kept, report = validate_tasks(tasks, config, device="cpu")
     return kept, {r.id: r for r in report.removed}, marker
 
 
@@ -143,7 +140,7 @@ def test_records_run_in_a_sandboxed_child_without_network(validated, listener) -
 def test_runtime_budget() -> None:
     tasks, _ = normalize_tasks(make_dataset([{"id": "gelu", "source": GELU}], "tasks"))
     kept, report = validate_tasks(
-        tasks, ValidateConfig(device="cpu", max_runtime_ms=1e-6, workers=2)
+        tasks, ValidateConfig(max_ref_runtime_ms=1e-6, validate_workers=2), device="cpu"
     )
     assert len(kept) == 0
     assert (
@@ -167,7 +164,7 @@ def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> Non
     """The untrusted record's footprint is measured in the sandbox (meta device) and reserved
     before its tensors exist; a run that must be alone reserves the whole budget; a record whose
     footprint cannot be measured is admitted alone too."""
-    config = ValidateConfig(device="cpu", timeout_s=30, workers=1)
+    config = ValidateConfig(validate_timeout_s=30, validate_workers=1)
     good = task_from_source(reference("return x * 2"), "double")
     unmeasurable = task_from_source(
         reference("return x * 2").replace(
@@ -176,13 +173,15 @@ def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> Non
         ),
         "unmeasurable",
     )
-    with ReferenceProber(config) as prober:
+    with ReferenceProber(config, "cpu") as prober:
         budget = RecordingBudget(64 * GIB)
         prober.gpu_budget = budget
-        model_seed, seeds = seeds_for(good, config)
+        model_seed, seeds = seeds_for(good, 0, config.num_input_sets)
         shared = prober.run(good, model_seed, seeds, time_it=False)
         alone = prober.run(good, model_seed, seeds, time_it=False, alone=True)
-        odd = prober.run(unmeasurable, *seeds_for(unmeasurable, config), time_it=False)
+        odd = prober.run(
+            unmeasurable, *seeds_for(unmeasurable, 0, config.num_input_sets), time_it=False
+        )
         with contextlib.ExitStack() as held:
             large = prober._admit(
                 held, False, {"input_bytes": 8 * GIB, "param_bytes": 0, "output_bytes": 0}
@@ -208,6 +207,25 @@ def test_failures_that_may_be_ours_are_run_again_alone() -> None:
 
 def test_the_journal_key_ignores_the_number_of_workers() -> None:
     """A rerun with more workers resumes; a rerun that would judge differently does not."""
-    key = ValidateConfig(workers=2).verdict_settings()
-    assert key == ValidateConfig(workers=8).verdict_settings()
-    assert key != ValidateConfig(workers=2, seed=1).verdict_settings()
+    key = ValidateConfig(validate_workers=2).verdict_settings("auto", 0)
+    assert key == ValidateConfig(validate_workers=8).verdict_settings("auto", 0)
+    assert key != ValidateConfig(validate_workers=2).verdict_settings("auto", 1)
+    assert key != ValidateConfig(validate_timeout_s=60).verdict_settings("auto", 0)
+    assert key != ValidateConfig().verdict_settings("cpu", 0)
+
+
+def test_the_journal_key_keeps_the_names_journals_were_written_with() -> None:
+    """The step's recipe keys (validate_timeout_s, max_ref_runtime_ms) are not the names the
+    journal's key has always used; those names stay, or every earlier journal is orphaned."""
+    key = ValidateConfig(validate_timeout_s=12, max_ref_runtime_ms=5).verdict_settings("cpu", 3)
+    assert key == {
+        "device": "cpu",
+        "gpu_index": 0,
+        "timeout_s": 12,
+        "max_runtime_ms": 5,
+        "num_input_sets": 2,
+        "seed": 3,
+        "host_memory_bytes": 8 * GIB,
+        "reject_constant_outputs": True,
+        "timing": asdict(TimingConfig()),
+    }

@@ -43,8 +43,9 @@ from kernelrl.env.result import Status
 from kernelrl.env.store import ResultsStore
 from kernelrl.env.task import task_from_source
 from kernelrl.eval.config import EvalSweepConfig
+from kernelrl.eval.estimators import StatsConfig
 from kernelrl.eval.fixed import FixedSolutions
-from kernelrl.eval.metrics import StatsConfig, sweep_summary
+from kernelrl.eval.metrics import sweep_summary
 from kernelrl.eval.records import read_records
 from kernelrl.eval.report import write_report
 from kernelrl.eval.sweep import Sweep

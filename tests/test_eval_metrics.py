@@ -12,18 +12,20 @@ import math
 import pytest
 
 from kernelrl.env.result import EvalResult, Status
-from kernelrl.eval.metrics import (
+from kernelrl.eval.estimators import (
     StatsConfig,
-    best_view,
     bootstrap_interval,
     geomean,
-    last_view,
     pass_at_k,
+    wilson_interval,
+)
+from kernelrl.eval.metrics import (
+    best_view,
+    last_view,
     summarize,
     sweep_summary,
     task_rows,
     turn_curve,
-    wilson_interval,
 )
 from kernelrl.eval.records import (
     SampleRecord,

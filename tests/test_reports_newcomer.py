@@ -17,7 +17,8 @@ from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.service import EnvService
 from kernelrl.eval.compare import compare_markdown, compare_runs
 from kernelrl.eval.config import EvalSweepConfig
-from kernelrl.eval.metrics import StatsConfig, summarize
+from kernelrl.eval.estimators import StatsConfig
+from kernelrl.eval.metrics import summarize
 from kernelrl.eval.records import (
     SampleRecord,
     SamplesFile,

@@ -15,8 +15,9 @@ that uses the same operator (softmax in attention). Containment in both directio
 reported next to the score for the reader. Calibration on the 31 bundled tasks (each against
 the other 30): the highest score between two different tasks is 0.53; copies score 1.0.
 
-A record is removed when its best score reaches ``threshold``; the report keeps the best match,
-the figures and the heaviest shared n-grams for every record above ``report_threshold``.
+A record is removed when its best score reaches ``decontam_threshold``; the report keeps the
+best match, the figures and the heaviest shared n-grams for every record above
+``report_threshold``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,18 @@ from kernelrl.data.loaders import raw_rows
 
 @dataclass
 class DecontaminateConfig:
-    ngram: int = 8
-    threshold: float = 0.7  # IDF-weighted Jaccard at or above which a record is contaminated
-    report_threshold: float = 0.4  # overlaps worth listing in the report although kept
-    normalize_numbers: bool = False
+    """The decontamination step's recipe keys (parsed next to ``CurateConfig``)."""
+
+    decontam_ngram: int = field(
+        default=8, metadata={"help": "n of the token n-grams compared with the benchmark"}
+    )
+    decontam_threshold: float = field(
+        default=0.7,
+        metadata={"help": "IDF-weighted Jaccard at or above which a record is contaminated"},
+    )
+    # Fixed settings, not recipe keys.
+    report_threshold: float = field(default=0.4, init=False)  # listed in the report, though kept
+    normalize_numbers: bool = field(default=False, init=False)
 
 
 class Benchmark:
@@ -51,7 +60,7 @@ class Benchmark:
         self.config = config
         self.ids = [task_id for task_id, _ in tasks]
         self.grams = [
-            shingles(normalized_tokens(src, config.normalize_numbers), config.ngram)
+            shingles(normalized_tokens(src, config.normalize_numbers), config.decontam_ngram)
             for _, src in tasks
         ]
         self.df: Counter[str] = Counter(g for grams in self.grams for g in grams)
@@ -77,7 +86,9 @@ class Benchmark:
 
     def best_match(self, source: str) -> dict[str, Any] | None:
         """The benchmark task the record overlaps most, with the overlap figures."""
-        mine = shingles(normalized_tokens(source, self.config.normalize_numbers), self.config.ngram)
+        mine = shingles(
+            normalized_tokens(source, self.config.normalize_numbers), self.config.decontam_ngram
+        )
         candidates = Counter(p for g in mine for p in self.index.get(g, ()))
         if not mine or not candidates:
             return None
@@ -118,9 +129,9 @@ def decontaminate(
     with timed(report):
         for index, row in enumerate(dataset):
             match = benchmark.best_match(row[text_field] or "")
-            contaminated = match is not None and match["score"] >= config.threshold
+            contaminated = match is not None and match["score"] >= config.decontam_threshold
             if match is not None and match["score"] >= min(
-                config.report_threshold, config.threshold
+                config.report_threshold, config.decontam_threshold
             ):
                 overlaps.append({"id": row["id"], "removed": contaminated, **match})
             if contaminated:
@@ -128,15 +139,15 @@ def decontaminate(
                     row["id"],
                     "contaminated",
                     f"IDF-weighted Jaccard {match['score']:.2f} with benchmark task {match['benchmark_id']} "
-                    f"({match['matched_ngrams']} shared {config.ngram}-grams, {match['benchmark_in_record']:.0%} of it in the record)",
+                    f"({match['matched_ngrams']} shared {config.decontam_ngram}-grams, {match['benchmark_in_record']:.0%} of it in the record)",
                     **match,
                 )
             else:
                 keep.append(index)
         report.notes.update(
             benchmark_tasks=len(benchmark.ids),
-            ngram=config.ngram,
-            threshold=config.threshold,
+            ngram=config.decontam_ngram,
+            threshold=config.decontam_threshold,
             overlaps=overlaps,
         )
     result = dataset.select(keep)

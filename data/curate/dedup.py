@@ -9,11 +9,11 @@ part of any signal, so KernelBench's shared docstring template cannot make two p
   reformatted copy).
 - **near duplicate**: same operator sequence (layout ops such as ``.contiguous()`` aside), same
   returned value, same shapes, and a Jaccard similarity of the canonical computation's token
-  n-grams at or above ``threshold``. The three exact gates are what keep conv2d and conv3d,
+  n-grams at or above ``dedup_threshold``. The three exact gates are what keep conv2d and conv3d,
   depthwise and standard convolution, or an RNN's output and its hidden state apart; the
   similarity only confirms that the rest of the code is the same too.
 - **shape variants** (same computation, other sizes; tall-skinny vs square matmul) are
-  different kernel problems by default: ``shape_variants=True`` merges them (reason
+  different kernel problems by default: ``dedup_shape_variants=True`` merges them (reason
   ``shape_variant``). Either way the report lists them in ``notes["shape_variants"]``.
 
 The first record of a group (input order) is kept; the report names, for each removed record,
@@ -23,7 +23,7 @@ the kept one, the similarity and the reason. Candidates are grouped by their exa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,19 @@ from kernelrl.data.curate.tokens import shingles
 
 @dataclass
 class DedupConfig:
-    threshold: float = 0.8  # Jaccard of canonical-computation n-grams, inside the exact gates
-    ngram: int = 5
-    shape_variants: bool = False  # True: same computation at other sizes counts as a duplicate
+    """The dedup step's recipe keys (parsed next to ``CurateConfig``)."""
+
+    dedup_threshold: float = field(
+        default=0.8,
+        metadata={"help": "Jaccard of computation n-grams for near duplicates (same ops/shapes)"},
+    )
+    dedup_ngram: int = field(
+        default=5, metadata={"help": "n of the computation's token n-grams compared"}
+    )
+    dedup_shape_variants: bool = field(
+        default=False,
+        metadata={"help": "merge tasks with the same computation at other sizes (off: kept)"},
+    )
 
 
 def jaccard(a: set[str], b: set[str]) -> float:
@@ -83,7 +93,7 @@ def dedup(
                 )
                 continue
             twin = structures.get(sig.structure)
-            if twin is not None and config.shape_variants:
+            if twin is not None and config.dedup_shape_variants:
                 report.remove(
                     record_id,
                     "shape_variant",
@@ -92,24 +102,24 @@ def dedup(
                     similarity=1.0,
                 )
                 continue
-            grams = shingles(sig.tokens, config.ngram)
-            key = _gates(sig, config.shape_variants)
+            grams = shingles(sig.tokens, config.dedup_ngram)
+            key = _gates(sig, config.dedup_shape_variants)
             best: tuple[float, str] | None = None
             for kept in buckets.get(key, []):
                 similarity = jaccard(grams, kept.grams)
-                if similarity >= config.threshold and (best is None or similarity > best[0]):
+                if similarity >= config.dedup_threshold and (best is None or similarity > best[0]):
                     best = (similarity, kept.id)
             if best is not None:
                 gates = (
                     "ops, output and literals"
-                    if config.shape_variants
+                    if config.dedup_shape_variants
                     else ("ops, output, numbers and shapes")
                 )
                 report.remove(
                     record_id,
                     "near_duplicate",
                     f"same {gates} as {best[1]}; Jaccard {best[0]:.2f} of computation "
-                    f"{config.ngram}-grams",
+                    f"{config.dedup_ngram}-grams",
                     duplicate_of=best[1],
                     similarity=round(best[0], 4),
                 )
@@ -126,7 +136,7 @@ def dedup(
     result = dataset.select(keep)
     report.count_out = len(result)
     report.notes["shape_variants"] = variants
-    report.notes["shape_variants_merged"] = config.shape_variants
+    report.notes["shape_variants_merged"] = config.dedup_shape_variants
     log_step(report, console)
     return result, report
 

@@ -1,4 +1,4 @@
-"""The curation pipeline: recipe config -> steps -> Parquet datasets, card, plots, reports.
+"""The curation pipeline: recipe (``config``) -> steps -> Parquet datasets, card, plots, reports.
 
 Order matters for cost: the cheap text-only steps (normalize, dedup, decontaminate) run before
 the steps that execute code (validate, pass rate, sample evaluation), so no sandbox time is
@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +24,14 @@ from datasets import Dataset
 from rich.console import Console
 
 from kernelrl.data.curate.card import write_card
+from kernelrl.data.curate.config import CurateConfig
 from kernelrl.data.curate.decontaminate import (
     Benchmark,
-    DecontaminateConfig,
     decontaminate,
     write_decontamination_report,
 )
-from kernelrl.data.curate.dedup import DedupConfig, dedup, write_dedup_report
-from kernelrl.data.curate.difficulty import DifficultyConfig, Generate, tag_difficulty
+from kernelrl.data.curate.dedup import dedup, write_dedup_report
+from kernelrl.data.curate.difficulty import Generate, tag_difficulty
 from kernelrl.data.curate.normalize import normalize_tasks
 from kernelrl.data.curate.plots import make_plots
 from kernelrl.data.curate.report import StepReport, log_step, steps_table, timed, write_reports
@@ -43,7 +43,6 @@ from kernelrl.data.curate.resume import (
     fingerprint,
 )
 from kernelrl.data.curate.sft_select import (
-    SelectConfig,
     attach_to_tasks,
     concat_sft,
     evaluate_missing,
@@ -52,126 +51,11 @@ from kernelrl.data.curate.sft_select import (
     samples_to_sft,
     select_sft,
 )
-from kernelrl.data.curate.trajectories_to_sft import RevisionConfig, trajectories_to_sft
-from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
+from kernelrl.data.curate.trajectories_to_sft import trajectories_to_sft
+from kernelrl.data.curate.validate import validate_tasks
 from kernelrl.data.loaders import load_samples, load_tasks, load_trajectories
-from kernelrl.env.pools import Pool, PoolChoice
-
-STEPS = ("normalize", "dedup", "decontaminate", "validate", "difficulty", "sft")
-
-
-@dataclass
-class CurateConfig(PoolChoice):
-    """Everything a curation run needs; one flat recipe (``recipes/curate/*.yaml``)."""
-
-    output_dir: str = field(
-        default="", metadata={"help": "where the datasets, card and reports go"}
-    )
-    name: str = field(default="kernelrl-curated", metadata={"help": "dataset name in the card"})
-    task_sources: list[str] = field(
-        default_factory=list, metadata={"help": "FORMAT:PATH or {format, path, fields, ...}"}
-    )
-    sample_sources: list[str] = field(
-        default_factory=list, metadata={"help": "generated samples (task_id, completion)"}
-    )
-    trajectory_sources: list[str] = field(
-        default_factory=list, metadata={"help": "multi-turn trajectories"}
-    )
-    benchmark_sources: list[str] = field(
-        default_factory=list, metadata={"help": "evaluation sets to decontaminate against"}
-    )
-    steps: list[str] = field(
-        default_factory=lambda: list(STEPS), metadata={"help": f"subset of {STEPS}"}
-    )
-    backend: str | None = field(
-        default=None, metadata={"help": "override every task's backend (triton | cuda)"}
-    )
-    prompt_template: str | None = field(
-        default=None,
-        metadata={"help": "prompt template file ($reference, $backend_name, $example, ...)"},
-    )
-    one_shot: bool = field(
-        default=True, metadata={"help": "include the backend's one-shot example in task prompts"}
-    )
-    device: str = field(
-        default="auto", metadata={"help": "cpu | cuda | auto, for validation and evaluation"}
-    )
-    seed: int = 0
-    report_to: list[str] = field(
-        default_factory=list,
-        metadata={"help": "wandb: log step counts and the card (offline unless WANDB_API_KEY)"},
-    )
-    # validate
-    validate_workers: int = 2
-    validate_timeout_s: float = 120.0
-    max_ref_runtime_ms: float | None = field(
-        default=None, metadata={"help": "reference runtime budget on the device"}
-    )
-    reject_constant_outputs: bool = True
-    # dedup
-    dedup_threshold: float = field(
-        default=0.8,
-        metadata={"help": "Jaccard of computation n-grams for near duplicates (same ops/shapes)"},
-    )
-    dedup_ngram: int = 5
-    dedup_shape_variants: bool = field(
-        default=False,
-        metadata={"help": "merge tasks with the same computation at other sizes (off: kept)"},
-    )
-    # decontaminate
-    decontam_ngram: int = 8
-    decontam_threshold: float = 0.7
-    # difficulty / pass rate
-    pass_rate_model: str | None = field(
-        default=None, metadata={"help": "model name or path; enables pass rates"}
-    )
-    pass_rate_client: str = field(default="transformers", metadata={"help": "transformers | vllm"})
-    pass_rate_k: int = 4
-    pass_rate_max_new_tokens: int = 1024
-    pass_rate_temperature: float = 0.8
-    min_pass_rate: float | None = None
-    max_pass_rate: float | None = None
-    # evaluation of samples and trajectory turns
-    eval_workers: int = 2
-    eval_timeout_s: float = 180.0
-    # SFT selection
-    sft_min_speedup: float | None = 1.0
-    sft_speedup_baseline: str = "eager"
-    sft_require_meaningful_timing: bool = False
-    sft_max_reasoning_tokens: int | None = 8192
-    sft_cap_per_task: int = 2
-    sft_rank_by: str = "concise"
-    sft_reasoning_format: str = "think"
-    revision_history: str = "full"
-    revision_min_improvement: float = 1.1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in (
-            "task_sources",
-            "sample_sources",
-            "trajectory_sources",
-            "benchmark_sources",
-            "steps",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, str):  # one value given on the command line
-                setattr(self, name, [value])
-        unknown = set(self.steps) - set(STEPS)
-        if unknown:
-            raise ValueError(
-                f"unknown curation steps {sorted(unknown)} (known: {', '.join(STEPS)})"
-            )
-
-    def validate_config(self) -> ValidateConfig:
-        return ValidateConfig(
-            device=self.device,
-            timeout_s=self.validate_timeout_s,
-            max_runtime_ms=self.max_ref_runtime_ms,
-            seed=self.seed,
-            workers=self.validate_workers,
-            reject_constant_outputs=self.reject_constant_outputs,
-        )
+from kernelrl.env.evaluator import resolve_device
+from kernelrl.env.pools import Pool
 
 
 @dataclass
@@ -313,7 +197,7 @@ def run_curation(
     card = write_card(
         out, config.name, tasks, sft, reports, plots, command, config.backend or "triton"
     )
-    (out / "recipe.json").write_text(json.dumps(asdict(config), indent=1, default=str))
+    (out / "recipe.json").write_text(json.dumps(config.to_dict(), indent=1, default=str))
     if console is not None:
         console.print(
             steps_table(
@@ -356,63 +240,47 @@ def _run_steps(
             ),
         )
     if "dedup" in steps:
-        dedup_config = DedupConfig(
-            config.dedup_threshold, config.dedup_ngram, config.dedup_shape_variants
-        )
         tasks = runner.run(
-            "dedup", tasks, dedup_config, lambda data: dedup(data, dedup_config, console=console)
+            "dedup", tasks, config.dedup, lambda data: dedup(data, config.dedup, console=console)
         )
         write_dedup_report(runner.reports[-1], out / "dedup.md")
     if "decontaminate" in steps and config.benchmark_sources:
         # Text-only and cheap, and its benchmark is read afresh: never checkpointed.
         runner.current = "decontaminate"
-        benchmark = Benchmark.from_sources(
-            config.benchmark_sources,
-            DecontaminateConfig(config.decontam_ngram, config.decontam_threshold),
-        )
+        benchmark = Benchmark.from_sources(config.benchmark_sources, config.decontaminate)
         tasks, report = decontaminate(tasks, benchmark, console=console)
         runner.reports.append(report)
         write_decontamination_report(report, out / "decontamination.md")
     if "validate" in steps:
-        validate_config = config.validate_config()
-        settings = {
-            "config": validate_config.verdict_settings(),
-            "device": validate_config.resolved_device(),
-        }
+        settings = validate_settings(config)
         journal = runner.journal("validate", settings)
         tasks = runner.run(
             "validate",
             tasks,
             settings,
-            lambda data: validate_tasks(data, validate_config, console, journal),
+            lambda data: validate_tasks(
+                data, config.validate, console, journal, device=config.device, seed=config.seed
+            ),
         )
     if "difficulty" in steps:
-        difficulty_config = DifficultyConfig(
-            config.pass_rate_k, config.min_pass_rate, config.max_pass_rate
-        )
+        difficulty = config.difficulty
         model = None
         if generate is not None:
             model = {
-                key: getattr(config, key)
-                for key in (
-                    "pass_rate_model",
-                    "pass_rate_client",
-                    "pass_rate_max_new_tokens",
-                    "pass_rate_temperature",
-                    "seed",
-                    "eval_timeout_s",
-                    "device",
-                )
+                **difficulty.model_settings(),
+                "seed": config.seed,
+                "eval_timeout_s": config.eval_timeout_s,
+                "device": config.device,
             }
-        settings = {"config": difficulty_config, "model": model}
-        journal = runner.journal("difficulty", {"k": config.pass_rate_k, "model": model})
+        settings = {"config": difficulty, "model": model}
+        journal = runner.journal("difficulty", {"k": difficulty.pass_rate_k, "model": model})
         tasks = runner.run(
             "difficulty",
             tasks,
             settings,
             lambda data: tag_difficulty(
                 data,
-                difficulty_config,
+                difficulty,
                 generate,
                 lazy.get() if generate is not None else None,
                 console,
@@ -424,6 +292,14 @@ def _run_steps(
         runner.current = "sft"
         sft = _curate_sft(config, tasks, lazy, runner, out, console)
     return tasks, sft
+
+
+def validate_settings(config: CurateConfig) -> dict[str, Any]:
+    """What keys validate's journal and checkpoint: the verdicts' settings and the device."""
+    return {
+        "config": config.validate.verdict_settings(config.device, config.seed),
+        "device": resolve_device(config.device),
+    }
 
 
 def _evaluate_step(
@@ -477,7 +353,7 @@ def _curate_sft(
             _evaluate_step("evaluate_samples", evaluate_missing, tasks, lazy, console),
         )
         _save_parquet(samples, out / "evaluated" / "samples")
-        parts.append(samples_to_sft(samples, tasks, config.sft_reasoning_format))
+        parts.append(samples_to_sft(samples, tasks, config.sft.sft_reasoning_format))
     if config.trajectory_sources:
         trajectories, report = attach_to_tasks(
             load_trajectories(config.trajectory_sources), tasks, "attach_trajectories", console
@@ -492,21 +368,10 @@ def _curate_sft(
         )
         _save_parquet(trajectories, out / "evaluated" / "trajectories")
         revisions, report = trajectories_to_sft(
-            trajectories,
-            RevisionConfig(config.revision_history, config.revision_min_improvement),
-            config.sft_reasoning_format,
-            console,
+            trajectories, config.revision, config.sft.sft_reasoning_format, console
         )
         reports.append(report)
         parts.append(revisions)
-    select_config = SelectConfig(
-        min_speedup=config.sft_min_speedup,
-        speedup_baseline=config.sft_speedup_baseline,
-        require_meaningful_timing=config.sft_require_meaningful_timing,
-        max_reasoning_tokens=config.sft_max_reasoning_tokens,
-        cap_per_task=config.sft_cap_per_task,
-        rank_by=config.sft_rank_by,
-    )
-    sft, report = select_sft(concat_sft(parts), select_config, console)
+    sft, report = select_sft(concat_sft(parts), config.sft, console)
     reports.append(report)
     return sft

@@ -8,7 +8,7 @@
    mean something (a GPU), a speedup over the threshold; drop reasoning above a length cap;
    one copy of identical solutions per task; then per task and kind, rank by reasoning length
    (shortest first: ConCuR found concise reasoning traces give better kernels) and speedup,
-   and keep at most ``cap_per_task`` (task balance, also from ConCuR).
+   and keep at most ``sft_cap_per_task`` (task balance, also from ConCuR).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import hashlib
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from datasets import Dataset
@@ -218,12 +218,30 @@ def samples_to_sft(samples: Dataset, tasks: Dataset, reasoning_format: str = "th
 # ---------------------------------------------------------------------- 4: selection
 @dataclass
 class SelectConfig:
-    min_speedup: float | None = 1.0  # vs the baseline; applied where timings are meaningful
-    speedup_baseline: str = "eager"  # eager | compile
-    require_meaningful_timing: bool = False  # True: drop CPU-measured samples (no speedup)
-    max_reasoning_tokens: int | None = 8192
-    cap_per_task: int = 2  # per task and kind (sample / revision)
-    rank_by: str = "concise"  # concise: shortest reasoning first; fastest: speedup first
+    """The SFT step's recipe keys (parsed next to ``CurateConfig``): how examples are written
+    (``sft_reasoning_format``, for samples and revisions alike) and which are kept."""
+
+    sft_min_speedup: float | None = field(
+        default=1.0,
+        metadata={"help": "minimum speedup vs sft_speedup_baseline, where timings mean something"},
+    )
+    sft_speedup_baseline: str = field(default="eager", metadata={"help": "eager | compile"})
+    sft_require_meaningful_timing: bool = field(
+        default=False, metadata={"help": "drop examples measured without meaningful timings (CPU)"}
+    )
+    sft_max_reasoning_tokens: int | None = field(
+        default=8192, metadata={"help": "drop examples whose reasoning is longer"}
+    )
+    sft_cap_per_task: int = field(
+        default=2, metadata={"help": "examples kept per task and kind (sample / revision)"}
+    )
+    sft_rank_by: str = field(
+        default="concise",
+        metadata={"help": "concise: shortest reasoning first; fastest: speedup first"},
+    )
+    sft_reasoning_format: str = field(
+        default="think", metadata={"help": "reasoning in the completion: think | plain | none"}
+    )
 
 
 def _speedup(row: dict[str, Any], baseline: str) -> float | None:
@@ -241,8 +259,8 @@ def select_sft(
 ) -> tuple[Dataset, StepReport]:
     """Filter and rank SFT rows (see the module docstring); every drop has a reason."""
     config = config or SelectConfig()
-    if config.rank_by not in ("concise", "fastest"):
-        raise ValueError(f"rank_by must be concise or fastest, got {config.rank_by!r}")
+    if config.sft_rank_by not in ("concise", "fastest"):
+        raise ValueError(f"sft_rank_by must be concise or fastest, got {config.sft_rank_by!r}")
     report = StepReport("sft_select", count_in=len(examples))
     with timed(report):
         groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -267,13 +285,13 @@ def select_sft(
         kept: list[dict[str, Any]] = []
         for (_task, _kind), rows in groups.items():
             rows.sort(key=lambda r: _rank_key(r, config))
-            kept.extend(rows[: config.cap_per_task])
-            for row in rows[config.cap_per_task :]:
+            kept.extend(rows[: config.sft_cap_per_task])
+            for row in rows[config.sft_cap_per_task :]:
                 report.remove(
                     row["id"],
                     "over_task_cap",
-                    f"{len(rows)} candidates for {row['task_id']} ({row['kind']}); kept the {config.cap_per_task} "
-                    f"{'most concise' if config.rank_by == 'concise' else 'fastest'}",
+                    f"{len(rows)} candidates for {row['task_id']} ({row['kind']}); kept the {config.sft_cap_per_task} "
+                    f"{'most concise' if config.sft_rank_by == 'concise' else 'fastest'}",
                     reasoning_tokens=row["reasoning_tokens"],
                 )
         kept.sort(key=lambda r: (r["task_id"], r["kind"], r["turn"], r["id"]))
@@ -292,26 +310,31 @@ def _rejection(row: dict[str, Any], config: SelectConfig) -> tuple[str, str] | N
         return "failed_checks", ", ".join(row["checks_failed"])
     if not row["solution"]:
         return "no_solution", "no ModelNew code block"
-    speedup = _speedup(row, config.speedup_baseline)
+    speedup = _speedup(row, config.sft_speedup_baseline)
     if not row["timing_meaningful"]:
-        if config.require_meaningful_timing:
+        if config.sft_require_meaningful_timing:
             return "timing_not_meaningful", f"measured on {row['device_name']}: no speedup"
-    elif config.min_speedup is not None and (speedup is None or speedup < config.min_speedup):
-        return "too_slow", f"speedup vs {config.speedup_baseline} {speedup} < {config.min_speedup}"
+    elif config.sft_min_speedup is not None and (
+        speedup is None or speedup < config.sft_min_speedup
+    ):
+        return (
+            "too_slow",
+            f"speedup vs {config.sft_speedup_baseline} {speedup} < {config.sft_min_speedup}",
+        )
     if (
-        config.max_reasoning_tokens is not None
-        and row["reasoning_tokens"] > config.max_reasoning_tokens
+        config.sft_max_reasoning_tokens is not None
+        and row["reasoning_tokens"] > config.sft_max_reasoning_tokens
     ):
         return (
             "reasoning_too_long",
-            f"{row['reasoning_tokens']} > {config.max_reasoning_tokens} tokens",
+            f"{row['reasoning_tokens']} > {config.sft_max_reasoning_tokens} tokens",
         )
     return None
 
 
 def _rank_key(row: dict[str, Any], config: SelectConfig) -> tuple[float, float, str]:
-    speedup = _speedup(row, config.speedup_baseline) or 0.0
-    if config.rank_by == "fastest":
+    speedup = _speedup(row, config.sft_speedup_baseline) or 0.0
+    if config.sft_rank_by == "fastest":
         return (-speedup, row["reasoning_tokens"], row["id"])
     return (row["reasoning_tokens"], -speedup, row["id"])
 

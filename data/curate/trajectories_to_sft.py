@@ -1,17 +1,17 @@
 """Multi-turn RL trajectories -> SFT examples of successful revisions.
 
 A revision is a turn ``t >= 1`` whose solution the environment judged correct (no failed
-check) while turn ``t - 1`` was not, or was correct but slower by ``min_improvement`` (only
-where timings mean something). The example's prompt is the conversation up to that turn: the
-task prompt, the earlier attempts as assistant turns and the environment's feedback as user
-turns (all of them, or only the last attempt with ``history="last"``); its completion is the
-revised answer. This teaches what the model must do at RL time: read feedback and fix.
+check) while turn ``t - 1`` was not, or was correct but slower by ``revision_min_improvement``
+(only where timings mean something). The example's prompt is the conversation up to that turn:
+the task prompt, the earlier attempts as assistant turns and the environment's feedback as user
+turns (all of them, or only the last attempt with ``revision_history="last"``); its completion
+is the revised answer. This teaches what the model must do at RL time: read feedback and fix.
 The examples then go through ``select_sft`` like any sample.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from datasets import Dataset
@@ -25,9 +25,17 @@ from kernelrl.env.result import EvalResult
 
 @dataclass
 class RevisionConfig:
-    history: str = "full"  # full: every earlier turn; last: only the attempt being revised
-    min_improvement: float = 1.1  # a correct -> correct revision must be this much faster
-    feedback_prefix: str = ""  # text put before the environment's feedback in the user turn
+    """The revision keys of the SFT step (parsed next to ``CurateConfig``)."""
+
+    revision_history: str = field(
+        default="full",
+        metadata={"help": "full: every earlier turn; last: only the attempt being revised"},
+    )
+    revision_min_improvement: float = field(
+        default=1.1, metadata={"help": "a correct -> correct revision must be this much faster"}
+    )
+    # Fixed setting, not a recipe key: text put before the environment's feedback.
+    feedback_prefix: str = field(default="", init=False)
 
 
 def _improved(before: EvalResult | None, after: EvalResult, config: RevisionConfig) -> str | None:
@@ -38,7 +46,7 @@ def _improved(before: EvalResult | None, after: EvalResult, config: RevisionConf
         return f"fixes {before.status if before else 'an unmeasured attempt'}"
     if after.timing_meaningful and before.speedup_vs_eager and after.speedup_vs_eager:
         gain = after.speedup_vs_eager / before.speedup_vs_eager
-        if gain >= config.min_improvement:
+        if gain >= config.revision_min_improvement:
             return f"{gain:.2f}x faster"
     return None
 
@@ -51,8 +59,8 @@ def trajectories_to_sft(
 ) -> tuple[Dataset, StepReport]:
     """One SFT row per successful revision; trajectories without one are reported."""
     config = config or RevisionConfig()
-    if config.history not in ("full", "last"):
-        raise ValueError(f"history must be full or last, got {config.history!r}")
+    if config.revision_history not in ("full", "last"):
+        raise ValueError(f"revision_history must be full or last, got {config.revision_history!r}")
     report = StepReport("trajectories_to_sft", count_in=len(trajectories))
     rows: list[dict[str, Any]] = []
     with timed(report):
@@ -67,7 +75,7 @@ def trajectories_to_sft(
                 why = _improved(results[t - 1], after, config)
                 if why is None:
                     continue
-                first = 0 if config.history == "full" else t - 1
+                first = 0 if config.revision_history == "full" else t - 1
                 messages = list(trajectory["prompt"] or [])
                 for earlier in range(first, t):
                     feedback = turns[earlier]["feedback"] or (
