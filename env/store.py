@@ -18,7 +18,7 @@ import sqlite3
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +89,37 @@ class ResultsStore:
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         try:
-            self._conn().executescript(_SCHEMA)  # idempotent; autocommit mode
+            self._until_unlocked(lambda: self._conn().executescript(_SCHEMA))  # idempotent
+        except sqlite3.OperationalError as exc:
+            self.close()
+            if not _is_locked(exc):
+                raise ValueError(f"{self.path} is not a results store (SQLite): {exc}") from exc
+            raise RuntimeError(
+                f"{self.path}: the results store stayed locked by another process for "
+                f"{self.busy_timeout_s:g} s"
+            ) from exc
         except sqlite3.DatabaseError as exc:
             self.close()
             raise ValueError(f"{self.path} is not a results store (SQLite): {exc}") from exc
+
+    def _until_unlocked(self, step: Callable[[], Any]) -> Any:
+        """Run ``step`` again while SQLite answers "database is locked", up to the busy timeout.
+
+        SQLite's busy handler does not cover every lock: when two connections both want to
+        upgrade at once (switching the file to WAL, creating the schema), one of them gets
+        SQLITE_BUSY immediately rather than wait, to avoid a deadlock. Ray workers that open the
+        same store as they start hit exactly that.
+        """
+        deadline = time.monotonic() + self.busy_timeout_s
+        delay = 0.005
+        while True:
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                if not _is_locked(exc) or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(2 * delay, 0.25)
 
     # ------------------------------------------------------------------ connections
     def _conn(self) -> sqlite3.Connection:
@@ -106,7 +133,7 @@ class ResultsStore:
                 isolation_level=None,
                 check_same_thread=False,
             )
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._until_unlocked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
             # NORMAL in WAL mode: a committed transaction survives the process being killed
             # (only a power loss can drop the last ones), at a fraction of FULL's fsync cost.
             conn.execute("PRAGMA synchronous=NORMAL")
@@ -329,3 +356,7 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _is_locked(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)

@@ -209,3 +209,30 @@ def test_unreadable_store_file_is_a_clear_error(tmp_path: Path, payload: str) ->
         return
     with pytest.raises(ValueError, match="not a results store"):
         ResultsStore(path)
+
+
+def _open_store(path: str, barrier, outcomes) -> None:  # noqa: ANN001 - multiprocessing objects
+    barrier.wait()
+    try:
+        ResultsStore(path).reference_timings()
+        outcomes.put("ok")
+    except Exception as exc:  # noqa: BLE001 - the outcome is what the test checks
+        outcomes.put(repr(exc)[:300])
+
+
+def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    """Ray workers open the same store as they start: SQLite refuses one of two simultaneous
+    switches to WAL at once, without waiting (it failed 8 of 20 rounds of this before)."""
+    context = multiprocessing.get_context("fork")
+    for round_ in range(8):
+        path = str(tmp_path / f"round{round_}" / "results.db")
+        barrier, outcomes = context.Barrier(8), context.Queue()
+        processes = [
+            context.Process(target=_open_store, args=(path, barrier, outcomes)) for _ in range(8)
+        ]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=120)
+        results = [outcomes.get(timeout=5) for _ in processes]
+        assert results == ["ok"] * 8, results
