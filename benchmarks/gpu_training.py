@@ -416,23 +416,10 @@ class Runner:
         ]
         if args.device == "cpu":
             flags += ["--bf16", "false"]
-        if not resume:
-            shutil.rmtree(folder, ignore_errors=True)
-            flags += ["--max_steps", str(args.sft_steps), "--save_steps", str(args.sft_steps)]
-        else:
-            checkpoint = folder / f"checkpoint-{args.sft_steps}"
-            if not checkpoint.is_dir():
-                self._missing(stage, f"no {checkpoint.name} from sft_{config}")
-                return
-            total = args.sft_steps + args.sft_resume_steps
-            flags += [
-                "--max_steps",
-                str(total),
-                "--save_steps",
-                str(total),
-                "--resume_from_checkpoint",
-                str(checkpoint),
-            ]
+        steps = self._step_flags(stage, folder, args.sft_steps, args.sft_resume_steps, resume)
+        if steps is None:
+            return
+        flags += steps
         result = self.launch(stage, config, "sft", SFT_RECIPE, flags, args.sft_budget_s)
         if result["status"] == "skipped":
             return
@@ -469,26 +456,14 @@ class Runner:
         if args.dry:  # the CPU rehearsal checks the glue, not the policy: short turns
             flags += ["--max_completion_length", "48", "--max_feedback_tokens", "32"]
         steps = args.train_steps
-        if not resume:
-            shutil.rmtree(folder, ignore_errors=True)
-            flags += ["--max_steps", str(steps), "--save_steps", str(steps)]
-        else:
-            checkpoint = folder / f"checkpoint-{steps}"
-            if not checkpoint.is_dir():
-                self._missing(stage, f"no {checkpoint.name} from train_{config}")
-                return
+        step_flags = self._step_flags(stage, folder, steps, args.train_resume_steps, resume)
+        if step_flags is None:
+            return
+        flags += step_flags
+        if resume:
             before = self.work / f"train_{config}_at_{steps}"
             shutil.rmtree(before, ignore_errors=True)
             shutil.copytree(folder, before, ignore=shutil.ignore_patterns("checkpoint-*"))
-            total = steps + args.train_resume_steps
-            flags += [
-                "--max_steps",
-                str(total),
-                "--save_steps",
-                str(total),
-                "--resume_from_checkpoint",
-                str(checkpoint),
-            ]
         result = self.launch(stage, config, "train", TRAIN_RECIPE, flags, args.train_budget_s)
         if result["status"] == "skipped":
             return
@@ -514,6 +489,29 @@ class Runner:
         result["breakdown"] = _breakdown(own[1:] or own)
         reference = self.work / f"train_{config}_at_{steps}" if resume else init
         result["weights"] = weight_change(reference, folder)
+
+    def _step_flags(
+        self, stage: str, folder: Path, steps: int, resume_steps: int, resume: bool
+    ) -> list[str] | None:
+        """Step flags of a first run (into an emptied ``folder``), or of a resume from its
+        ``checkpoint-<steps>`` for ``resume_steps`` more; None, recorded as not run, when that
+        checkpoint is missing."""
+        if not resume:
+            shutil.rmtree(folder, ignore_errors=True)
+            return ["--max_steps", str(steps), "--save_steps", str(steps)]
+        checkpoint = folder / f"checkpoint-{steps}"
+        if not checkpoint.is_dir():
+            self._missing(stage, f"no {checkpoint.name} from {folder.name}")
+            return None
+        total = str(steps + resume_steps)
+        return [
+            "--max_steps",
+            total,
+            "--save_steps",
+            total,
+            "--resume_from_checkpoint",
+            str(checkpoint),
+        ]
 
     def _missing(self, stage: str, reason: str) -> None:
         self.results["stages"][stage] = {"status": "not_run", "reason": reason}
