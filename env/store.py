@@ -90,16 +90,13 @@ class ResultsStore:
         self._lock = threading.Lock()
         try:
             self._until_unlocked(lambda: self._conn().executescript(_SCHEMA))  # idempotent
-        except sqlite3.OperationalError as exc:
-            self.close()
-            if not _is_locked(exc):
-                raise ValueError(f"{self.path} is not a results store (SQLite): {exc}") from exc
-            raise RuntimeError(
-                f"{self.path}: the results store stayed locked by another process for "
-                f"{self.busy_timeout_s:g} s"
-            ) from exc
         except sqlite3.DatabaseError as exc:
             self.close()
+            if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
+                raise RuntimeError(
+                    f"{self.path}: the results store stayed locked by another process for "
+                    f"{self.busy_timeout_s:g} s"
+                ) from exc
             raise ValueError(f"{self.path} is not a results store (SQLite): {exc}") from exc
 
     def _until_unlocked(self, step: Callable[[], Any]) -> Any:

@@ -101,7 +101,7 @@ class SandboxSession:
                 remaining -= size
 
     def _chunk_buffer(self) -> torch.Tensor:
-        if self._buffer is None:  # page-locked where there is a GPU: its copy up is direct
-            pin = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._buffer is None:  # page-locked where this process uses a GPU: its copy up is direct
+            pin = torch.cuda.is_initialized()
             self._buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=pin)
         return self._buffer
