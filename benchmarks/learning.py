@@ -2,7 +2,7 @@
 
 One command runs the whole experiment on the bundled tasks and writes its numbers and plot:
 
-    python benchmarks/learning.py [--out runs/bench/learning] [--seed 0] [--rl-steps 5]
+    python benchmarks/learning.py [--out runs/bench/learning] [--seed 0] [--rl-steps 10]
 
 1. **Split** the bundled tasks (``data/tasks``) into train and held-out, deterministically: within
    each category the task ids are shuffled with ``--seed`` and a third (at least one) goes to the
@@ -169,7 +169,8 @@ def adopt_from_log(log_path: Path) -> dict[str, Any] | None:
     status = re.search(r"Exit status: (\d+)", text)
     wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text)
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    if not (status and wall and status.group(1) == "0"):
+    killed = "Command terminated by signal" in text  # time -v then still says "Exit status: 0"
+    if killed or not (status and wall and status.group(1) == "0"):
         return None
     seconds = 0.0
     for part in wall.group(1).split(":"):
@@ -402,8 +403,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="split seed")
     parser.add_argument("--heldout-fraction", type=float, default=1 / 3)
     parser.add_argument("--samples", type=int, default=4, help="held-out samples per task")
-    parser.add_argument("--rl-steps", type=int, default=5)
-    parser.add_argument("--sft-epochs", type=float, default=2.0)
+    parser.add_argument("--rl-steps", type=int, default=10)
+    parser.add_argument("--sft-epochs", type=float, default=3.0)
     parser.add_argument(
         "--sft-max-steps", type=int, default=None, help="stop SFT after this many steps"
     )

@@ -274,12 +274,31 @@ class KernelGRPOConfig(GRPOConfig):
         self.scale_rewards = value
 
     def _check_honoured(self) -> None:
-        """TRL options that the turn-level advantages replace: refused, never ignored."""
+        """TRL options that kernelrl cannot honour: refused, never ignored."""
         if self.multi_objective_aggregation != "sum_then_normalize":
             raise ValueError(
                 f"multi_objective_aggregation={self.multi_objective_aggregation} is not supported: "
                 "kernelrl sums the weighted reward components of each turn, then computes "
                 "advantages; remove multi_objective_aggregation"
+            )
+        truncated = [
+            f"{name}={value}"
+            for name, value, on in (
+                ("top_p", self.top_p, self.top_p < 1.0),
+                ("top_k", self.top_k, self.top_k not in (None, 0, -1)),
+                ("min_p", self.min_p, bool(self.min_p)),
+            )
+            if on
+        ]
+        if self.use_vllm and self.vllm_importance_sampling_correction and truncated:
+            # vLLM reports log-probabilities of the truncated distribution it sampled from, TRL
+            # recomputes them over the whole vocabulary: every token's ratio is < 1 and their
+            # product over a ~1k-token completion scales its gradient towards 0 (down to 1e-6 in
+            # the learning benchmark at top_p 0.95, README "Options ... are refused").
+            raise ValueError(
+                f"{', '.join(truncated)} with vLLM's importance-sampling correction biases every "
+                "ratio (TRL's log-probabilities ignore truncation); sample with top_p: 1.0, "
+                "top_k: 0 and no min_p, or set vllm_importance_sampling_correction: false"
             )
 
     def reward_config(self) -> RewardConfig:

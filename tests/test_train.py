@@ -81,6 +81,10 @@ def test_every_training_recipe_parses(recipe: Path) -> None:
             "model_name_or_path: m\nmulti_objective_aggregation: normalize_then_sum\n",
             "multi_objective_aggregation=normalize_then_sum is not supported",
         ),
+        # truncated sampling would bias vLLM's importance-sampling ratio towards 0
+        ("model_name_or_path: m\nuse_vllm: true\ntop_p: 0.95\n", "top_p=0.95 with vLLM"),
+        ("model_name_or_path: m\nuse_vllm: true\ntop_k: 50\n", "top_k=50 with vLLM"),
+        ("model_name_or_path: m\nuse_vllm: true\nmin_p: 0.05\n", "min_p=0.05 with vLLM"),
     ],
 )
 def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) -> None:
@@ -88,6 +92,18 @@ def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) 
     recipe.write_text("use_cpu: true\nbf16: false\n" + text)
     with pytest.raises(RecipeError, match=expected):
         parse_recipe(["--config", str(recipe)])
+
+
+def test_truncated_sampling_is_allowed_without_the_importance_correction(tmp_path: Path) -> None:
+    """Without vLLM, or with its correction off, top_p only shapes sampling: accepted."""
+    for extra in (
+        "use_vllm: false\n",
+        "use_vllm: true\nvllm_importance_sampling_correction: false\n",
+    ):
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(f"use_cpu: true\nbf16: false\nmodel_name_or_path: m\ntop_p: 0.9\n{extra}")
+        args, _ = parse_recipe(["--config", str(recipe)])
+        assert args.top_p == 0.9
 
 
 def test_scale_rewards_defaults_to_the_estimators_own(tmp_path: Path) -> None:

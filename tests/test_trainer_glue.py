@@ -17,7 +17,7 @@ from kernelrl.env.result import Status
 from kernelrl.rl.config import KernelGRPOConfig, train_config
 from kernelrl.rl.metrics import trained_reward_metrics
 from kernelrl.rl.steps import over_tokens, turn_map
-from kernelrl.rl.trainer import KernelGRPOTrainer
+from kernelrl.rl.trainer import KernelGRPOTrainer, engine_kwargs
 
 STATUSES = [Status.INCORRECT, Status.COMPILE_ERROR, Status.FORMAT_ERROR, Status.RUNTIME_ERROR]
 
@@ -217,3 +217,25 @@ def test_resume_continues_exactly(model_dir: str, tmp_path: Path) -> None:
         t.completion_ids for t in full.steps[-1]["trajectories"]
     ]
     assert resumed.steps[-1]["key"] == full.steps[-1]["key"]
+
+
+def test_colocated_engine_samples_in_the_policys_dtype(tmp_path: Path) -> None:
+    """vLLM's 'auto' runs a float32 model in bfloat16: the engine is given the policy's dtype,
+    unless the recipe's ``vllm_engine_kwargs`` names one; server mode and no vLLM get none."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    def dtype_for(model: Any, **keys: Any) -> Any:
+        args = train_config(use_cpu=True, bf16=False, use_vllm=True, vllm_mode="colocate", **keys)
+        return engine_kwargs(args, model).get("dtype")
+
+    LlamaConfig(dtype="bfloat16").save_pretrained(tmp_path)
+    assert dtype_for("any/path") == "float32"  # TRL loads a named model in float32
+    assert dtype_for("any/path", model_init_kwargs={"dtype": "bfloat16"}) == "bfloat16"
+    assert dtype_for(str(tmp_path), model_init_kwargs={"dtype": "auto"}) == "bfloat16"
+    assert dtype_for(SimpleNamespace(dtype=torch.float16)) == "float16"
+    assert dtype_for("m", vllm_engine_kwargs={"dtype": "bfloat16"}) == "bfloat16"
+    server = train_config(use_cpu=True, bf16=False, use_vllm=True, vllm_mode="server")
+    assert "dtype" not in engine_kwargs(server, "m")
+    assert "dtype" not in engine_kwargs(train_config(use_cpu=True, bf16=False), "m")

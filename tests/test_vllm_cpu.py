@@ -45,7 +45,7 @@ def colocated(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         vllm_mode="colocate",
         vllm_max_model_length=2048,
         vllm_gpu_memory_utilization=0.3,
-        vllm_engine_kwargs={"enforce_eager": True, "dtype": "float32"},  # as the policy
+        vllm_engine_kwargs={"enforce_eager": True},  # the engine takes the policy's dtype
         model_init_kwargs={"dtype": "float32"},
         num_generations=2,
         per_device_train_batch_size=2,
