@@ -16,14 +16,17 @@ One command runs the whole experiment on the bundled tasks and writes its number
 5. **RL**: TRLOO (``kernelrl train``, ``recipes/smollm2/learning/trloo.yaml``) from the SFT model
    on the train split's tasks.
 6. **Eval after RL**, same settings.
-7. **Report**: parse, compile and correct rates and the mean reward of the held-out attempts at
-   each stage, with 95% intervals (Wilson for rates; a two-level bootstrap over tasks, then the
-   samples of each task, for every metric and for the differences between stages, paired by
-   task), the learning curves (SFT loss; RL reward, format and correct rates per step) as
-   ``learning.png``, ``summary.json`` and ``table.md``, copied to ``--results``.
+7. **Report**: parse, compile, correct and integrity-violation rates and the mean reward (the RL
+   recipe's reward) of the held-out attempts at each stage, with 95% intervals (Wilson for rates;
+   a two-level bootstrap over tasks, then the samples of each task, for every metric and for the
+   differences between stages, paired by task), the learning curves (SFT loss; RL reward,
+   format, integrity and correct rates per step) as ``learning.png``, ``summary.json`` and
+   ``table.md``, copied to ``--results``.
 
 Every stage is skipped when its output is complete, so rerunning the command continues an
-interrupted run (``--force STAGE`` redoes one). Before each heavy stage the script waits until
+interrupted run (``--force STAGE`` redoes one). The RL stage continues from its latest
+checkpoint, so ``--rl-steps 30 --force rl eval_rl`` after a 10-step run trains 20 more steps
+(delete ``rl_model`` to start RL again from the SFT model). Before each heavy stage the script waits until
 ``--min-free-gb`` of memory is available (the machine may be shared). Stage wall times, the
 largest resident set of the stage's processes and the load average are recorded.
 """
@@ -49,8 +52,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "smollm2" / "learning"
 STAGES = ("split", "eval_base", "sft", "eval_sft", "rl", "eval_rl", "report")
+RL_SAVE_EVERY = 10  # RL checkpoints: where a stopped or lengthened (--rl-steps) RL stage resumes
 EVALS = {"eval_base": "before SFT", "eval_sft": "after SFT", "eval_rl": "after RL"}
-METRICS = ("parse", "compile", "correct", "reward")
+# metric -> its label; "integrity" is the share of attempts refused by an integrity check (a
+# ModelNew without a kernel of its own, a torch fallback, ...), which the RL reward penalises
+METRICS = {
+    "parse": "parse rate",
+    "compile": "compile rate",
+    "correct": "correct rate",
+    "integrity": "integrity violation rate",
+    "reward": "mean reward",
+}
 
 
 # ---------------------------------------------------------------------------------- split
@@ -191,6 +203,7 @@ def regex_of(ids: list[str]) -> str:
 # ---------------------------------------------------------------------------------- statistics
 def attempts(run_dir: Path, reward_config: Any) -> dict[str, list[dict[str, float]]]:
     """task id -> per-sample outcomes of the final turn; harness errors are left out (unscored)."""
+    from kernelrl.env.result import Status
     from kernelrl.eval.metrics import compiled, last_view, parsed
     from kernelrl.rewards import is_scored, total_reward
 
@@ -204,6 +217,7 @@ def attempts(run_dir: Path, reward_config: Any) -> dict[str, list[dict[str, floa
                 "parse": float(parsed(result)),
                 "compile": float(compiled(result)),
                 "correct": float(bool(result.correct)),
+                "integrity": float(result.status is Status.INTEGRITY_VIOLATION),
                 "reward": float(total_reward(result, reward_config)),
             }
         )
@@ -319,7 +333,9 @@ def plot(table: dict[str, Any], sft: list, rl: list, path: Path, title: str) -> 
             hi.append(entry["bootstrap"][1] - entry["value"])
         axes[0].bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=EVALS.get(stage, stage))
     axes[0].set_xticks(range(len(METRICS)))
-    axes[0].set_xticklabels(["parse rate", "compile rate", "correct rate", "mean reward"])
+    axes[0].set_xticklabels(
+        [label.replace(" violation", "\nviolation") for label in METRICS.values()]
+    )
     axes[0].set_title("held-out tasks (95% bootstrap over tasks x samples)")
     axes[0].legend()
     if sft:
@@ -334,6 +350,7 @@ def plot(table: dict[str, Any], sft: list, rl: list, path: Path, title: str) -> 
         for key, label in (
             ("env/correct_final", "correct rate"),
             ("env/format_error", "format_error share"),
+            ("env/integrity_violation", "integrity_violation share"),
         ):
             if all(key in h for h in rl):
                 axes[2].plot(steps, [h[key] for h in rl], marker=".", label=label)
@@ -358,19 +375,19 @@ def markdown(table: dict[str, Any], split: dict[str, Any], stages: dict[str, Any
         f"{next(iter(table['stages'].values()))['parse']['n']} scored attempts per stage over "
         f"the {len(table['scored_tasks'])} tasks that every stage has evaluated.",
         "",
-        "| stage | parse rate | compile rate | correct rate | mean reward | Wilson (correct) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| stage | " + " | ".join(METRICS.values()) + " | Wilson (correct) |",
+        "| --- |" + " ---: |" * (len(METRICS) + 1),
     ]
     for stage, row in table["stages"].items():
         wl, wh = row["correct"]["wilson"]
+        cells = [fmt(row[m]) for m in METRICS]
         lines.append(
-            f"| {EVALS.get(stage, stage)} | {fmt(row['parse'])} | {fmt(row['compile'])} | "
-            f"{fmt(row['correct'])} | {fmt(row['reward'])} | [{wl:.3f}, {wh:.3f}] |"
+            f"| {EVALS.get(stage, stage)} | " + " | ".join(cells) + f" | [{wl:.3f}, {wh:.3f}] |"
         )
     lines += [
         "",
-        "| difference | parse | compile | correct | mean reward |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| difference | " + " | ".join(METRICS.values()) + " |",
+        "| --- |" + " ---: |" * len(METRICS),
     ]
     for key, row in table["differences"].items():
         a, b = key.split(" - ")[1], key.split(" - ")[0]
@@ -521,10 +538,12 @@ def main() -> int:
                 "--max_steps",
                 str(args.rl_steps),
                 "--save_steps",
-                str(args.rl_steps),
+                str(min(args.rl_steps, RL_SAVE_EVERY)),
                 "--output_dir",
                 str(rl_dir),
             ]
+            if any(rl_dir.glob("checkpoint-*")):  # continue, as an uninterrupted run would have
+                argv += ["--resume_from_checkpoint", "true"]
             check_filter(split)
         stages[stage] = run_stage(stage, argv, out, log, args.min_free_gb)
         stages[stage]["argv"] = argv
@@ -534,16 +553,11 @@ def main() -> int:
         "report"
     ):
         return 0
-    from kernelrl.rewards import RewardConfig
+    from kernelrl.launch.train_cli import parse_train_recipe
 
-    # The RL recipe's reward, so held-out reward and training reward are the same function.
-    reward_config = RewardConfig(
-        format_weight=0.1,
-        correctness_weight=1.0,
-        speedup_weight=1.0,
-        profiling_weight=0.5,
-        integrity_weight=1.0,
-    )
+    # The RL recipe's own reward, so held-out reward and training reward are the same function.
+    training_args, _ = parse_train_recipe(["--config", str(RECIPES / "trloo.yaml")])
+    reward_config = training_args.reward_config()
     runs = {
         stage: attempts(out / stage, reward_config)
         for stage in EVALS
