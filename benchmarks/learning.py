@@ -26,8 +26,8 @@ One command runs the whole experiment on the bundled tasks and writes its number
 Every stage is skipped when its output is complete, so rerunning the command continues an
 interrupted run (``--force STAGE`` redoes one). The RL stage continues from its latest
 checkpoint, so ``--rl-steps 30 --force rl eval_rl`` after a 10-step run trains 20 more steps
-(delete ``rl_model`` to start RL again from the SFT model). Before each heavy stage the script waits until
-``--min-free-gb`` of memory is available (the machine may be shared). Stage wall times, the
+(delete ``rl_model`` to start RL again from the SFT model). Before each heavy stage the script
+waits until ``--min-free-gb`` of memory is available (the machine may be shared). Stage wall times, the
 largest resident set of the stage's processes and the load average are recorded.
 """
 
