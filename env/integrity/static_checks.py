@@ -17,6 +17,7 @@ bodies excluded: they are device code).
 
 | check | rule |
 | --- | --- |
+| ``unlisted_reference`` | anywhere in the module (kernels, ``__init__`` and module level included), a name, attribute chain, import, builtin, base class, dunder definition or hook keyword that is not on the allow-list (``allowed``): reflection, the harness and any module not listed are out of reach by every spelling |
 | ``no_custom_kernel`` | no kernel of the task's backend is defined, or none is launched on the forward path (directly, through a dispatch table or a variable holding a kernel) |
 | ``torch_fallback`` | the forward path calls or references torch compute (anything outside the glue vocabulary: ``torch.*``, ``F.*``, ``torch.ops.*``, ``torch._C.*``, tensor methods), an ``nn`` layer, ``@``, the reference ``Model`` or numpy; or a copying glue op the reference itself uses |
 | ``try_except_fallback`` | an ``except`` handler computes with torch, numpy or the reference ``Model`` |
@@ -48,11 +49,13 @@ from kernelrl.env.integrity.reach_checks import (
     check_other_compiler,
     check_side_stream,
 )
+from kernelrl.env.integrity.reference_checks import check_unlisted_reference
 from kernelrl.env.integrity.state_checks import check_jit_global, check_output_caching
 
 Check = Callable[[SolutionAnalysis, set[str]], list[CheckFailure]]
 
 STATIC_CHECKS: dict[str, Check] = {
+    "unlisted_reference": check_unlisted_reference,
     "no_custom_kernel": check_no_custom_kernel,
     "torch_fallback": check_torch_fallback,
     "try_except_fallback": check_try_except_fallback,
