@@ -214,6 +214,7 @@ class Evaluator:
                 "timing": asdict(timing_config),
                 "profile_calls": config.profile_calls,
                 "gpu_bytes_admitted": plan.child_bytes if plan else None,
+                "check_timed_outputs": True,
                 "limits": {
                     "file_bytes": config.file_bytes,
                     "cpu_seconds": int(config.timeout_s * 2) + 30,
@@ -226,6 +227,9 @@ class Evaluator:
         if self._stopped_early(loaded, result):
             return
         violations = dynamic_checks.check_tampering(loaded["tampered"])
+        violations += dynamic_checks.check_init_compute(
+            loaded.get("init_compute", {}), self.references.init_compute(task)
+        )
         if violations:
             self._violate(result, violations)
             return
@@ -274,9 +278,10 @@ class Evaluator:
             min(evidence.launches) if evidence.launches and task.backend == "triton" else None
         )
 
+        timing_seed = secrets.randbits(31)
         with self._device_to_itself(session):
             timing_started = time.perf_counter()
-            session.send_time(secrets.randbits(31))
+            session.send_time(timing_seed)
             timing = session.receive()
             timing_wall = time.perf_counter() - timing_started
             result.phase_seconds.update(
@@ -290,6 +295,8 @@ class Evaluator:
             if self.device_kind == "cuda" and config.time_reference_compile:
                 result.ref_compile = self._reference_timing(task, True, timing_config)
             result.phase_seconds["reference_timing"] = time.perf_counter() - started
+        if not self._timed_outputs_correct(task, session, timing, reference, timing_seed, result):
+            return
         violations = dynamic_checks.check_timing_report(timing, task.backend, timing_wall)
         if violations:
             self._violate(result, violations)
@@ -309,6 +316,33 @@ class Evaluator:
                 return
             result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
             result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
+
+    def _timed_outputs_correct(
+        self,
+        task: Task,
+        session: SandboxSession,
+        timing: dict[str, Any],
+        reference: torch.nn.Module,
+        timing_seed: int,
+        result: EvalResult,
+    ) -> bool:
+        """The outputs the child kept of its timed calls (one call per input set, drawn after
+        the call returned), compared here with the reference on the same input set: timed
+        calls are held to the same answer as the checked ones."""
+        for entry in timing.get("checked_outputs", []):
+            index = int(entry["input_set"])
+            with self._trusted_gpu_work():
+                expected = self.references.output(task, reference, timing_seed + index)
+            comparison = self._compare(task, session, entry, expected, index)
+            del expected
+            if not comparison.correct:
+                result.status = Status.INCORRECT
+                result.error = (
+                    f"a timed call on input set {index} returned different outputs from the "
+                    "checked calls: " + "\n".join(comparison.problems[:3])
+                )
+                return False
+        return True
 
     def _compare(
         self,

@@ -55,6 +55,7 @@ class ReferenceRunner:
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
         self._modules: dict[tuple[str, str], types.ModuleType] = {}
+        self._init_compute: dict[str, frozenset[str]] = {}
         self._lock = threading.Lock()
 
     def module(self, task: Task) -> types.ModuleType:
@@ -82,6 +83,26 @@ class ReferenceRunner:
             raise TaskError(
                 f"task {task.id}: reference fails to build: {type(exc).__name__}: {exc}"
             ) from exc
+
+    def init_compute(self, task: Task) -> frozenset[str]:
+        """The compute ops (aten, outside the glue vocabulary) that building the task's own
+        Model dispatches: parameter initialisation (``uniform_``, ``normal_``...) and whatever
+        else the task defines at construction. A solution's constructor may do the same and
+        no more; computing anything else there is work done where no call is checked."""
+        if task.hash not in self._init_compute:
+            from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter
+
+            module = self.module(task)
+            audit = AtenAudit(LaunchCounter())
+            try:
+                with audit:
+                    harness.build_model(module.Model, module, 0, self.device)
+            except Exception as exc:
+                raise TaskError(
+                    f"task {task.id}: reference fails to build: {type(exc).__name__}: {exc}"
+                ) from exc
+            self._init_compute[task.hash] = frozenset(audit.compute)
+        return self._init_compute[task.hash]
 
     def output(self, task: Task, model: torch.nn.Module, seed: int) -> list[Any]:
         """The reference outputs of one input set, made here from ``seed``: one set at a time,

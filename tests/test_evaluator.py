@@ -229,3 +229,20 @@ def test_fp32_computed_in_lower_precision_is_named_in_the_feedback() -> None:
         (result,) = pool.evaluate([task], [solution.read_text()])
     assert result.status is Status.INCORRECT, result.error
     assert 'input_precision="ieee"' in result.feedback
+
+
+def test_timed_calls_are_held_to_the_checked_answer(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
+    result = results_without_static_checks["incorrect__garbage_on_timed_calls.py"]
+    assert "timed call" in result.error
+
+
+def test_what_the_solution_raises_is_never_ours(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
+    for name in ("system_exit_in_forward", "keyboard_interrupt_in_init"):
+        result = results_without_static_checks[f"runtime_error__{name}.py"]
+        assert result.status is Status.RUNTIME_ERROR, result.error
+    subclass = results_without_static_checks["runtime_error__tensor_subclass_output.py"]
+    assert "must return torch.Tensor" in subclass.error

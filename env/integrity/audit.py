@@ -9,6 +9,7 @@ one off shows.
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 from collections import Counter
@@ -130,21 +131,43 @@ class LaunchCounter:
         for cls in classes:
             original = cls.run
 
-            def counted_run(self, *args, _original=original, **kwargs):
+            def counted_run(self, *args, grid, _original=original, **kwargs):
                 owner = self.counts_owner
                 if (
                     not kwargs.get("warmup", False)
                     and getattr(self.fn, "__module__", "") == solution_module
                 ):
-                    owner.counts[self.fn.__name__] += 1
+                    grid = owner.counting(self.fn.__name__, grid)
                 owner.depth += 1
                 try:
-                    return _original(self, *args, **kwargs)
+                    return _original(self, *args, grid=grid, **kwargs)
                 finally:
                     owner.depth -= 1
 
             cls.run = counted_run
             cls.counts_owner = self
+
+    def counting(self, name: str, grid: Any) -> Any:
+        """The launch's grid, counted once Triton has its dimensions: a launch over an empty
+        grid runs no program, so it is no launch of the solution's kernel."""
+        if not callable(grid):
+            self._count(name, grid)
+            return grid
+
+        def sized(meta: Any) -> Any:
+            dims = grid(meta)
+            self._count(name, dims)
+            return dims
+
+        return sized
+
+    def _count(self, name: str, dims: Any) -> None:
+        try:
+            programs = math.prod(int(d) for d in dims)
+        except (TypeError, ValueError):
+            programs = 1  # a grid Triton itself will reject: the launch fails on its own
+        if programs > 0:
+            self.counts[name] += 1
 
     def total(self) -> int:
         return sum(self.counts.values())

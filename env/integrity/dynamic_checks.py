@@ -19,6 +19,7 @@ DYNAMIC_CHECKS: dict[str, str] = {
     "torch_fallback_runtime": "forward may allocate, view, copy, cast and pad with torch, nothing else: every other aten op or torch GPU kernel is torch doing the work that belongs in the solution's kernels",
     "glue_budget": "allocation, copy, cast and padding glue may prepare data for the solution's kernels, not do the work: bounded in bytes copied per call and in share of GPU time",
     "harness_tampered": "the solution must leave the harness, torch, timers, sockets and the audit as they were: no patched functions, replaced modules, trace hooks or removed dispatch modes",
+    "init_compute": "the constructor may initialise parameters as the task's Model does, nothing more: torch compute at construction (a lookup table, a precomputed answer) is work no checked call sees",
     "input_mutated": "forward must leave its inputs unchanged",
     "output_aliases_input": "an output must not share memory with an input",
     "output_reused": "each call must return fresh outputs: no buffer handed out twice, no result cached across calls",
@@ -55,6 +56,22 @@ class CallEvidence:
         self.copied_bytes.append(int(report["copied_bytes"]))
         self.io_bytes.append(int(report["io_bytes"]))
         self.tampered.extend(str(t) for t in report["tampered"])
+
+
+def check_init_compute(
+    solution_ops: Mapping[str, int], reference_ops: frozenset[str]
+) -> list[tuple[str, str]]:
+    """Compute ops the solution's constructor dispatched that the reference's does not."""
+    extra = sorted(set(solution_ops) - reference_ops)
+    if not extra:
+        return []
+    return [
+        (
+            "init_compute",
+            f"the constructor computed with torch ({', '.join(extra[:5])}) beyond what the "
+            "task's Model does to initialise its parameters; compute in your kernels instead",
+        )
+    ]
 
 
 def check_tampering(tampered: list[str]) -> list[tuple[str, str]]:

@@ -26,9 +26,21 @@ class SolutionFailure(RuntimeError):
     """The solution's own code raised; ``stage`` is ``compile`` or ``runtime``."""
 
     def __init__(self, stage: str, cause: BaseException) -> None:
-        super().__init__(str(cause))
+        super().__init__(exception_text(cause))
         self.stage = stage
         self.cause = cause
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Name: message`` of an exception the solution may have defined, read so that its own
+    code (a ``__str__`` that raises, exits or lies about its class) cannot turn the solution's
+    failure into ours."""
+    name = type.__dict__["__name__"].__get__(type(exc))
+    try:
+        message = str(exc)
+    except BaseException:  # noqa: BLE001 - the solution's message, not our failure
+        message = "<the exception's message could not be read>"
+    return f"{name}: {message}"
 
 
 def short_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
@@ -36,7 +48,7 @@ def short_traceback(exc: BaseException, limit_chars: int = 2000) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     own = [f for f in frames if f.filename.startswith("<kernelrl_solution")]
     lines = [f"  line {f.lineno}, in {f.name}: {f.line or ''}".rstrip() for f in own[-4:]]
-    message = f"{type(exc).__name__}: {exc}"
+    message = exception_text(exc)
     text = "\n".join([*lines, message]) if lines else message
     return text[-limit_chars:]
 

@@ -44,6 +44,9 @@ from kernelrl.env.timing import TimingConfig, placements, time_fn
 # Between two timed batches, an audited call runs with this probability, on a random input set:
 # the solution cannot tell from the outside which of its calls are watched.
 SPOT_AUDIT_PROBABILITY = 0.5
+# Timing input sets whose kept output (one of its timed calls, drawn after the fact) the
+# trusted side compares with the reference.
+TIMED_OUTPUTS_CHECKED = 2
 
 
 def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[int, int]:
@@ -66,6 +69,49 @@ def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[in
         sums[1] += (words * positions).sum()
     plain, weighted = sums.tolist()
     return (plain, weighted)
+
+
+def plain_outputs(output: Any, device: torch.device) -> list[Any]:
+    """The outputs of one call, accepted only as exactly ``torch.Tensor`` (type identity: a
+    subclass would run its own code when the harness reads it), dense, on the job's device, or
+    plain numbers, in a tuple or list of exactly those types. Nothing here calls a method a
+    solution could have defined."""
+    values = list(output) if type(output) in (tuple, list) else [output]
+    for index, value in enumerate(values):
+        kind = type(value)
+        if kind is torch.Tensor:
+            if value.layout != torch.strided:
+                raise TypeError(f"output {index} is not a dense tensor ({value.layout})")
+            if value.device != device:
+                raise TypeError(f"output {index} is on {value.device}, expected {device}")
+        elif kind not in (int, float, bool, type(None)):
+            name = type.__dict__["__name__"].__get__(kind)
+            raise TypeError(f"output {index} is a {name}: forward must return torch.Tensor")
+    return values
+
+
+class KeptOutputs:
+    """One output per timing input set, drawn uniformly from that set's timed calls *after*
+    each call returned (reservoir sampling), so no call can know whether its output will be
+    compared: a solution that returns garbage or ``torch.empty`` on some timed calls shows."""
+
+    def __init__(self, sets: int, rng: random.Random) -> None:
+        self.rng = rng
+        self.calls = [0] * sets
+        self.outputs: list[Any] = [None] * sets
+
+    def offer(self, index: int, output: Any) -> None:
+        self.calls[index] += 1
+        if self.rng.randrange(self.calls[index]) == 0:
+            self.outputs[index] = output
+
+    def pick(
+        self, rng: random.SystemRandom, count: int, device: torch.device
+    ) -> list[tuple[int, list[Any]]]:
+        """Up to ``count`` kept outputs, of input sets chosen at random, as plain outputs."""
+        indices = [i for i, calls in enumerate(self.calls) if calls]
+        chosen = sorted(rng.sample(indices, min(count, len(indices))))
+        return [(i, plain_outputs(self.outputs[i], device)) for i in chosen]
 
 
 def sampled_outputs(outputs: list[Any], size: int) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -139,7 +185,7 @@ class Job:
         start = time.perf_counter()
         try:
             solution = harness.load_module(job["solution_source"], SOLUTION_MODULE)
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - SystemExit from the solution is its own
             self.phase["load"] = time.perf_counter() - start
             if type(exc).__name__ == "CompiledOnly":
                 self.send({"type": "not_run", "reason": str(exc)})
@@ -153,9 +199,15 @@ class Job:
                 self.model = harness.build_model(
                     solution.ModelNew, task, job["model_seed"], self.device
                 )
-        except Exception as exc:
+        except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
             raise SolutionFailure(compile_error_stage(exc), exc) from exc
-        self.send({"type": "loaded", "tampered": self.guard.verify() + audit.tampered()})
+        self.send(
+            {
+                "type": "loaded",
+                "tampered": self.guard.verify() + audit.tampered(),
+                "init_compute": dict(audit.compute),
+            }
+        )
 
         while True:
             message = recv_message(self.sock)
@@ -218,12 +270,12 @@ class Job:
                 alone = audit.on_top()
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-        except Exception as exc:
+            outputs = plain_outputs(output, self.device)
+        except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
             raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
         self.calls += 1
         if self.calls == 1:  # the first call compiles the kernels (JIT) and runs them once
             self.phase["first_call"] = time.perf_counter() - call_start
-        outputs = harness.as_output_list(output)
         tensors = harness.tensors_in(outputs)
         flags = []
         if any(fingerprint(t) != b for t, b in zip(input_tensors, before, strict=True)):
@@ -260,12 +312,15 @@ class Job:
                 "tampered": tampered,
             }
         )
-        for value in outputs:
-            if isinstance(value, torch.Tensor):
-                send_tensor_bytes(self.sock, value)
+        self.send_values(outputs)
         # Held until the next call: an output handed out again, or changed by that call, shows.
         self.previous = (tensors, [fingerprint(t) for t in tensors])
         del inputs, input_tensors
+
+    def send_values(self, outputs: list[Any]) -> None:
+        for value in outputs:
+            if type(value) is torch.Tensor:
+                send_tensor_bytes(self.sock, value)
 
     def time(self, seed: int) -> None:
         config = TimingConfig(**self.job["timing"])
@@ -278,17 +333,18 @@ class Job:
         spot = AtenAudit(counter)
         spot_calls = [0]
         alone = [True]
+        kept = KeptOutputs(len(input_sets), random.Random(self.rng.getrandbits(64)))
 
-        def forward(inputs: list[Any]) -> None:
+        def forward(index: int) -> None:
             made[0] += 1
             try:
                 with torch.no_grad():
-                    model(*inputs)
-            except Exception as exc:
+                    kept.offer(index, model(*input_sets[index]))
+            except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
                 raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
 
-        def timed_call(inputs: list[Any]) -> Callable[[], None]:
-            return lambda: forward(inputs)
+        def timed_call(index: int) -> Callable[[], None]:
+            return lambda: forward(index)
 
         def spot_audit() -> None:
             if self.rng.random() >= SPOT_AUDIT_PROBABILITY:
@@ -300,10 +356,10 @@ class Job:
                 with torch.no_grad(), spot:
                     model(*inputs)
                     alone[0] = alone[0] and spot.on_top()
-            except Exception as exc:
+            except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
                 raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
 
-        calls = [timed_call(inputs) for inputs in input_sets]
+        calls = [timed_call(index) for index in range(len(input_sets))]
         counter.counts.clear()
         start = time.perf_counter()
         stats = time_fn(calls, self.device, config, between_batches=spot_audit)
@@ -319,9 +375,18 @@ class Job:
         tampered = self.guard.verify() + spot.tampered()
         if not alone[0]:
             tampered.append("the audit's dispatch mode was removed or covered")
+        wanted = TIMED_OUTPUTS_CHECKED if self.job.get("check_timed_outputs") else 0
+        try:
+            checked = kept.pick(self.rng, wanted, self.device)
+        except BaseException as exc:  # noqa: BLE001 - a timed call returned something else
+            raise SolutionFailure("runtime", exc) from exc
         self.send(
             {
                 "type": "timing",
+                "checked_outputs": [
+                    {"input_set": index, "outputs": compare.describe_outputs(values)}
+                    for index, values in checked
+                ],
                 "runtime": stats.__dict__,
                 "profile": profile,
                 "timed_calls": calls_made,
@@ -331,6 +396,8 @@ class Job:
                 "tampered": tampered,
             }
         )
+        for _, values in checked:
+            self.send_values(values)
 
 
 def profile_kernels(
