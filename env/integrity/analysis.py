@@ -76,6 +76,7 @@ class SolutionAnalysis:
         roots = [m for m in (self.forward, self._method("ModelNew", "__call__")) if m is not None]
         roots += self._hooks()
         self.forward_path = self._reachable(roots) if self.forward else []
+        self.compute_path = self._compute_path()
 
     def resolve(self, node: ast.AST) -> str | None:
         return self.names.resolve(node)
@@ -391,9 +392,48 @@ class SolutionAnalysis:
                             queue.append(callee)
         return list(seen.values())
 
+    def _compute_path(self) -> list[ast.AST]:
+        """Everything that may run outside construction: the code reachable from any function,
+        method or lambda of the solution, from its module level, class bodies and decorators
+        (run at import), except what only ``__init__`` reaches. Construction is audited at run
+        time (``init_compute``); everything else is where torch compute would hide from the
+        forward path (hooks, heuristics, dunders, helpers reached by a path not seen here)."""
+        inits = [item for item in self.methods.get("__init__", [])]
+        init_only = {id(fn) for fn in self._reachable(inits)}
+        functions = [
+            node
+            for node in ast.walk(self.tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            and node not in self.kernel_defs
+            and id(node) not in init_only
+        ]
+        return self._reachable([self._import_time_code(), *functions])
+
+    def _import_time_code(self) -> ast.Module:
+        """Statements that run when the module is imported: module level and class bodies
+        (not the functions they define), and every decorator expression."""
+        body: list[ast.stmt] = []
+        pending: list[ast.stmt] = list(self.tree.body)
+        while pending:
+            statement = pending.pop()
+            if isinstance(statement, ast.ClassDef):
+                body.extend(ast.Expr(value=d) for d in statement.decorator_list)
+                pending.extend(statement.body)
+            elif isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef):
+                body.extend(ast.Expr(value=d) for d in statement.decorator_list)
+            else:
+                body.append(statement)
+        return ast.Module(body=body, type_ignores=[])
+
+    def compute_nodes(self) -> Iterator[ast.AST]:
+        yield from self._nodes(self.compute_path)
+
     def forward_nodes(self) -> Iterator[ast.AST]:
+        yield from self._nodes(self.forward_path)
+
+    def _nodes(self, functions: list[ast.AST]) -> Iterator[ast.AST]:
         seen: set[int] = set()
-        for fn in self.forward_path:
+        for fn in functions:
             for node in walk_skipping(fn, self.kernel_defs):
                 if id(node) not in seen:
                     seen.add(id(node))

@@ -160,14 +160,14 @@ def check_torch_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
     copying = ref_ops & COPYING_TORCH_OPS  # a copy task: its own copy op does the work
     defines_model = "Model" in analysis.classes
     parents: dict[int, ast.AST] = {}
-    for fn in analysis.forward_path:
+    for fn in analysis.compute_path:
         parents.update(parent_map(fn))
 
     def fail(message: str, node: ast.AST) -> None:
         failures.append(CheckFailure("torch_fallback", message, getattr(node, "lineno", None)))
 
     holders = _compute_holders(analysis)
-    for node in analysis.forward_nodes():
+    for node in analysis.compute_nodes():
         key = holder_key(node) if isinstance(node, ast.Name | ast.Attribute) else None
         if key in holders and isinstance(getattr(node, "ctx", None), ast.Load):
             fail(
