@@ -10,6 +10,7 @@ used it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -284,3 +285,27 @@ def test_pause_and_kill_reach_a_process_that_left_the_session(mechanism: str) ->
     finally:
         child.close()
         children.close()
+
+
+def test_cgroups_of_a_dead_worker_are_removed_by_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker killed by SIGKILL cannot remove its children's (empty) cgroups: the next worker
+    that makes one on the host removes them."""
+    require_cgroup()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    made, _ = cgroups.make()
+    assert made is not None
+    left = made.path.parent / f"kernelrl-sbx-{dead.pid}-0"
+    try:
+        left.mkdir()
+        monkeypatch.setattr(cgroups, "_base", None)  # as a worker process that starts now
+        again, _ = cgroups.make()
+        assert again is not None and again.path.is_dir()
+        assert not left.exists(), "the dead worker's cgroup was left behind"
+        cgroups.release(again)
+    finally:
+        cgroups.release(made)
+        with contextlib.suppress(OSError):
+            left.rmdir()
