@@ -203,13 +203,29 @@ def _state(pid: int) -> str:
         return "X"
 
 
+def _paused(pid: int) -> bool:
+    """Whether the host shows ``pid`` stopped: state T (signals), or in a frozen cgroup v2
+    (where the sandbox gives each child a cgroup; a frozen process shows state S)."""
+    if _state(pid) == "T":
+        return True
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        path = next(line[3:] for line in lines if line.startswith("0::"))
+        mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+        mount = next(line.split() for line in mounts if " - cgroup2 " in line)
+        events = Path(mount[4], os.path.relpath(path, mount[3]), "cgroup.events").read_text()
+    except (OSError, StopIteration):
+        return False
+    return "frozen 1" in events.splitlines()
+
+
 def _stopped(child, wait_s: float = 5.0) -> bool:
-    """Whether /proc shows the child stopped (state T); signals land asynchronously."""
+    """Whether the child is paused (``_paused``); pausing lands asynchronously."""
     deadline = time.monotonic() + wait_s
     while True:
-        state = _state(child.process.pid)
-        if state == "T" or time.monotonic() > deadline:
-            return state == "T"
+        paused = _paused(child.process.pid)
+        if paused or time.monotonic() > deadline:
+            return paused
         time.sleep(0.05)
 
 
@@ -261,7 +277,7 @@ def test_children_die_with_their_worker_even_paused() -> None:
     try:
         pids = [int(pid) for pid in worker.stdout.readline().split()]
         assert len(pids) == 2 and all(_state(pid) not in "XZ" for pid in pids)
-        assert _state(pids[1]) == "T"
+        assert _paused(pids[1])
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
         deadline = time.monotonic() + 10

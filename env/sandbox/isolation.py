@@ -1,11 +1,21 @@
 """Process isolation of a sandbox child, applied before it imports anything heavy.
 
 ``isolate`` is the first thing the sandbox child (``child``) runs. What it builds, step by step, keeping
-whatever the host permits (each step is reported, none is required):
+whatever the host permits (each step is reported in ``Isolation.describe``, none is required):
 
-- **Namespaces**: new network, mount and PID namespaces (as root; otherwise inside a new user
-  namespace; otherwise each one alone). ``unshare`` acts on the calling thread only, so this
-  must run while the process is single-threaded, before torch starts its threads.
+- **Cgroup**: the child first joins the cgroup v2 its worker made for it (``cgroups``), before
+  it forks anything, so every process of the evaluation is inside, whatever it later does to
+  its session or process group. The worker freezes that cgroup to pause the evaluation while
+  another one is timed (``Child.pause``) and kills it as one (``cgroup.kill``).
+- **Namespaces**: new network, mount, PID, IPC and UTS namespaces (as root; otherwise inside a
+  new user namespace; otherwise each one alone). ``unshare`` acts on the calling thread only,
+  so this must run while the process is single-threaded, before torch starts its threads.
+- **IPC namespace**: SysV shared memory, semaphores and message queues, and POSIX message
+  queues, made by the solution are its own: no other evaluation can find them, and the kernel
+  destroys them with the namespace when the evaluation's last process ends (a SysV segment
+  never removed would otherwise stay resident on the host until reboot).
+- **UTS namespace**: the hostname is ``SANDBOX_HOSTNAME``, not the host's (often the machine's
+  or the pod's name), and nothing inside can rename the host.
 - **PID namespace**: the process that called ``unshare(CLONE_NEWPID)`` cannot enter it; it
   stays outside as a thin *waiter* (the process the worker knows, the leader of the process
   group ``Child.kill`` kills) and forks the namespace's *init* (PID 1), which forks the *job*
@@ -15,20 +25,19 @@ whatever the host permits (each step is reported, none is required):
   handler for (SIGXCPU, SIGTERM...), which would change how a crash is reported. The waiter
   exits with the job's status (re-raising its signal), so ``Child.describe_exit`` reads the
   same as without namespaces. Init dies with the waiter (``PR_SET_PDEATHSIG``) and the waiter
-  with the worker, so a killed worker or waiter takes the whole namespace along.
+  with the worker, so a killed worker or waiter takes the whole namespace along. Init also
+  inherits every orphan of the namespace, so the waiter's process tree is the whole
+  evaluation: where no cgroup can be had, the worker pauses and kills that tree by signals.
 - **Mount namespace**: every mount read-only and nosuid, a private tmpfs over ``/tmp`` and
   ``/dev/shm`` (other evaluations' scratch directories live there), the scratch directory (the
   cwd) bound back writable, and a fresh ``/proc`` that shows the namespace's processes only.
   Device files stay usable on a read-only mount (writes to a device are not writes to the
-  filesystem): /dev/nvidia* keep working; /sys and /proc/driver stay readable.
+  filesystem): /dev/nvidia* keep working; /sys and /proc/driver stay readable. The cgroup
+  filesystem is read-only too: no process can leave its cgroup or thaw it.
 - **User**: a uid/gid of its own, unused by anyone else (``SANDBOX_UID_BASE`` + the waiter's
   pid), owner of the scratch directory; supplementary groups only those of GPU device files
   that are not open to everyone; ``PR_SET_NO_NEW_PRIVS``. If that user could not read the
   interpreter, torch, triton or kernelrl (or open the GPU), the child stays root and says so.
-
-``Child.pause`` stops the waiter's process group with SIGSTOP. A process that calls ``setsid``
-leaves that group and is not stopped, but it stays in the namespaces, as the sandbox's user,
-and dies with the evaluation.
 """
 
 from __future__ import annotations
@@ -37,16 +46,20 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 
+from kernelrl.env.sandbox import cgroups
 from kernelrl.env.sandbox.isolation_mounts import confine_filesystem
 from kernelrl.env.sandbox.isolation_user import drop_privileges, needed_paths
 from kernelrl.env.sandbox.linux import (
+    CLONE_NEWIPC,
     CLONE_NEWNET,
     CLONE_NEWNS,
     CLONE_NEWPID,
     CLONE_NEWUSER,
+    CLONE_NEWUTS,
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
     errno_text,
@@ -56,8 +69,17 @@ from kernelrl.env.sandbox.linux import (
 
 # Far above the ranges distributions, systemd and subuid allocations hand out.
 SANDBOX_UID_BASE = 0x40000000
+# The host's name (often the machine's or the pod's) is not the solution's business.
+SANDBOX_HOSTNAME = "kernelrl-sandbox"
 
-_NAMESPACES = ((CLONE_NEWNET, "network"), (CLONE_NEWNS, "mount"), (CLONE_NEWPID, "pid"))
+_NAMESPACES = (
+    (CLONE_NEWNET, "network"),
+    (CLONE_NEWNS, "mount"),
+    (CLONE_NEWPID, "pid"),
+    (CLONE_NEWIPC, "ipc"),
+    (CLONE_NEWUTS, "uts"),
+)
+_WANTED = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
 
 
 @dataclass
@@ -67,13 +89,17 @@ class Isolation:
     network: str = "not isolated"  # "netns", "userns+netns" or why not: the old NETWORK values
     namespaces: list[str] = field(default_factory=list)
     processes: str = "not isolated"
+    cgroup: str = "no cgroup"  # cgroups.join: how pause and kill reach every process
+    ipc: str = "the host's"
+    hostname: str = "the host's"
     filesystem: str = "not isolated"
     user: str = "unchanged"
 
     def describe(self) -> str:
         names = "+".join(self.namespaces) or "none"
         return (
-            f"namespaces: {names}; processes: {self.processes}; "
+            f"namespaces: {names}; processes: {self.processes}; {self.cgroup}; "
+            f"ipc: {self.ipc}; hostname: {self.hostname}; "
             f"filesystem: {self.filesystem}; user: {self.user}"
         )
 
@@ -81,7 +107,7 @@ class Isolation:
 def _unshare(report: Isolation) -> tuple[int, bool]:
     """Namespaces made, all at once if possible; returns (flags obtained, via a user ns)."""
     libc = load_libc()
-    wanted = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID
+    wanted = _WANTED
     if libc.unshare(wanted) == 0:
         return wanted, False
     report.network = errno_text("unavailable")
@@ -94,6 +120,23 @@ def _unshare(report: Isolation) -> tuple[int, bool]:
         if libc.unshare(flag) == 0:
             obtained |= flag
     return obtained, False
+
+
+def _report_ipc_and_uts(report: Isolation, flags: int) -> None:
+    """Name the sandbox's host (while it may still: before privileges are dropped) and say
+    what the IPC and UTS namespaces achieved."""
+    if flags & CLONE_NEWIPC:
+        report.ipc = "own namespace (SysV IPC and POSIX queues die with the evaluation)"
+    else:
+        report.ipc = "the host's (SysV IPC objects can outlive the evaluation)"
+    if not flags & CLONE_NEWUTS:
+        report.hostname = "the host's (no uts namespace)"
+        return
+    try:
+        socket.sethostname(SANDBOX_HOSTNAME)
+        report.hostname = f"{SANDBOX_HOSTNAME} (own uts namespace)"
+    except OSError as exc:
+        report.hostname = f"the host's, in an own uts namespace (sethostname: {exc.strerror})"
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -189,6 +232,7 @@ def isolate(parent_pid: int) -> Isolation:
     goes on to run the solution) what was achieved. Call while single-threaded, with the
     scratch directory as cwd."""
     report = Isolation()
+    report.cgroup = cgroups.join()  # before the first fork: every process starts inside
     scratch = os.getcwd()
     device = os.environ.get("KERNELRL_DEVICE", "cpu")
     uid = SANDBOX_UID_BASE + os.getpid()
@@ -198,6 +242,7 @@ def isolate(parent_pid: int) -> Isolation:
         report.network = "userns+netns" if in_user_ns else "netns"
     if in_user_ns:
         report.namespaces.insert(0, "user")
+    _report_ipc_and_uts(report, flags)
 
     in_pid_ns = bool(flags & CLONE_NEWPID)
     if in_pid_ns:
@@ -221,7 +266,11 @@ def isolate(parent_pid: int) -> Isolation:
     report.user = drop_privileges(scratch, uid, in_user_ns, device)
 
     if not in_pid_ns:
-        report.processes = "no pid namespace: a process that calls setsid can outlive the job"
+        report.processes = (
+            "no pid namespace: its cgroup still pauses and kills every process"
+            if report.cgroup.startswith("cgroup ")
+            else "no pid namespace: a process that calls setsid can outlive the job"
+        )
         die_with_parent(parent_pid)
         return report
 

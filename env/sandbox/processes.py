@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.env.sandbox import cgroups
 from kernelrl.env.sandbox.protocol import (
     ProtocolError,
     recv_exactly_into,
@@ -54,14 +55,30 @@ def _scratch_root() -> str | None:
     return None
 
 
-def _stat(pid: int) -> list[str]:
-    """State and process group of ``pid`` (/proc/PID/stat fields 3 and 5); [] if it is gone."""
+def _run_state(pid: int) -> tuple[str, int] | None:
+    """State of ``pid`` and how many times it has been switched out (voluntary and not); None
+    if it is gone. The count moves whenever the process runs, however briefly."""
+    state, switches = "", 0
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-    return [fields[0], fields[2]]
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                    switches += int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (state, switches) if state else None
+
+
+def _wait_gone(pids: list[int], wait_s: float) -> None:
+    """Until none of ``pids`` runs any more (gone, or a zombie that holds nothing)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        states = [_run_state(pid) for pid in pids]
+        if all(state is None or state[0] in "ZX" for state in states):
+            return
+        time.sleep(0.005)
 
 
 class ChildDied(RuntimeError):
@@ -80,6 +97,8 @@ class Child:
     started: float
     ready_info: dict[str, Any] = field(default_factory=dict)
     killed_for: str = ""
+    cgroup: cgroups.Cgroup | None = None  # where the host allows one (sandbox.cgroups)
+    _stopped_by_signals: bool = field(default=False, init=False, repr=False)
 
     def send(self, message: dict[str, Any]) -> None:
         send_message(self.sock, message)
@@ -184,40 +203,102 @@ class Child:
             return ""
         return text[-limit:]
 
+    def _contained(self) -> bool:
+        """Whether the child's cgroup holds it, and so everything it started."""
+        return self.cgroup is not None and self.cgroup.holds(self.process.pid)
+
     def pause(self, wait_s: float = 1.0) -> None:
-        """Stop the child and all it spawned (SIGSTOP), so that it launches no GPU work; returns
-        once every process of its group is stopped (the signal is delivered asynchronously),
-        or after ``wait_s``. A process that left the group (setsid) is not stopped: it still
-        dies with the child (its PID namespace, sandbox.isolation)."""
-        self._signal_group(signal.SIGSTOP)
-        deadline = time.monotonic() + wait_s
-        while self.process.poll() is None and time.monotonic() < deadline:
-            group = str(self.process.pid)
-            stats = [_stat(pid) for pid in self._tree()]
-            if all(st[0] in "Tt" for st in stats if st and st[1] == group):
+        """Stop every process of the child, whatever it did to its session or group, so that
+        it launches no GPU work while another evaluation is measured; returns once all are
+        stopped, or after ``wait_s``.
+
+        Its cgroup is frozen where the host allows one: the kernel stops all members at once.
+        Otherwise (or before the child has joined its cgroup, while it runs only our code)
+        each process of the child's tree gets SIGSTOP: with a PID namespace that tree is the
+        whole namespace, since the namespace's init inherits every orphan (double fork)."""
+        if self.process.poll() is not None:
+            return
+        if self._contained():
+            assert self.cgroup is not None
+            with contextlib.suppress(OSError):
+                self.cgroup.freeze(wait_s)
                 return
+        self._stopped_by_signals = True
+        self._stop_all(wait_s)
+
+    def _stop_all(self, wait_s: float) -> None:
+        """SIGSTOP to every process of the tree until two walks in a row find the same
+        processes, all stopped, none of which ran in between: a process forked or woken
+        (SIGCONT from a sibling) during a walk shows in the next one and is stopped again."""
+        deadline = time.monotonic() + wait_s
+        previous: dict[int, tuple[str, int]] | None = None
+        while self.process.poll() is None:
+            seen: dict[int, tuple[str, int]] = {}
+            for pid in self._tree():
+                state = _run_state(pid)
+                if state is None:
+                    continue
+                if state[0] not in "TtZX":
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGSTOP)
+                seen[pid] = state
+            stopped = all(state in "TtZX" for state, _ in seen.values())
+            if (stopped and seen == previous) or time.monotonic() >= deadline:
+                return
+            previous = seen if stopped else None
             time.sleep(0.002)
 
     def resume(self) -> None:
-        self._signal_group(signal.SIGCONT)
+        if self.cgroup is not None:
+            self.cgroup.thaw()
+        if self._stopped_by_signals:
+            self._stopped_by_signals = False
+            self._signal_all(signal.SIGCONT)
 
-    def _signal_group(self, sig: signal.Signals) -> None:
+    def _signal_all(self, sig: signal.Signals) -> None:
+        """``sig`` to the child's process group and to every process of its tree."""
         if self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, sig)
+        for pid in self._tree()[1:]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def paused(self) -> bool:
+        """Whether every process of the child is stopped now (frozen, or in state T)."""
+        if self._contained():
+            assert self.cgroup is not None
+            return self.cgroup.frozen()
+        states = [_run_state(pid) for pid in self._tree()]
+        return all(state[0] in "TtZX" for state in states if state)
 
     def kill(self, reason: str = "") -> None:
+        """SIGKILL to every process of the child: its cgroup (all of it at once), its process
+        group and its tree (the PID namespace's init among them, whose death ends the rest).
+        The process we started dies by SIGKILL, which ``describe_exit`` reports as today."""
         self.killed_for = self.killed_for or reason
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.kill()
         if self.process.poll() is None:
+            members = self._tree()[1:]
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 self.process.kill()
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            _wait_gone(members, 10)  # the namespace's teardown outlasts the waiter's death
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 
     def close(self) -> None:
+        """Kill what is left of the child and remove all it had: its cgroup (once every
+        member is gone) and its scratch directory."""
         self.kill()
+        if self.cgroup is not None:
+            cgroups.release(self.cgroup)
         self.sock.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -260,6 +341,11 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu_index if gpu_index is not None else 0)
+    cgroup, why_not = cgroups.make()
+    if cgroup is not None:
+        env[cgroups.CGROUP_ENV] = str(cgroup.path)
+    else:
+        env[cgroups.UNAVAILABLE_ENV] = why_not
     log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
     try:
         process = subprocess.Popen(
@@ -277,10 +363,20 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: a kill takes all it spawned
         )
+    except BaseException:
+        if cgroup is not None:
+            cgroups.release(cgroup)
+        raise
     finally:
         log.close()
         child_sock.close()
-    return Child(process=process, sock=parent_sock, scratch=scratch, started=time.monotonic())
+    return Child(
+        process=process,
+        sock=parent_sock,
+        scratch=scratch,
+        started=time.monotonic(),
+        cgroup=cgroup,
+    )
 
 
 class ChildPool:
@@ -317,8 +413,9 @@ class ChildPool:
 
     @contextlib.contextmanager
     def paused_except(self, kept: Child) -> Iterator[bool]:
-        """Every other child of this pool stopped (SIGSTOP) while the block runs, children
-        spawned meanwhile included; yields whether any was running."""
+        """Every other child of this pool paused (``Child.pause``: all of its processes)
+        while the block runs, children spawned meanwhile included; yields whether any was
+        running."""
         with self._lock:
             self._pausing = True
             others = [c for c in self._live - {kept} if c.process.poll() is None]
