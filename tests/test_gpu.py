@@ -29,6 +29,11 @@ GPU_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "gpu").glob("*.py"
         "incorrect__prints_fake_verdict.py",
         "runtime_error__forged_protocol.py",
         "correct__chatty.py",
+        "incorrect__garbage_on_timed_calls.py",
+        "init_compute__lookup_table.py",
+        "no_kernel_executed__empty_grid.py",
+        "runtime_error__system_exit_in_forward.py",
+        "runtime_error__tensor_subclass_output.py",
     )
 ]
 
@@ -82,6 +87,18 @@ def test_pool_keeps_working_after_illegal_address(gpu_pool: LocalPool) -> None:
     good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
     results = gpu_pool.evaluate([RELU, RELU], [bad, good])
     assert [r.status for r in results] == [Status.RUNTIME_ERROR, Status.CORRECT]
+
+
+def test_host_and_device_hangs_end_at_the_timeout_and_the_pool_answers_next() -> None:
+    hangs = [
+        DYNAMIC / "timeout__infinite_loop.py",
+        Path(__file__).parent / "solutions" / "gpu_hang" / "timeout__device_spin_wait.py",
+    ]
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    config = EvalConfig(device="cuda", timeout_s=30, static_checks=False)
+    with LocalPool(config, workers=1) as pool:
+        results = pool.evaluate([RELU] * 3, [p.read_text() for p in hangs] + [good])
+    assert [r.status for r in results] == [Status.TIMEOUT, Status.TIMEOUT, Status.CORRECT]
 
 
 def test_a_measurement_has_the_gpu_to_itself() -> None:

@@ -91,27 +91,26 @@ def plain_outputs(output: Any, device: torch.device) -> list[Any]:
 
 
 class KeptOutputs:
-    """One output per timing input set, drawn uniformly from that set's timed calls *after*
-    each call returned (reservoir sampling), so no call can know whether its output will be
-    compared: a solution that returns garbage or ``torch.empty`` on some timed calls shows."""
+    """For a few timing input sets drawn at random, one output drawn uniformly from that set's
+    timed calls *after* each call returned (reservoir sampling), so no call can know whether
+    its output will be compared: a solution that returns garbage or ``torch.empty`` on some
+    timed calls shows. Holding one output per drawn set is what the memory plan allows (the
+    current call's outputs and one more)."""
 
-    def __init__(self, sets: int, rng: random.Random) -> None:
+    def __init__(self, sets: int, count: int, rng: random.Random) -> None:
         self.rng = rng
-        self.calls = [0] * sets
-        self.outputs: list[Any] = [None] * sets
+        self.calls = dict.fromkeys(sorted(rng.sample(range(sets), min(count, sets))), 0)
+        self.outputs: dict[int, Any] = {}
 
     def offer(self, index: int, output: Any) -> None:
-        self.calls[index] += 1
-        if self.rng.randrange(self.calls[index]) == 0:
-            self.outputs[index] = output
+        if index in self.calls:
+            self.calls[index] += 1
+            if self.rng.randrange(self.calls[index]) == 0:
+                self.outputs[index] = output
 
-    def pick(
-        self, rng: random.SystemRandom, count: int, device: torch.device
-    ) -> list[tuple[int, list[Any]]]:
-        """Up to ``count`` kept outputs, of input sets chosen at random, as plain outputs."""
-        indices = [i for i, calls in enumerate(self.calls) if calls]
-        chosen = sorted(rng.sample(indices, min(count, len(indices))))
-        return [(i, plain_outputs(self.outputs[i], device)) for i in chosen]
+    def plain(self, device: torch.device) -> list[tuple[int, list[Any]]]:
+        """The kept outputs, by input set, as plain outputs (``plain_outputs``)."""
+        return [(i, plain_outputs(self.outputs[i], device)) for i in sorted(self.outputs)]
 
 
 def sampled_outputs(outputs: list[Any], size: int) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -333,7 +332,8 @@ class Job:
         spot = AtenAudit(counter)
         spot_calls = [0]
         alone = [True]
-        kept = KeptOutputs(len(input_sets), random.Random(self.rng.getrandbits(64)))
+        wanted = TIMED_OUTPUTS_CHECKED if self.job.get("check_timed_outputs") else 0
+        kept = KeptOutputs(len(input_sets), wanted, random.Random(self.rng.getrandbits(64)))
 
         def forward(index: int) -> None:
             made[0] += 1
@@ -375,9 +375,8 @@ class Job:
         tampered = self.guard.verify() + spot.tampered()
         if not alone[0]:
             tampered.append("the audit's dispatch mode was removed or covered")
-        wanted = TIMED_OUTPUTS_CHECKED if self.job.get("check_timed_outputs") else 0
         try:
-            checked = kept.pick(self.rng, wanted, self.device)
+            checked = kept.plain(self.device)
         except BaseException as exc:  # noqa: BLE001 - a timed call returned something else
             raise SolutionFailure("runtime", exc) from exc
         self.send(
