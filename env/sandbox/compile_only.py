@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 
+class CompiledOnly(RuntimeError):
+    """CUDA C++ that could be compiled here but not run: the child answers ``not_run``."""
+
+
 def stub_load_inline_for_cpu(scratch: str) -> None:
     """Without a GPU, CUDA C++ is compiled (nvcc -c) but cannot be loaded or run."""
     import shutil
@@ -13,9 +17,6 @@ def stub_load_inline_for_cpu(scratch: str) -> None:
     from pathlib import Path
 
     import torch.utils.cpp_extension as cpp_extension
-
-    class CompiledOnly(RuntimeError):
-        pass
 
     def compile_only(name, cpp_sources=None, cuda_sources=None, **_: Any):
         nvcc = shutil.which("nvcc")

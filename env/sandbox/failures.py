@@ -73,12 +73,32 @@ def compile_error_stage(exc: BaseException) -> str:
     return "compile" if is_compile_error(exc) else "runtime"
 
 
+class NotRunHere(RuntimeError):
+    """The solution uses what only a GPU can run (inline PTX under Triton's CPU interpreter):
+    neither its fault nor ours, so it is reported ``not_run``, as CUDA C++ is on a CPU."""
+
+
+def interpreter_cannot_run(exc: BaseException) -> str | None:
+    """Why Triton's CPU interpreter could not run a kernel, when it says so itself: a
+    ``NotImplementedError`` raised in Triton's own code (not the solution's)."""
+    cause = exc.__cause__ if type(exc).__name__ == "InterpreterError" else None
+    if type(cause) is not NotImplementedError:
+        return None
+    frames = traceback.extract_tb(cause.__traceback__)
+    if not frames or "/triton/" not in frames[-1].filename:
+        return None
+    return f"Triton's CPU interpreter cannot run this kernel ({cause}); it needs a GPU"
+
+
 def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exception:
     """What the solution's own code raised, said as the solution's fault, except a GPU out of
     memory when the device no longer had the share admitted for this evaluation (what this
     process holds plus what is free is less than it was promised): other work on the shared GPU
     took it, which is ours to schedule. A solution that asks for more than its share, with its
     share still there, ran out of memory by itself."""
+    unsupported = interpreter_cannot_run(exc)
+    if unsupported:
+        return NotRunHere(unsupported)
     if isinstance(exc, torch.OutOfMemoryError) and admitted_bytes is not None:
         free, _ = torch.cuda.mem_get_info()
         available = torch.cuda.memory_reserved() + free
@@ -92,7 +112,9 @@ def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exceptio
 
 
 def report_failure(sock: socket.socket, exc: BaseException, phase: dict[str, float]) -> None:
-    if isinstance(exc, SolutionFailure):
+    if type(exc) is NotRunHere:
+        message = {"type": "not_run", "reason": str(exc)}
+    elif isinstance(exc, SolutionFailure):
         message = {"type": "error", "stage": exc.stage, "error": short_traceback(exc.cause)}
     else:  # the harness itself failed: say so, never a verdict on the solution
         where = traceback.extract_tb(exc.__traceback__)[-1:] or []

@@ -186,7 +186,7 @@ class Job:
             solution = harness.load_module(job["solution_source"], SOLUTION_MODULE)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from the solution is its own
             self.phase["load"] = time.perf_counter() - start
-            if type(exc).__name__ == "CompiledOnly":
+            if type(exc) is compile_only.CompiledOnly:
                 self.send({"type": "not_run", "reason": str(exc)})
                 return
             raise SolutionFailure("compile", exc) from exc

@@ -1,0 +1,23 @@
+# Legitimate on a GPU: inline PTX, which Triton's CPU interpreter cannot run (not_run on CPU).
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def relu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.inline_asm_elementwise(
+        "max.f32 $0, $1, 0f00000000;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+    tl.store(out_ptr + offs, y, mask=mask)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        relu_kernel[(triton.cdiv(x.numel(), 1024),)](x, out, x.numel(), BLOCK=1024)
+        return out
