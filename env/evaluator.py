@@ -235,6 +235,7 @@ class Evaluator:
             return
 
         evidence = dynamic_checks.CallEvidence()
+        glue_is_task = dynamic_checks.glue_can_be_the_task(task.source)
         started = time.perf_counter()
         with self._trusted_gpu_work():
             reference = self.references.model(task, model_seed)
@@ -263,7 +264,9 @@ class Evaluator:
             result.input_sets_checked = index + 1
             result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
             result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
-            violations = dynamic_checks.check_calls(evidence, task.backend)
+            violations = dynamic_checks.check_calls(
+                evidence, task.backend, glue_is_task=glue_is_task
+            )
             if violations:
                 self._violate(result, violations)
                 return
@@ -309,7 +312,7 @@ class Evaluator:
             result.own_kernel_share = summary["own_share"]
             result.custom_kernel_launches = round(summary["own_launches_per_call"])
             violations = dynamic_checks.check_gpu_profile(
-                timing["profile"], summary, result.runtime.median_ms
+                timing["profile"], summary, result.runtime.median_ms, glue_is_task=glue_is_task
             )
             if violations:
                 self._violate(result, violations)

@@ -18,6 +18,7 @@ from kernelrl.env.integrity.names import (
     flatten_targets,
     holder_key,
     is_self_attribute,
+    parent_map,
     walk_skipping,
 )
 from kernelrl.env.integrity.vocabulary import is_passive_layer
@@ -28,6 +29,31 @@ _CONTAINER_CALLS = frozenset(
 )
 _HOOK_REGISTRARS = frozenset(
     {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook"}
+)
+# PyTorch's documented ways to register a Python function as an op (``torch.ops.ns.name``):
+# calling the op runs that function, so it is the solution's own code, not torch compute.
+OP_REGISTRARS = frozenset(
+    {
+        "torch.library.custom_op",
+        "torch.library.triton_op",
+        "torch._library.custom_ops.custom_op",
+        "torch._library.triton.triton_op",
+    }
+)
+# Registering another implementation for an op (``@op.register_kernel("cpu")``,
+# ``torch.library.register_kernel("ns::op", "cpu", fn)``): calling the op may run it instead.
+IMPL_REGISTRARS = frozenset(
+    {"register_kernel", "register_torch_dispatch", "register_autograd", "register_vmap", "impl"}
+)
+# Wrappers that hand a Triton kernel to torch's tracing (``wrap_triton(k)[grid](...)``): in eager
+# mode they launch ``k`` itself.
+TRITON_WRAPPERS = frozenset(
+    {
+        "torch.library.wrap_triton",
+        "torch.library.capture_triton",
+        "torch._library.triton.wrap_triton",
+        "torch._library.triton.capture_triton",
+    }
 )
 
 
@@ -66,6 +92,7 @@ class SolutionAnalysis:
         for target, value in bindings(self.tree):
             if isinstance(target, ast.Name) and isinstance(value, ast.Lambda):
                 self.functions.setdefault(target.id, value)
+        self.registered_ops = self._registered_ops()
         self.attribute_types = self._attribute_types()
         self.layer_attrs, self.layer_names = self._layers()
         self.instances = self._instances()
@@ -91,6 +118,99 @@ class SolutionAnalysis:
                     return item
             bases = [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in self.classes]
             cls = self.classes[bases[0]] if bases else None
+        return None
+
+    def _registered_ops(self) -> dict[str, ast.AST]:
+        """Ops the solution registers from its own functions, ``"ns::name" -> function``:
+        ``@custom_op("ns::name", ...)``/``@triton_op(...)`` on a def, ``op = custom_op("ns::name",
+        fn, ...)`` and ``op = triton_op("ns::name", ...)(fn)``. A name bound to the op object is
+        made a function name too, so calls through it reach the body."""
+        ops: dict[str, ast.AST] = {}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for decorator in node.decorator_list:
+                    name = self._op_name(decorator)
+                    if name:
+                        ops[name] = node
+        for target, value in bindings(self.tree):
+            if not isinstance(value, ast.Call):
+                continue
+            name = self._op_name(value.func)  # triton_op("ns::n", ...)(fn)
+            fn_node = value.args[0] if name and value.args else None
+            if name is None and len(value.args) >= 2:  # custom_op("ns::n", fn, ...)
+                name = self._op_name(value)
+                fn_node = value.args[1] if name else None
+            if name and isinstance(fn_node, ast.Name) and fn_node.id in self.functions:
+                ops[name] = self.functions[fn_node.id]
+                if isinstance(target, ast.Name):
+                    self.functions.setdefault(target.id, ops[name])
+        self.op_impls = self._op_impls(ops)
+        return ops
+
+    def _op_impls(self, ops: dict[str, ast.AST]) -> dict[int, list[ast.AST]]:
+        """Further implementations registered for the solution's ops (device kernels, dispatch
+        rules, autograd), by the op's main function: they run when the op is called, so they
+        join the forward path with it."""
+        by_python_name = {
+            name: fn for name, fn in self.functions.items() if any(fn is o for o in ops.values())
+        }
+        impls: dict[int, list[ast.AST]] = {}
+        parents = parent_map(self.tree)
+        for node in ast.walk(self.tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            op_fn: ast.AST | None = None
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr in IMPL_REGISTRARS
+                and isinstance(func.value, ast.Name)
+            ):
+                op_fn = by_python_name.get(func.value.id)
+            qualified = self.resolve(func) or ""
+            if qualified.startswith("torch.library.") and qualified.rsplit(".", 1)[-1] in (
+                IMPL_REGISTRARS
+            ):
+                first = node.args[0] if node.args else None
+                name = self.names.const(first)
+                op_fn = ops.get(name or "") or (
+                    by_python_name.get(first.id) if isinstance(first, ast.Name) else None
+                )
+            if op_fn is None:
+                continue
+            registered: list[ast.AST] = []
+            parent = parents.get(id(node))
+            calls = [node] + ([parent] if isinstance(parent, ast.Call) else [])
+            for call in calls:
+                for argument in list(call.args) + [k.value for k in call.keywords]:  # type: ignore[attr-defined]
+                    if isinstance(argument, ast.Lambda):
+                        registered.append(argument)
+                    elif isinstance(argument, ast.Name) and argument.id in self.functions:
+                        registered.append(self.functions[argument.id])
+            if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                node in parent.decorator_list
+            ):
+                registered.append(parent)
+            impls.setdefault(id(op_fn), []).extend(r for r in registered if r is not op_fn)
+        return impls
+
+    def _op_name(self, node: ast.AST) -> str | None:
+        """``"ns::name"`` when ``node`` is a registrar call ``custom_op("ns::name", ...)``."""
+        if not (isinstance(node, ast.Call) and self.resolve(node.func) in OP_REGISTRARS):
+            return None
+        first = node.args[0] if node.args else None
+        for keyword in node.keywords:
+            if keyword.arg == "name":
+                first = keyword.value
+        name = self.names.const(first)
+        return name if name and "::" in name else None
+
+    def own_op(self, qualified: str | None) -> ast.AST | None:
+        """The solution function behind ``torch.ops.ns.name`` (or ``.overload``), if the
+        solution registered ``ns::name`` itself."""
+        parts = (qualified or "").split(".")
+        if len(parts) in (4, 5) and parts[:2] == ["torch", "ops"]:
+            return self.registered_ops.get(f"{parts[2]}::{parts[3]}")
         return None
 
     def _attribute_types(self) -> dict[str, str]:
@@ -221,7 +341,9 @@ class SolutionAnalysis:
 
     def launches_kernel(self, call: ast.Call) -> bool:
         """``k[grid](...)``, ``TABLE[dtype][grid](...)``, ``self._k[key][grid](...)``,
-        ``k.run(...)`` where ``k`` holds a kernel."""
+        ``k.run(...)`` where ``k`` holds a kernel, and any of these through ``wrap_triton(k)``
+        (PyTorch's wrapper for a Triton kernel inside a ``triton_op``: in eager mode it launches
+        ``k``)."""
         func = call.func
         if isinstance(func, ast.Subscript):
             target: ast.AST = func.value
@@ -229,8 +351,12 @@ class SolutionAnalysis:
             target = func.value
         else:
             return False
-        while isinstance(target, ast.Subscript):
-            target = target.value
+        while isinstance(target, ast.Subscript) or (
+            isinstance(target, ast.Call)
+            and target.args
+            and self.resolve(target.func) in TRITON_WRAPPERS
+        ):
+            target = target.value if isinstance(target, ast.Subscript) else target.args[0]  # type: ignore[attr-defined]
         return self._holds_kernel(target, self.kernel_holders)
 
     def _cpp_extension_bindings(self) -> tuple[set[str], set[str]]:
@@ -357,7 +483,13 @@ class SolutionAnalysis:
         return hooks
 
     def _referenced(self, node: ast.AST) -> Iterator[ast.AST]:
-        """Solution functions/methods an expression names (calls, callbacks, tables)."""
+        """Solution functions/methods an expression names (calls, callbacks, tables); an op
+        the solution registered brings every implementation registered for it."""
+        for found in self._referenced_directly(node):
+            yield found
+            yield from self.op_impls.get(id(found), [])
+
+    def _referenced_directly(self, node: ast.AST) -> Iterator[ast.AST]:
         if isinstance(node, ast.Name):
             if node.id in self.functions:
                 yield self.functions[node.id]
@@ -367,6 +499,9 @@ class SolutionAnalysis:
                     if found:
                         yield found
         elif isinstance(node, ast.Attribute):
+            registered = self.own_op(self.resolve(node))
+            if registered is not None:  # torch.ops.ns.name: the solution's registered op
+                yield registered
             owner = node.value
             if isinstance(owner, ast.Name) and owner.id in self.classes:
                 found = self._method(owner.id, "forward")  # MyFunction.apply -> forward

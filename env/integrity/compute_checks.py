@@ -16,6 +16,7 @@ from kernelrl.env.integrity.failure import CheckFailure
 from kernelrl.env.integrity.names import bindings, holder_key, module_of, parent_map
 from kernelrl.env.integrity.vocabulary import (
     COPYING_TORCH_OPS,
+    GLUE_TORCH_OPS,
     is_glue_method,
     is_glue_torch,
     is_passive_layer,
@@ -50,6 +51,8 @@ def compute_use(node: ast.AST, analysis: SolutionAnalysis) -> str | None:
     func = node.func
     qualified = analysis.resolve(func)
     if qualified:
+        if analysis.own_op(qualified) is not None:
+            return None  # the solution's registered op: its body is on the forward path
         if module_of(qualified) == "numpy":
             return qualified
         if module_of(qualified) == "torch" and not (
@@ -71,8 +74,58 @@ def compute_use(node: ast.AST, analysis: SolutionAnalysis) -> str | None:
     return None
 
 
+# Pseudo op names ``reference_ops`` adds for compute that is not a named call.
+ARITHMETIC = "<arithmetic>"
+LAYER = "<nn layer>"
+_SCALAR_CALLS = frozenset({"size", "numel", "dim", "len", "int", "float", "stride", "range"})
+
+
+def _arithmetic(node: ast.AST) -> bool:
+    """An operator on values that may be tensors (``x * w``, ``-x``, ``a < b``); arithmetic on
+    constants and shapes (``x.shape[1] // 2``, ``-1``) is index math, not the task's compute."""
+    if isinstance(node, ast.BinOp):
+        operands = [node.left, node.right]
+    elif isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.Not):
+        operands = [node.operand]
+    elif isinstance(node, ast.Compare):
+        operands = [node.left, *node.comparators]
+    else:
+        return False
+    return not all(_scalar(operand) for operand in operands)
+
+
+def _scalar(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("shape", "ndim") or _scalar(node.value)
+    if isinstance(node, ast.Subscript):
+        return _scalar(node.value)
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        return name in _SCALAR_CALLS
+    if isinstance(node, ast.BinOp | ast.UnaryOp):
+        return not _arithmetic(node)
+    return False
+
+
+def is_data_movement(ref_ops: set[str]) -> bool:
+    """The reference's own forward only moves data (``cat``, a broadcasting ``copy_``,
+    ``permute`` + ``contiguous``, ``pad``): every op it runs is glue and no operator or layer
+    computes. Only then can torch glue in a solution *be* the task, so only then are the
+    reference's own copying ops and the glue budget limited."""
+    return bool(ref_ops) and all(_named_in(op, GLUE_TORCH_OPS) for op in ref_ops)
+
+
+def _named_in(op: str, names: frozenset[str]) -> bool:
+    """``reference_ops`` strips the in-place underscore (``copy_`` -> ``copy``)."""
+    return op in names or op + "_" in names
+
+
 def reference_ops(reference_source: str | None) -> set[str]:
-    """The op names (``softmax``, ``cat``, ``linear``) the reference's forward path calls."""
+    """The op names (``softmax``, ``cat``, ``linear``) the reference's forward path calls, plus
+    ``ARITHMETIC`` for operators on tensors and ``LAYER`` for ``nn`` layer calls."""
     if not reference_source:
         return set()
     try:
@@ -83,8 +136,12 @@ def reference_ops(reference_source: str | None) -> set[str]:
         return set()
     ops: set[str] = set()
     for node in analysis.forward_nodes():
+        if _arithmetic(node):
+            ops.add(ARITHMETIC)
         if not isinstance(node, ast.Call):
             continue
+        if analysis.layer_of(node.func):
+            ops.add(LAYER)
         qualified = analysis.resolve(node.func)
         if qualified:
             ops.add(torch_op_name(qualified) or "")
@@ -157,7 +214,13 @@ def check_no_custom_kernel(analysis: SolutionAnalysis, ref_ops: set[str]) -> lis
 
 def check_torch_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
     failures = []
-    copying = ref_ops & COPYING_TORCH_OPS  # a copy task: its own copy op does the work
+    # A data-movement task: its own copy op would do the work. Elsewhere copies and casts
+    # around the kernel are glue that costs runtime, not the task.
+    copying = (
+        {op for op in ref_ops if _named_in(op, COPYING_TORCH_OPS)}
+        if is_data_movement(ref_ops)
+        else set()
+    )
     defines_model = "Model" in analysis.classes
     parents: dict[int, ast.AST] = {}
     for fn in analysis.compute_path:
@@ -247,6 +310,8 @@ def _torch_reference(
         return None  # calls are judged by compute_use
     qualified = analysis.resolve(node)
     if not qualified or module_of(qualified) != "torch" or is_torch_value(qualified):
+        return None
+    if analysis.own_op(qualified) is not None:
         return None
     leaf = qualified.rsplit(".", 1)[-1]
     if leaf[:1].isupper() or (leaf.startswith("__") and leaf.endswith("__")):

@@ -17,7 +17,7 @@ from kernelrl.env.integrity.vocabulary import is_trivial_gpu_kernel
 DYNAMIC_CHECKS: dict[str, str] = {
     "no_kernel_executed": "every forward call must launch at least one of the solution's own kernels",
     "torch_fallback_runtime": "forward may allocate, view, copy, cast and pad with torch, nothing else: every other aten op or torch GPU kernel is torch doing the work that belongs in the solution's kernels",
-    "glue_budget": "allocation, copy, cast and padding glue may prepare data for the solution's kernels, not do the work: bounded in bytes copied per call and in share of GPU time",
+    "glue_budget": "in a task whose reference only moves data (cat, a broadcasting copy_, permute + contiguous), torch copies may not do the moving: bounded in bytes copied per call and in share of GPU time; elsewhere cast and layout glue around the solution's kernels only costs runtime",
     "harness_tampered": "the solution must leave the harness, torch, timers, sockets and the audit as they were: no patched functions, replaced modules, trace hooks or removed dispatch modes",
     "init_compute": "the constructor may initialise parameters as the task's Model does, nothing more: torch compute at construction (a lookup table, a precomputed answer) is work no checked call sees",
     "input_mutated": "forward must leave its inputs unchanged",
@@ -30,11 +30,14 @@ DYNAMIC_CHECKS: dict[str, str] = {
 # The event-timed median may exceed the profiled kernel time (launch gaps, cold L2) but should
 # not fall far below it; below this fraction the events missed work.
 MIN_EVENT_TO_KERNEL_RATIO = 0.7
-# Bytes that torch glue (copies, casts, padding) may move per call, as a multiple of the bytes
-# of the call's inputs and outputs: casting inputs up and outputs back fits, copying the work
-# over and over does not.
-GLUE_BYTES_PER_IO_BYTE = 2.0
-# Largest share of a call's GPU time that torch's trivial copy/fill kernels may take.
+# The glue budget applies only where glue can be the task: the reference itself only moves
+# data (``compute_checks.is_data_movement``). Elsewhere casts and layout copies around the
+# solution's own kernels are paid for in the measured runtime and are not cheating.
+# Bytes torch glue may copy per call in such a task, as a share of the bytes of the call's
+# inputs and outputs: a ``cat`` or broadcast ``copy_`` done by torch copies the whole output
+# (half or more of them); a kernel that does the moving leaves glue a small remainder.
+GLUE_BYTES_PER_IO_BYTE = 0.25
+# Largest share of a call's GPU time that torch's trivial copy/fill kernels may take there.
 MAX_GLUE_GPU_SHARE = 0.5
 
 
@@ -80,8 +83,13 @@ def check_tampering(tampered: list[str]) -> list[tuple[str, str]]:
     return [("harness_tampered", "changed: " + ", ".join(sorted(set(tampered))[:6]))]
 
 
-def check_calls(evidence: CallEvidence, backend: str) -> list[tuple[str, str]]:
-    """Violations visible from the audited correctness calls (both devices)."""
+def check_calls(
+    evidence: CallEvidence, backend: str, *, glue_is_task: bool = True
+) -> list[tuple[str, str]]:
+    """Violations visible from the audited correctness calls (both devices).
+
+    ``glue_is_task`` (``glue_can_be_the_task`` of the task's reference) turns on the glue
+    budget; left out, it is on, the strict side for a caller that does not know the task."""
     violations = check_tampering(evidence.tampered)
     violations += [(flag, DYNAMIC_CHECKS[flag]) for flag in sorted(evidence.flags)]
     if backend == "triton" and any(n == 0 for n in evidence.launches):
@@ -93,17 +101,36 @@ def check_calls(evidence: CallEvidence, backend: str) -> list[tuple[str, str]]:
             )
         )
     violations.extend(_aten_fallback(evidence.compute_ops))
+    violations.extend(_glue_bytes(evidence, glue_is_task))
+    return violations
+
+
+def glue_can_be_the_task(reference_source: str | None) -> bool:
+    """True when the task's reference only moves data, so torch glue could do its work; an
+    unknown reference counts as one (the strict side)."""
+    from kernelrl.env.integrity.compute_checks import is_data_movement, reference_ops
+
+    if not reference_source:
+        return True
+    return is_data_movement(reference_ops(reference_source))
+
+
+def _glue_bytes(evidence: CallEvidence, glue_is_task: bool) -> list[tuple[str, str]]:
+    """In a data-movement task, torch copies that move a large share of a call's bytes are
+    torch doing the task; in any other task they only cost runtime."""
+    if not glue_is_task:
+        return []
     for copied, io in zip(evidence.copied_bytes, evidence.io_bytes, strict=True):
         if copied > GLUE_BYTES_PER_IO_BYTE * max(io, 1):
-            violations.append(
+            return [
                 (
                     "glue_budget",
-                    f"torch copies/casts/padding moved {copied} bytes in one call, more than "
-                    f"{GLUE_BYTES_PER_IO_BYTE:g}x the {io} bytes of its inputs and outputs",
+                    f"the task only moves data, and torch copies/casts/padding moved {copied} "
+                    f"bytes in one call, more than {GLUE_BYTES_PER_IO_BYTE:g}x the {io} bytes "
+                    "of its inputs and outputs: move the data in your kernel",
                 )
-            )
-            break
-    return violations
+            ]
+    return []
 
 
 def check_timing_report(
@@ -195,7 +222,11 @@ def summarize_profile(profile: dict[str, Any], own_names: list[str]) -> dict[str
 
 
 def check_gpu_profile(
-    profile: dict[str, Any], summary: dict[str, Any], runtime_median_ms: float
+    profile: dict[str, Any],
+    summary: dict[str, Any],
+    runtime_median_ms: float,
+    *,
+    glue_is_task: bool = True,
 ) -> list[tuple[str, str]]:
     violations = _aten_fallback(profile.get("aten_ops", {}))
     if summary["own_launches_per_call"] < 1:
@@ -214,12 +245,13 @@ def check_gpu_profile(
                 f"GPU kernels that are neither the solution's own nor torch copies/fills ran: {names}",
             )
         )
-    if summary["glue_share"] > MAX_GLUE_GPU_SHARE:
+    if glue_is_task and summary["glue_share"] > MAX_GLUE_GPU_SHARE:
         violations.append(
             (
                 "glue_budget",
-                f"torch copy/fill kernels took {summary['glue_share']:.0%} of the GPU time of a "
-                f"call (at most {MAX_GLUE_GPU_SHARE:.0%})",
+                f"the task only moves data, and torch copy/fill kernels took "
+                f"{summary['glue_share']:.0%} of the GPU time of a call (at most "
+                f"{MAX_GLUE_GPU_SHARE:.0%}): move the data in your kernel",
             )
         )
     current = profile["current_stream"]

@@ -20,12 +20,19 @@ from kernelrl.env.integrity.names import (
 from kernelrl.env.integrity.vocabulary import is_glue_method
 
 # Tensor metadata: reading it says nothing about the values, so memoising it is not caching.
-_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "T"})
+_METADATA_ATTRS = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout"})
 _METADATA_CALLS = frozenset(
     {"size", "stride", "numel", "dim", "element_size", "data_ptr", "is_contiguous"}
     | {"get_device", "storage_offset", "nelement", "ndimension", "len", "isinstance", "id"}
     | {"type", "is_floating_point"}
 )
+# Allocations whose values depend only on metadata: the tensor they are given (``empty_like``'s
+# template, ``new_empty``'s receiver) lends its shape, dtype and device, never its data.
+_LIKE_ALLOCATIONS = frozenset({"empty_like", "zeros_like", "ones_like", "full_like"})
+_NEW_ALLOCATIONS = frozenset(
+    {"new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"}
+)
+_SHAPE_ALLOCATIONS = frozenset({"empty", "empty_strided", "zeros", "ones", "full", "arange"})
 
 
 def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
@@ -43,17 +50,16 @@ def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
     def fail(message: str, lineno: int | None) -> None:
         failures.append(CheckFailure("output_caching", message, lineno))
 
+    flow = _DataFlow(analysis)
+    for fn, name, why in _memo_on_data(analysis, flow):
+        fail(
+            f"{fn.name} is memoised with {name} {why}: every call must compute its result "  # type: ignore[attr-defined]
+            "(memoise only shapes, dtypes and other metadata, such as launch configs).",
+            fn.lineno,  # type: ignore[attr-defined]
+        )
     for fn in analysis.forward_path:
-        for decorator in getattr(fn, "decorator_list", []):
-            name = analysis.resolve(
-                decorator.func if isinstance(decorator, ast.Call) else decorator
-            )
-            if name in MEMO_DECORATORS:
-                fail(
-                    f"{fn.name} is memoised with {name}: every call must compute its result.",  # type: ignore[attr-defined]
-                    fn.lineno,  # type: ignore[attr-defined]
-                )
-        tainted = _tainted_names(fn, analysis)
+        tainted = flow.tainted_names(fn)
+        written = flow.written_after(fn, tainted)
         declared_global = {
             name
             for node in ast.walk(fn)
@@ -79,8 +85,12 @@ def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
                 + ("copy_",)
             ):
                 stores = [(node.func.value, ast.Tuple(elts=list(node.args), ctx=ast.Load()))]
+            if not stores:
+                continue
+            line = getattr(node, "lineno", 0)
+            filled = {name for name, first in written.items() if first <= line}
             for target, value in stores:
-                if not _carries_data(value, tainted):
+                if not flow.carries(value, tainted | filled):
                     continue
                 root = root_name(target)
                 persistent = (
@@ -107,15 +117,24 @@ def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
 
 def _returns_persistent(analysis: SolutionAnalysis, module_names: set[str]) -> list[CheckFailure]:
     """forward returns a buffer that outlives the call (``self.out``, a module-level tensor,
-    a view of either): the next call's caller would see this call's result."""
+    a view of either, or one a solution helper returns): the next call's caller would see this
+    call's result. Scratch buffers may persist; only returning one is caching."""
     forward = analysis.forward
     assert forward is not None
     method_names = set(analysis.methods)
+    flow = _DataFlow(analysis)
+    helper_returns: dict[int, str | None] = {}
 
-    def persistent_root(expr: ast.AST, local: set[str]) -> str | None:
+    def persistent_root(expr: ast.AST, local: dict[str, str]) -> str | None:
         while True:
-            if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
-                if not is_glue_method(expr.func.attr):
+            if isinstance(expr, ast.Call):
+                callees = flow.callees(expr)
+                if callees:
+                    return next(
+                        (r for c in callees if (r := helper_root(c)) is not None),
+                        None,
+                    )
+                if not (isinstance(expr.func, ast.Attribute) and is_glue_method(expr.func.attr)):
                     return None
                 expr = expr.func.value
             elif isinstance(expr, ast.Subscript):
@@ -127,18 +146,37 @@ def _returns_persistent(analysis: SolutionAnalysis, module_names: set[str]) -> l
                 expr = expr.value
             elif isinstance(expr, ast.Name):
                 if expr.id in local:
-                    return expr.id
+                    return local[expr.id]
                 return (
                     expr.id if expr.id in module_names and expr.id not in analysis.aliases else None
                 )
             else:
                 return None
 
-    local: set[str] = set()
-    for _ in range(2):
-        for node in ast.walk(forward):
-            if isinstance(node, ast.Assign) and persistent_root(node.value, local):
-                local |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    def locals_of(fn: ast.AST) -> dict[str, str]:
+        local: dict[str, str] = {}
+        for _ in range(2):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assign) and (root := persistent_root(node.value, local)):
+                    local.update({t.id: root for t in node.targets if isinstance(t, ast.Name)})
+        return local
+
+    def helper_root(fn: ast.AST) -> str | None:
+        """The persistent buffer a solution helper returns (``self._workspace(x)``), if any."""
+        if id(fn) not in helper_returns:
+            helper_returns[id(fn)] = None  # recursion
+            local = locals_of(fn)
+            values = (
+                [fn.body]
+                if isinstance(fn, ast.Lambda)
+                else [n.value for n in ast.walk(fn) if isinstance(n, ast.Return) and n.value]
+            )
+            helper_returns[id(fn)] = next(
+                (r for v in values if (r := persistent_root(v, local)) is not None), None
+            )
+        return helper_returns[id(fn)]
+
+    local = locals_of(forward)
     failures = []
     for node in ast.walk(forward):
         if isinstance(node, ast.Return) and node.value is not None:
@@ -150,30 +188,82 @@ def _returns_persistent(analysis: SolutionAnalysis, module_names: set[str]) -> l
                         CheckFailure(
                             "output_caching",
                             f"forward returns {ast.unparse(value)}, a buffer that outlives the "
-                            "call; allocate the output on every call (scratch buffers may be "
-                            "reused, outputs may not).",
+                            f"call ({root}); allocate the output on every call (scratch buffers "
+                            "may be reused, outputs may not).",
                             node.lineno,
                         )
                     )
     return failures
 
 
-def _tainted_names(fn: ast.AST, analysis: SolutionAnalysis) -> set[str]:
-    """Parameters (except ``self``) and every local assigned from their data (metadata such as
-    shapes does not taint); buffers a kernel or extension call writes into are tainted too."""
-    arguments = fn.args  # type: ignore[attr-defined]
-    tainted = {
-        a.arg
-        for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs
-        if a.arg not in ("self", "cls")
-    }
-    tainted |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
-    for _ in range(3):  # assignments out of order (loops) converge in a few passes
-        for node in ast.walk(fn):
-            if isinstance(
-                node,
-                ast.Assign | ast.AugAssign | ast.AnnAssign | ast.For | ast.withitem | ast.NamedExpr,
-            ):
+class _DataFlow:
+    """Which values carry the *data* of a function's inputs, followed through the solution's
+    own helpers.
+
+    Metadata (shapes, dtypes, devices, sizes) and allocations sized from it (``empty_like(x)``,
+    ``torch.empty(x.shape)``, ``x.new_zeros(n)``) carry none: a buffer or launch config cached
+    by shape is not a cached result. A call to a solution function carries data only when it is
+    given data and that function returns something derived from its arguments' data.
+
+    A buffer a kernel (or a solution helper) is given together with the inputs holds data from
+    that launch on (``written_after``): stored afterwards it is a computed result kept for a
+    later call; stored before, it is an empty workspace the launch then fills, which is scratch.
+    Returning a persistent buffer is caught apart (``_returns_persistent`` statically, the
+    sandbox's ``output_reused`` with fresh inputs on every call dynamically).
+    """
+
+    def __init__(self, analysis: SolutionAnalysis) -> None:
+        self.analysis = analysis
+        self._returns: dict[int, bool] = {}
+
+    def callees(self, call: ast.Call) -> list[ast.AST]:
+        """The solution functions or methods a call runs (``helper(x)``, ``self._helper(x)``)."""
+        func = call.func
+        if isinstance(func, ast.Name) and func.id in self.analysis.functions:
+            return [self.analysis.functions[func.id]]
+        if is_self_attribute(func):
+            return list(self.analysis.methods.get(func.attr, []))  # type: ignore[union-attr]
+        return []
+
+    def returns_data(self, fn: ast.AST) -> bool:
+        """``fn`` returns (or yields) a value derived from its arguments' data."""
+        key = id(fn)
+        if key not in self._returns:
+            self._returns[key] = True  # recursion: assume the worst until known
+            tainted = self.tainted_names(fn)
+            if isinstance(fn, ast.Lambda):
+                values: list[ast.AST] = [fn.body]
+            else:
+                values = [
+                    node.value
+                    for node in walk_skipping(fn, self.analysis.kernel_defs)
+                    if isinstance(node, ast.Return | ast.Yield | ast.YieldFrom)
+                    and node.value is not None
+                ]
+            self._returns[key] = any(self.carries(v, tainted) for v in values)
+        return self._returns[key]
+
+    def tainted_names(self, fn: ast.AST) -> set[str]:
+        """Parameters (except ``self``) and every local assigned from their data."""
+        arguments = fn.args  # type: ignore[attr-defined]
+        tainted = {
+            a.arg
+            for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs
+            if a.arg not in ("self", "cls")
+        }
+        tainted |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+        for _ in range(3):  # assignments out of order (loops) converge in a few passes
+            for node in ast.walk(fn):
+                if not isinstance(
+                    node,
+                    ast.Assign
+                    | ast.AugAssign
+                    | ast.AnnAssign
+                    | ast.For
+                    | ast.withitem
+                    | ast.NamedExpr,
+                ):
+                    continue
                 value = (
                     getattr(node, "value", None)
                     or getattr(node, "iter", None)
@@ -187,50 +277,137 @@ def _tainted_names(fn: ast.AST, analysis: SolutionAnalysis) -> set[str]:
                     if target is not None
                     else []
                 )
-                if value is not None and _carries_data(value, tainted):
+                if value is not None and self.carries(value, tainted):
                     tainted |= {t.id for t in flatten_targets(targets) if isinstance(t, ast.Name)}
-            elif (
-                isinstance(node, ast.Call)
-                and (
-                    analysis.launches_kernel(node)
-                    or (
-                        isinstance(node.func, ast.Attribute)
-                        and analysis.is_extension(node.func.value)
-                    )
-                    or (isinstance(node.func, ast.Name) and node.func.id in analysis.functions)
-                    or (isinstance(node.func, ast.Attribute) and is_self_attribute(node.func))
-                )
-                and _carries_data(node, tainted)
-            ):
-                # out-parameter kernels: kernel[grid](x, out) writes into `out`
-                for argument in node.args:
-                    if isinstance(argument, ast.Name):
-                        tainted.add(argument.id)
-    return tainted
+        return tainted
 
-
-def _carries_data(expr: ast.AST, names: set[str]) -> bool:
-    """True when ``expr`` uses the *values* of a tainted name, not only its metadata
-    (``x.shape``, ``x.numel()``, ``x.dtype``, ``len(x)``)."""
-    parents = parent_map(expr)
-    for node in ast.walk(expr):
-        if not (isinstance(node, ast.Name) and node.id in names):
-            continue
-        parent = parents.get(id(node))
-        if isinstance(parent, ast.Attribute) and parent.attr in _METADATA_ATTRS:
-            continue
-        if isinstance(parent, ast.Attribute) and parent.attr in _METADATA_CALLS:
-            grand = parents.get(id(parent))
-            if isinstance(grand, ast.Call) and grand.func is parent:
+    def written_after(self, fn: ast.AST, tainted: set[str]) -> dict[str, int]:
+        """Names of buffers a launch given data writes into (``kernel[grid](x, out)``,
+        ``helper(x, out)``), each with the first line from which it holds data: the launch's,
+        or the start of the loop around it (a later iteration runs after it)."""
+        parents = parent_map(fn)
+        written: dict[str, int] = {}
+        for node in walk_skipping(fn, self.analysis.kernel_defs):
+            if not (isinstance(node, ast.Call) and self._launches(node)):
                 continue
+            arguments = list(node.args) + [k.value for k in node.keywords]
+            if not any(self.carries(a, tainted) for a in arguments):
+                continue
+            line = node.lineno
+            parent = parents.get(id(node))
+            while parent is not None:
+                if isinstance(parent, ast.For | ast.While | ast.AsyncFor):
+                    line = parent.lineno
+                parent = parents.get(id(parent))
+            for argument in arguments:
+                if isinstance(argument, ast.Name):
+                    written[argument.id] = min(line, written.get(argument.id, line))
+        return written
+
+    def _launches(self, call: ast.Call) -> bool:
+        """A kernel launch, an extension call or a call of the solution's own code."""
+        func = call.func
+        return (
+            self.analysis.launches_kernel(call)
+            or (isinstance(func, ast.Attribute) and self.analysis.is_extension(func.value))
+            or bool(self.callees(call))
+        )
+
+    def carries(self, expr: ast.AST, names: set[str], *, pointer_is_data: bool = False) -> bool:
+        """True when ``expr`` uses the *values* of a tainted name, not only its metadata
+        (``x.shape``, ``x.numel()``, ``len(x)``, ``torch.empty_like(x)``). With
+        ``pointer_is_data`` a buffer's address counts as its data (a memo key)."""
+
+        def rec(node: ast.AST) -> bool:
+            return self.carries(node, names, pointer_is_data=pointer_is_data)
+
+        if isinstance(expr, ast.Name):
+            return expr.id in names
+        if isinstance(expr, ast.Attribute):
+            return expr.attr not in _METADATA_ATTRS and rec(expr.value)
+        if not isinstance(expr, ast.Call):
+            return any(rec(child) for child in ast.iter_child_nodes(expr))
+        func = expr.func
+        args = list(expr.args) + [k.value for k in expr.keywords]
         if (
-            isinstance(parent, ast.Call)
-            and isinstance(parent.func, ast.Name)
-            and parent.func.id in _METADATA_CALLS
+            isinstance(func, ast.Attribute)
+            and func.attr in _METADATA_CALLS
+            and not (pointer_is_data and func.attr == "data_ptr")
         ):
-            continue
-        return True
-    return False
+            return any(rec(a) for a in args)  # the receiver is read for metadata only
+        if (
+            isinstance(func, ast.Name)
+            and func.id in _METADATA_CALLS
+            and func.id not in self.analysis.functions
+        ):
+            return False
+        qualified = self.analysis.resolve(func)
+        leaf = qualified.rsplit(".", 1)[-1] if qualified and module_of(qualified) == "torch" else ""
+        if leaf in _LIKE_ALLOCATIONS:
+            return any(rec(a) for a in args[1:])  # the template lends metadata only
+        if leaf in _SHAPE_ALLOCATIONS:
+            return any(rec(a) for a in args)
+        if not qualified and isinstance(func, ast.Attribute) and func.attr in _NEW_ALLOCATIONS:
+            return any(rec(a) for a in args)
+        callees = self.callees(expr)
+        if callees:
+            return any(rec(a) for a in args) and any(self.returns_data(c) for c in callees)
+        return rec(func) or any(rec(a) for a in args)
+
+
+def _memo_on_data(analysis: SolutionAnalysis, flow: _DataFlow) -> list[tuple[ast.AST, str, str]]:
+    """Memoised functions on the forward path whose cache can hold a result: one called with
+    an argument that carries data (a tensor, its values, its address), one whose cached value
+    is computed from ``self`` (``cached_property``), or one referenced other than by a direct
+    call (its arguments cannot be seen). Memoising on metadata alone (a launch config or
+    scratch buffer keyed by shape and dtype) computes nothing from the inputs' values."""
+    memoised: dict[int, str] = {}
+    for fn in analysis.forward_path:
+        for decorator in getattr(fn, "decorator_list", []):
+            name = analysis.resolve(
+                decorator.func if isinstance(decorator, ast.Call) else decorator
+            )
+            if name in MEMO_DECORATORS:
+                memoised[id(fn)] = name
+    if not memoised:
+        return []
+    found: dict[int, tuple[ast.AST, str, str]] = {}
+    for fn in analysis.forward_path:
+        if id(fn) in memoised and memoised[id(fn)] == "functools.cached_property":
+            found[id(fn)] = (fn, memoised[id(fn)], "(a value cached on the instance)")
+        tainted = flow.tainted_names(fn)
+        parents = parent_map(fn)
+        for node in walk_skipping(fn, analysis.kernel_defs):
+            if not (isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Load)):
+                continue
+            if isinstance(node, ast.Attribute) and not is_self_attribute(node):
+                continue
+            targets = [
+                t
+                for t in (
+                    [analysis.functions[node.id]]
+                    if isinstance(node, ast.Name) and node.id in analysis.functions
+                    else analysis.methods.get(node.attr, [])  # type: ignore[union-attr]
+                    if isinstance(node, ast.Attribute)
+                    else []
+                )
+                if id(t) in memoised
+            ]
+            if not targets:
+                continue
+            call = parents.get(id(node))
+            if not (isinstance(call, ast.Call) and call.func is node):
+                why = "and passed around uncalled"
+            elif any(
+                flow.carries(a, tainted, pointer_is_data=True)
+                for a in list(call.args) + [k.value for k in call.keywords]
+            ):
+                why = f"and called with data ({ast.unparse(call)[:60]})"
+            else:
+                continue
+            for target in targets:
+                found.setdefault(id(target), (target, memoised[id(target)], why))
+    return list(found.values())
 
 
 def check_jit_global(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:

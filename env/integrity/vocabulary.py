@@ -119,12 +119,60 @@ COPYING_ATEN_OPS = frozenset(
 
 
 def is_glue_aten(name: str) -> bool:
-    """True for an aten op a solution may dispatch in ``forward`` (``aten::name`` or
-    ``aten::name.overload``); everything else is compute."""
+    """True for an op a solution may dispatch in ``forward`` without torch doing its work: an
+    aten glue op (``aten::name`` or ``aten::name.overload``) or an op the solution registered
+    from its own function (``is_solution_op``); everything else is compute."""
     base = name.split(".", 1)[0]
+    if "::" in base and not base.startswith("aten::") and is_solution_op(base):
+        return True
     if not base.startswith("aten::"):
         base = "aten::" + base
     return base in GLUE_ATEN_OPS
+
+
+def is_solution_op(qualname: str) -> bool:
+    """True when ``ns::name`` was registered with ``torch.library.custom_op``/``triton_op`` from
+    a function the solution module defines (read from torch's registry, in the sandbox where the
+    solution runs).
+
+    Such an op is the solution's own wrapper around its kernels (PyTorch's documented way to
+    register a Triton kernel), not torch compute. Its launches are counted by the launch counter
+    and its body is on the static forward path, where torch compute in it is ``torch_fallback``;
+    on a GPU the profiler also sees the aten ops the body dispatches. An op registered by torch
+    or from any other module (``custom_op("x::y", torch.add)``) stays compute.
+    """
+    try:
+        from torch._library.custom_ops import OPDEFS
+    except ImportError:  # pragma: no cover - torch without custom ops
+        return False
+    from kernelrl.env.sandbox.protocol import SOLUTION_MODULE
+
+    opdef = OPDEFS.get(qualname)
+    if opdef is None:
+        return False
+    # Every implementation the op may run (device kernels registered later included) must be
+    # the solution's: a kernel registered from elsewhere would be torch doing the work.
+    functions = [opdef._init_fn, *opdef._backend_fns.values()]
+    functions += [*opdef._torch_dispatch_fns.values(), opdef._setup_context_fn]
+    functions += [opdef._backward_fn, opdef._vmap_fn]
+    return all(_user_function_module(fn) == SOLUTION_MODULE for fn in functions if fn is not None)
+
+
+def _user_function_module(fn: object) -> str | None:
+    """The module of the function a user registered. torch keeps it wrapped: ``triton_op``'s
+    ``backend_fn`` and ``register_kernel``'s ``wrapped_fn`` are closures over ``fn`` (the latter
+    behind ``functools.wraps``), so wrappers defined in torch are unwrapped to their ``fn``."""
+    for _ in range(8):
+        fn = getattr(fn, "__wrapped__", fn)
+        module = getattr(fn, "__module__", None) or ""
+        code = getattr(fn, "__code__", None)
+        if not (module.startswith("torch.") and code is not None):
+            break
+        cells = dict(zip(code.co_freevars, getattr(fn, "__closure__", None) or (), strict=False))
+        if "fn" not in cells:
+            break
+        fn = cells["fn"].cell_contents
+    return getattr(fn, "__module__", None)
 
 
 # --------------------------------------------------------------------------- GPU kernels
