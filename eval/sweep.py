@@ -281,13 +281,15 @@ class Sweep:
         if self.write_error is not None:
             error = self.write_error
             cause = f"cannot write {error.filename or store}: {error.strerror or error}"
-            lost = (
+            lost = (  # none when config.json or tasks.json was the write that failed
                 f"{self.lost} evaluated attempt{'s' if self.lost != 1 else ''} could not be saved "
-                "and will be evaluated again"
+                "and will be evaluated again; "
+                if self.lost
+                else ""
             )
             fix = write_fix(error, self.config.output_dir)
             return (
-                f"{cause}; {lost}; {kept}; {skipped}; {fix} and run the same command "
+                f"{cause}; {lost}{kept}; {skipped}; {fix} and run the same command "
                 "again to resume (summary.json and report.md were left as they were)"
             )
         return f"{how}: {kept}; {skipped}; run the same command again to resume"
