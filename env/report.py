@@ -8,18 +8,11 @@ from collections import Counter
 from concurrent.futures import as_completed
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.task import Task
+from kernelrl.progress import Progress
 
 
 def print_result(result: EvalResult, console: Console) -> None:
@@ -39,19 +32,13 @@ def _fmt(value: float | None, pattern: str) -> str:
 def run_suite(
     pool, pairs: list[tuple[Task, str]], console: Console, repeats: int = 1
 ) -> list[EvalResult]:
-    """Evaluate every (task, solution) pair through ``pool`` with a progress bar, then a table."""
+    """Evaluate every (task, solution) pair through ``pool`` with a progress bar (plain lines
+    when ``console`` is not a terminal), then a table."""
     tasks = [t for t, _ in pairs for _ in range(repeats)]
     solutions = [s for _, s in pairs for _ in range(repeats)]
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
     started = time.perf_counter()
     results: list[EvalResult | None] = [None] * len(tasks)
-    with Progress(*columns, console=console) as progress:
+    with Progress(console) as progress:
         bar = progress.add_task("evaluating", total=len(tasks))
         futures = pool.submit(tasks, solutions)
         index_of = {id(f): i for i, f in enumerate(futures)}

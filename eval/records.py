@@ -9,6 +9,7 @@ rewritten. Reports are computed from this file alone, so they can be rebuilt at 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -59,6 +60,17 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[_write(fd, view) :]
+
+
+def write_fix(error: OSError, folder: str | Path) -> str:
+    """What to do about a results file that could not be written. Only a full disk or quota is
+    fixed by freeing space; telling someone to free space for a read-only folder sends them the
+    wrong way."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space"
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"make {folder} writable"
+    return f"fix what stops writes to {folder}"
 
 
 def write_atomic(path: str | Path, text: str) -> None:

@@ -24,21 +24,13 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from kernelrl.env.pools import Pool
 from kernelrl.env.result import EvalResult
@@ -55,8 +47,10 @@ from kernelrl.eval.records import (
     SamplesFile,
     SelectedTask,
     write_atomic,
+    write_fix,
     write_tasks,
 )
+from kernelrl.progress import Progress
 from kernelrl.prompts import PromptBuilder
 
 OUTPUT_FILES = (SAMPLES_FILE, CONFIG_FILE, TASKS_FILE, "summary.json", "report.md")
@@ -248,13 +242,24 @@ class Sweep:
         except KeyboardInterrupt:
             cancelled = self._stop()
             raise SweepStopped(self._stopped_message(cancelled, "interrupted"), True) from None
-        except _WriteFailed:
+        except _WriteFailed:  # samples.jsonl, config.json or tasks.json refused a write
             cancelled = self._stop()
             raise SweepStopped(self._stopped_message(cancelled, "stopped"), False) from None
-        except OSError as exc:  # config.json or tasks.json could not be written (a full disk)
-            cancelled = self._stop()
+        except Exception:
+            # Not a write error (e.g. EndpointUnreachable, itself an OSError): the caller names
+            # its own cause; the queued evaluations stop and the running ones are written.
+            self._stop()
+            raise
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """An OSError here is the results folder refusing a write (a full disk, no permission),
+        told apart from the OSErrors of generation (a dead endpoint is a ConnectionError)."""
+        try:
+            yield
+        except OSError as exc:
             self.write_error = self.write_error or exc
-            raise SweepStopped(self._stopped_message(cancelled, "stopped"), False) from None
+            raise _WriteFailed from exc
 
     def _stop(self) -> int:
         """Cancel every evaluation not started yet; wait for the running ones (their records
@@ -276,22 +281,27 @@ class Sweep:
         if self.write_error is not None:
             error = self.write_error
             cause = f"cannot write {error.filename or store}: {error.strerror or error}"
-            lost = (
+            lost = (  # none when config.json or tasks.json was the write that failed
                 f"{self.lost} evaluated attempt{'s' if self.lost != 1 else ''} could not be saved "
-                "and will be evaluated again"
+                "and will be evaluated again; "
+                if self.lost
+                else ""
             )
+            fix = write_fix(error, self.config.output_dir)
             return (
-                f"{cause}; {lost}; {kept}; {skipped}; free some space and run the same command "
+                f"{cause}; {lost}{kept}; {skipped}; {fix} and run the same command "
                 "again to resume (summary.json and report.md were left as they were)"
             )
         return f"{how}: {kept}; {skipped}; run the same command again to resume"
 
     def _run(self, started: float) -> SweepOutcome:
-        folder = prepare_output(self.config)
-        store = SamplesFile(folder / SAMPLES_FILE)
-        store.path.touch()  # a results folder even if no task gets an attempt
+        with self._writing():
+            folder = prepare_output(self.config)
+            store = SamplesFile(folder / SAMPLES_FILE)
+            store.path.touch()  # a results folder even if no task gets an attempt
         self.records = self._load_done(store)
-        write_tasks(folder / TASKS_FILE, self.selection())
+        with self._writing():
+            write_tasks(folder / TASKS_FILE, self.selection())
         resumed = len(self.records)
         if resumed:
             self.console.print(
@@ -307,15 +317,8 @@ class Sweep:
                 markup=True,
             )
         self.new = 0
-        columns = (
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("eta"),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=self.console, transient=False) as progress:
+        # A bar on a terminal; periodic plain lines in a log file (kernelrl.progress).
+        with Progress(self.console) as progress:
             planned = self._planned()
             generate_bar = progress.add_task("generate", total=planned)
             evaluate_bar = progress.add_task("evaluate", total=planned)
@@ -348,9 +351,10 @@ class Sweep:
                 # the plan; keep the bars honest.
                 remaining = self._planned(turn + 1)
                 for bar in (generate_bar, evaluate_bar):
-                    done = progress.tasks[bar].completed
+                    done = progress.completed(bar)
                     progress.update(bar, total=done + remaining)
-        write_tasks(folder / TASKS_FILE, self.selection())
+        with self._writing():
+            write_tasks(folder / TASKS_FILE, self.selection())
         records = sorted(self.records.values(), key=lambda r: (r.task_id, r.sample, r.turn))
         return SweepOutcome(records, folder, self.new, self.failures, time.perf_counter() - started)
 

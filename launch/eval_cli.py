@@ -196,11 +196,13 @@ def _sweep(words: list[str]) -> int:
         raise UserError(str(stopped))
     try:
         summary = write_report(outcome.folder, plots=config.plots)
-    except OSError as exc:  # a full disk after the sweep: samples.jsonl holds everything
+    except OSError as exc:  # e.g. a full disk after the sweep: samples.jsonl holds everything
+        from kernelrl.eval.records import write_fix
+
         raise UserError(
             f"every attempt is saved in {outcome.folder / 'samples.jsonl'}, but the report could "
-            f"not be written ({exc.strerror or exc}); free some space and run `kernelrl eval "
-            f"report {outcome.folder}`"
+            f"not be written ({exc.strerror or exc}); {write_fix(exc, outcome.folder)} and run "
+            f"`kernelrl eval report {outcome.folder}`"
         ) from None
     print_summary(summary, console)
     console.print(

@@ -120,11 +120,12 @@ def _prepare_environment(args: Any) -> None:
 
 def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
     """Train as the recipe says; returns the last logged metrics and where things went."""
+    from rich.console import Console
     from transformers import AutoTokenizer
     from trl import get_peft_config
-    from trl.trainer.callbacks import RichProgressCallback
 
     from kernelrl.launch.models import resolve_model
+    from kernelrl.launch.train_progress import train_callbacks
     from kernelrl.rl.trainer import KernelGRPOTrainer
 
     _prepare_environment(training_args)
@@ -143,8 +144,9 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # rich progress and metric tables instead of tqdm (on a pipe, rich prints the final view)
-    callbacks = [RichProgressCallback()]
+    # rich's panel instead of tqdm on a terminal; on a pipe (a SLURM log) rich prints nothing
+    # until the end, so plain lines with step/total, rate, ETA and the last reward on stderr
+    callbacks = train_callbacks(Console(stderr=True))
     training_args.disable_tqdm = True
     trainer = KernelGRPOTrainer(
         model=model_path,

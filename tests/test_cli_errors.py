@@ -153,6 +153,11 @@ def test_dead_openai_endpoint_names_the_url(tmp_path: Path, served_model_name: s
     assert len(causes) == 1 and err.strip().splitlines()[-1] == causes[0], err[-3000:]
     assert url in causes[0]
     assert causes[0].startswith("kernelrl eval: ") and "start one" in causes[0]
+    # The cause is the endpoint, not the results folder: a dead endpoint (a ConnectionError,
+    # hence an OSError) was once reported as a failed write of samples.jsonl with "free some
+    # space" as the fix.
+    for wrong in ("space", "cannot write", "samples.jsonl"):
+        assert wrong not in causes[0], causes[0]
 
 
 # ------------------------------------------------------------------ recipes: unknown keys, bad values

@@ -32,7 +32,7 @@ from typing import Any
 from datasets import Dataset
 from rich.console import Console
 
-from kernelrl.data.curate.report import StepReport, log_step, timed
+from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.tokens import normalized_tokens, shingles
 from kernelrl.data.loaders import raw_rows
 
@@ -126,8 +126,8 @@ def decontaminate(
     report = StepReport("decontaminate", count_in=len(dataset))
     keep: list[int] = []
     overlaps: list[dict[str, Any]] = []
-    with timed(report):
-        for index, row in enumerate(dataset):
+    with timed(report), step_progress(console, "decontaminate", len(dataset)) as progress:
+        for index, row in enumerate(progress.track(dataset)):
             match = benchmark.best_match(row[text_field] or "")
             contaminated = match is not None and match["score"] >= config.decontam_threshold
             if match is not None and match["score"] >= min(

@@ -31,7 +31,7 @@ from datasets import Dataset
 from rich.console import Console
 
 from kernelrl.data.curate.dedup_signature import Signature, signature
-from kernelrl.data.curate.report import StepReport, log_step, timed
+from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.curate.tokens import shingles
 
 
@@ -75,11 +75,11 @@ def dedup(
     report = StepReport(step_name, count_in=len(dataset))
     keep: list[int] = []
     variants: list[dict[str, Any]] = []
-    with timed(report):
+    with timed(report), step_progress(console, step_name, len(dataset)) as progress:
         exact: dict[tuple[str, str], str] = {}  # (computation, shapes) -> kept id
         structures: dict[str, _Kept] = {}  # structure (numbers blanked) -> first kept record
         buckets: dict[tuple[Any, ...], list[_Kept]] = {}
-        for index, row in enumerate(dataset):
+        for index, row in enumerate(progress.track(dataset)):
             record_id = row["id"]
             sig = signature(row[text_field] or "")
             if (sig.computation, sig.shapes) in exact:

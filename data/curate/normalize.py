@@ -12,7 +12,7 @@ from typing import Any
 from datasets import Dataset
 from rich.console import Console
 
-from kernelrl.data.curate.report import StepReport, log_step, timed
+from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.schema import make_dataset, task_row
 from kernelrl.env.task import BACKENDS, TaskError, task_from_source
 from kernelrl.prompts import prompt_builders
@@ -41,8 +41,8 @@ def normalize_tasks(
     prompts = prompt_builders(prompt_template, one_shot=one_shot)
     rows: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
-    with timed(report):
-        for row in tasks:
+    with timed(report), step_progress(console, "normalize", len(tasks)) as progress:
+        for row in progress.track(tasks):
             record_id = row["id"]
             source = row.get("source")
             if not isinstance(source, str) or not source.strip():

@@ -5,23 +5,19 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import TaskID
 from rich.table import Table
+
+from kernelrl.progress import Progress
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,13 +80,8 @@ def steps_table(reports: list[StepReport], title: str = "curation steps") -> Tab
     return table
 
 
-class _NoProgress:
-    def advance(self, amount: int = 1) -> None:
-        return None
-
-
 class StepProgress:
-    """One rich progress bar for a step that runs code; ``advance`` as records finish."""
+    """The progress of one curation step; ``advance`` as records finish, ``track`` to iterate."""
 
     def __init__(self, progress: Progress, bar: TaskID) -> None:
         self.progress, self.bar = progress, bar
@@ -98,24 +89,18 @@ class StepProgress:
     def advance(self, amount: int = 1) -> None:
         self.progress.advance(self.bar, amount)
 
+    def track(self, items: Iterable[T]) -> Iterator[T]:
+        return self.progress.track(items, self.bar)
+
 
 @contextmanager
 def step_progress(
     console: Console | None, description: str, total: int, completed: int = 0
-) -> Iterator[StepProgress | _NoProgress]:
-    """A progress bar on ``console`` (the CLI's stderr console, like ``kernelrl eval``);
-    nothing without a console. ``completed`` counts records resumed from a journal."""
-    if console is None:
-        yield _NoProgress()
-        return
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as progress:
+) -> Iterator[StepProgress]:
+    """A bar on ``console`` (the CLI's stderr console, like ``kernelrl eval``), or periodic
+    plain lines when it is not a terminal (``kernelrl.progress``); nothing without a console.
+    ``completed`` counts records resumed from a journal."""
+    with Progress(console) as progress:
         bar = progress.add_task(description, total=total, completed=completed)
         yield StepProgress(progress, bar)
 
