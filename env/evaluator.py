@@ -22,7 +22,7 @@ from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan, memory_plan
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
 from kernelrl.env.integrity import dynamic_checks
-from kernelrl.env.integrity.static_checks import run_static_checks
+from kernelrl.env.integrity.static_checks import NOT_HACKS, run_static_checks
 from kernelrl.env.parse import FormatError, extract_solution, solution_kernel_names
 from kernelrl.env.reference import (
     ReferenceRunner,
@@ -503,6 +503,10 @@ def check_statically(
         result.status, result.error = Status.FORMAT_ERROR, str(exc)
         return None
     failures = run_static_checks(source, task.backend, task.source) if static_checks else []
+    if failures and all(f.name in NOT_HACKS for f in failures):
+        result.status = Status.COMPILE_ERROR
+        result.error = "\n".join(f"[{f.name}] {f.message}" for f in failures)
+        return None
     if failures:
         result.status = Status.INTEGRITY_VIOLATION
         result.checks_failed = sorted({f.name for f in failures})

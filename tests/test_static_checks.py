@@ -83,3 +83,17 @@ def test_evaluator_reports_integrity_violation_without_running_anything() -> Non
     assert result.status == Status.INTEGRITY_VIOLATION
     assert result.checks_failed == ["monkeypatch"]
     assert "monkeypatch" in result.feedback and result.phase_seconds.get("child_wait") is None
+
+
+def test_a_mistaken_api_is_a_compile_error_not_a_hack() -> None:
+    source = (CORPUS / "pass__constexpr_global.py").read_text()
+    mistaken = source.replace("x.numel()", "x.element_count()", 1)
+    assert mistaken != source
+    assert {f.name for f in run_static_checks(mistaken, "triton")} == {"unknown_api"}
+    evaluator = Evaluator(EvalConfig(device="cpu", spare_children=0))
+    try:
+        task = load_task(TASKS_DIR / "01_relu.py")
+        result = evaluator.evaluate(task, f"```python\n{mistaken}```\n")
+    finally:
+        evaluator.close()
+    assert result.status is Status.COMPILE_ERROR and "element_count" in result.error

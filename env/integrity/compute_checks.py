@@ -70,8 +70,16 @@ def compute_use(node: ast.AST, analysis: SolutionAnalysis) -> str | None:
         if kind == "unknown" and not is_glue_method(func.attr) and not func.attr.startswith("__"):
             if func.attr in _PY_METHODS and func.attr not in _TENSOR_ALSO:
                 return None
+            if not _is_tensor_method(func.attr):
+                return None  # no tensor has it: a mistake (``unknown_api``) or the solution's own
             return f"Tensor.{func.attr}"
     return None
+
+
+def _is_tensor_method(name: str) -> bool:
+    import torch
+
+    return hasattr(torch.Tensor, name)
 
 
 # Pseudo op names ``reference_ops`` adds for compute that is not a named call.

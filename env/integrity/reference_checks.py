@@ -21,6 +21,10 @@ from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.failure import CheckFailure, dedup
 
 NAME = "unlisted_reference"
+# A public attribute name that no value a solution works with has, and that the solution does
+# not define: most likely a mistaken API (``x.stride_bytes``), so it is said as an error in the
+# solution, not as a hack; it never runs either way.
+UNKNOWN_API = "unknown_api"
 
 
 def check_unlisted_reference(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
@@ -41,10 +45,10 @@ class _ReferenceChecker:
         }
         self.called = {id(node.func) for node in ast.walk(self.tree) if isinstance(node, ast.Call)}
 
-    def fail(self, node: ast.AST, message: str) -> None:
+    def fail(self, node: ast.AST, message: str, name: str = NAME) -> None:
         self.failures.append(
             CheckFailure(
-                NAME,
+                name,
                 f"{message}. A solution may reference only torch, triton and its own code "
                 "(see the allow-list); reflection and the harness are out of reach.",
                 getattr(node, "lineno", None),
@@ -162,7 +166,7 @@ class _ReferenceChecker:
             and not self._is_receiver(receiver)
             and not self._extension_attribute(receiver)
         ):
-            self.fail(node, f"the attribute {attr!r} is not on the allow-list")
+            self.fail(node, f"no tensor, module or Triton value has {attr!r}", UNKNOWN_API)
 
     def _is_receiver(self, node: ast.AST) -> bool:
         """The solution's own object (``self``): its public attributes are its module's members
