@@ -62,7 +62,10 @@ class Op:
     param: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "param": list(self.param) if isinstance(self.param, tuple) else self.param}
+        return {
+            "kind": self.kind,
+            "param": list(self.param) if isinstance(self.param, tuple) else self.param,
+        }
 
 
 @dataclass(frozen=True)
@@ -208,11 +211,18 @@ def _shape(rng: random.Random, profile: SizeProfile, rank3: bool, linear: bool) 
             (("in_features", rng.choice(profile.features)),)
         )
         if rank3:
-            dims = (("batch_size", rng.choice(profile.batch)), ("seq_len", rng.choice(profile.rows))) + dims[1:]
-        return Shape(dims, (("in_features", dims[-1][1]), ("out_features", rng.choice(profile.features))))
+            dims = (
+                ("batch_size", rng.choice(profile.batch)),
+                ("seq_len", rng.choice(profile.rows)),
+            ) + dims[1:]
+        return Shape(
+            dims, (("in_features", dims[-1][1]), ("out_features", rng.choice(profile.features)))
+        )
     cols = ("dim", rng.choice(profile.cols))
     if rank3:
-        return Shape((("batch_size", rng.choice(profile.batch)), ("seq_len", rng.choice(profile.rows)), cols))
+        return Shape(
+            (("batch_size", rng.choice(profile.batch)), ("seq_len", rng.choice(profile.rows)), cols)
+        )
     return Shape((("batch_size", rng.choice(profile.rows)), cols))
 
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from kernelrl.data.synth.graph import FAMILIES, OPERAND, Graph, Op, tolerances
 
-_TORCH_DTYPE = {"float32": "torch.float32", "float16": "torch.float16", "bfloat16": "torch.bfloat16"}
+_TORCH_DTYPE = {
+    "float32": "torch.float32",
+    "float16": "torch.float16",
+    "bfloat16": "torch.bfloat16",
+}
 _CATEGORY = {
     "elementwise": "elementwise",
     "reduction": "reduction",
@@ -140,7 +144,9 @@ def render_task(graph: Graph, size_profile: str = "cuda") -> str:
     lines += ["        return h", "", ""]
     values = graph.sizes[size_profile].values
     names = [n for n, _ in graph.sizes[size_profile].dims] + [
-        n for n, _ in graph.sizes[size_profile].linear if n not in dict(graph.sizes[size_profile].dims)
+        n
+        for n, _ in graph.sizes[size_profile].linear
+        if n not in dict(graph.sizes[size_profile].dims)
     ]
     lines += [f"{name} = {values[name]}" for name in names]
     lines += ["", "", "def get_inputs():"]

@@ -100,7 +100,9 @@ def _operand_load(name: str, where: str, reduced: bool) -> str:
     return f"{name} = tl.load({name}_ptr + {index}{masked}).to(tl.float32)"
 
 
-def _chain(ops: list[tuple[int, Op]], names: dict[int, str], where: str, reduced: bool) -> list[str]:
+def _chain(
+    ops: list[tuple[int, Op]], names: dict[int, str], where: str, reduced: bool
+) -> list[str]:
     lines = []
     for position, op in ops:
         name = names.get(position)
@@ -122,11 +124,22 @@ def render_solution(graph: Graph) -> str:
         if op.kind in OPERAND:
             names[position] = next(n for n in operands if n[1:] == str(position))
     linear = graph.core is not None and graph.core.kind == "linear"
-    return _linear_solution(graph, operands, names) if linear else _row_solution(graph, operands, names)
+    return (
+        _linear_solution(graph, operands, names)
+        if linear
+        else _row_solution(graph, operands, names)
+    )
 
 
 def _header() -> list[str]:
-    return ["import torch", "import torch.nn as nn", "import triton", "import triton.language as tl", "", ""]
+    return [
+        "import torch",
+        "import torch.nn as nn",
+        "import triton",
+        "import triton.language as tl",
+        "",
+        "",
+    ]
 
 
 def _row_solution(graph: Graph, operands: list[str], names: dict[int, str]) -> str:
@@ -242,3 +255,30 @@ def _linear_solution(graph: Graph, operands: list[str], names: dict[int, str]) -
         "",
     ]
     return "\n".join(lines)
+
+
+def explain(graph: Graph) -> str:
+    """The short reasoning written before a reference solution in its SFT record."""
+    pointwise = [op.kind for op in graph.ops if op is not graph.core]
+    steps = ", ".join(pointwise) if pointwise else "nothing else"
+    if graph.core is not None and graph.core.kind == "linear":
+        return (
+            "A linear layer followed by pointwise operators: one tiled tl.dot kernel. Each program "
+            "owns a 32x32 output tile, accumulates x @ W^T in fp32 over K, then adds the bias and "
+            f"applies {steps} to the accumulator before a single masked store, so the "
+            "intermediate never goes to memory."
+        )
+    if graph.core is None:
+        return (
+            f"A chain of pointwise operators ({steps}): one kernel, one program per row, the "
+            "row loaded once and upcast to fp32, every operator applied in registers, one "
+            "store. Operands broadcast along rows or columns are loaded with the row's column "
+            "or row index."
+        )
+    core = graph.core.kind
+    return (
+        f"Everything depends on one row only ({core} over the last dimension), so one program "
+        "per row holds the whole row in a block (next power of two, masked), computes in fp32, "
+        f"applies the pointwise operators around {core} in registers ({steps}) and stores once; "
+        "masked lanes are neutralised before every reduction."
+    )
