@@ -2,7 +2,7 @@
 
 One ``random.Random(seed)`` draws every graph in turn, so a seed gives the same tasks in the
 same order on any machine. A graph equal to an earlier one (same operators, parameters, dtype
-and sizes: ``Graph.key``) is skipped before it is rendered; a rendered task that fails the
+and global sizes: ``Graph.key``) is skipped before it is rendered; a rendered task that fails the
 in-process check (``check``) is dropped with its reason. Drawing stops at ``num_tasks`` sound
 tasks or after ``num_tasks * max_attempts_factor`` graphs.
 """
@@ -42,7 +42,7 @@ def generate_tasks(
         while len(rows) < config.num_tasks and attempts < limit:
             attempts += 1
             graph = draw(rng, draw_config)
-            key = graph.key()
+            key = graph.key(config.size_profile)
             if key in seen:
                 duplicates += 1
                 continue

@@ -100,9 +100,14 @@ class Graph:
         """The operator kinds in order: what the held-out split keeps apart from training."""
         return ">".join(op.kind for op in self.ops)
 
-    def key(self) -> str:
-        """Everything that makes two tasks the same problem: exact deduplication."""
-        return json.dumps(self.to_dict(), sort_keys=True)
+    def key(self, size_profile: str = "cuda") -> str:
+        """Everything that makes two tasks the same problem: operators, parameters, dtype and
+        the sizes of the module globals (``size_profile``'s). The other kind's sizes only make
+        the task runnable elsewhere: two tasks that differ only there are one problem, as
+        curation's dedup (which reads the globals) also finds."""
+        data = self.to_dict()
+        data["sizes"] = data["sizes"][size_profile]
+        return json.dumps(data, sort_keys=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
