@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 from pathlib import Path
 
@@ -164,15 +163,15 @@ def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path):
         tmp_path,
         num_tasks=80,
         seed=2,
-        sandbox_sample=2,
-        reference_solutions=2,
+        sandbox_sample=1,
+        reference_solutions=1,
         benchmark_sources=[f"kernelbench:{BENCHMARK}"],
     )
     result = run_synthesis(config)
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["tasks"] == sum(summary["splits"].values()) >= 75
-    assert summary["sandbox"]["validated"] == 4 and summary["sandbox"]["failed"] == []
-    assert summary["reference_solutions"]["verified_in_sft"] == len(result.sft) == 2
+    assert summary["tasks"] == sum(summary["splits"].values()) == 80
+    assert 1 <= summary["sandbox"]["validated"] <= 2 and summary["sandbox"]["failed"] == []
+    assert summary["reference_solutions"]["verified_in_sft"] == len(result.sft) == 1
     train = set(result.splits["train"]["id"])
     assert set(result.sft["task_id"]) <= train
     for name in ("train", "validation", "heldout"):
@@ -190,4 +189,6 @@ def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path):
         "linear",
     }
     assert all(result.splits["train"]["difficulty"])
-    assert os.path.isfile(tmp_path / "steps.json")
+    steps = {s["step"]: s for s in json.loads((tmp_path / "steps.json").read_text())}
+    # graphs are deduplicated as problems, so curation's computation dedup finds nothing more
+    assert steps["dedup"]["count_out"] == steps["dedup"]["count_in"] == 80

@@ -195,11 +195,14 @@ def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
 
 
 def _pointwise(rng: random.Random, count: int, reduced: bool, guard: set[str]) -> list[Op]:
-    """``count`` pointwise operators; ``reduced``: after a row reduction (no row vectors);
+    """``count`` pointwise operators; ``reduced``: after a row reduction, where a row vector
+    does not fit and a full second input has the column's shape (one name per computation:
+    ``add_col``, so that dedup by graph finds what dedup by computation finds);
     ``guard``: growing operators already used (at most one per task)."""
     ops: list[Op] = []
+    after_reduction = ("add_row", "mul_row", "add_input", "mul_input")
     for _ in range(count):
-        choices = [k for k in POINTWISE if not (reduced and k in ("add_row", "mul_row"))]
+        choices = [k for k in POINTWISE if not (reduced and k in after_reduction)]
         if guard:
             choices = [k for k in choices if k not in GROWING]
         kind = rng.choice(choices)
