@@ -192,3 +192,21 @@ def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path):
     steps = {s["step"]: s for s in json.loads((tmp_path / "steps.json").read_text())}
     # graphs are deduplicated as problems, so curation's computation dedup finds nothing more
     assert steps["dedup"]["count_out"] == steps["dedup"]["count_in"] == 80
+
+
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "curate" / "synthetic_cpu.yaml"
+
+
+def test_cli_recipe_help_and_one_line_errors(tmp_path, capsys):
+    from kernelrl.launch.cli import main
+
+    assert main(["synth", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--config RECIPE.yaml" in out and "--num_tasks" in out and "--decontam_ngram" in out
+    words = ["synth", "--config", str(RECIPE), "--output_dir", str(tmp_path / "out")]
+    assert main([*words, "--num_taks", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "num_taks (did you mean num_tasks?)" in err
+    assert main([*words, "--size_profile", "tpu"]) == 2
+    assert "size_profile" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
