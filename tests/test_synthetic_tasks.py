@@ -210,3 +210,20 @@ def test_cli_recipe_help_and_one_line_errors(tmp_path, capsys):
     assert main([*words, "--size_profile", "tpu"]) == 2
     assert "size_profile" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_drawing_rules_keep_gpu_sized_references_finite():
+    """What the in-process check cannot see (values at GPU sizes) is excluded when drawing:
+    at most one growing operator, none after a sum, none before a sum in half precision."""
+    from kernelrl.data.synth.graph import GROWING
+
+    rng = random.Random(0)
+    config = _config(Path("/nonexistent")).draw_config()
+    for _ in range(5000):
+        graph = draw(rng, config)
+        grown = [op for op in graph.ops if op.kind in GROWING]
+        assert len(grown) <= 1, graph.combination
+        if graph.core is not None and graph.core.kind == "sum":
+            assert not any(op.kind in GROWING for op in graph.epilogue), graph.combination
+            if graph.dtype != "float32":
+                assert not grown, graph.combination

@@ -11,6 +11,9 @@ here exposes nothing. What runs here, per task:
   of the inferred shape and dtype, and differ between the two input draws (a constant output is
   no task). This is what the environment's own reference validation rejects, found cheaply.
 
+Values at the GPU sizes are never computed here: hazards that grow with the row length (a
+sum's magnitude, and what an ``exp`` makes of it) are excluded when graphs are drawn (``graph``).
+
 The environment's sandboxed validation (``kernelrl.data.curate.validate``) still runs on a
 seeded sample and on every task that gets a reference solution (``pipeline``): that is the
 check that the task works in the environment, not merely in this process.
