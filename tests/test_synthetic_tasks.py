@@ -214,8 +214,9 @@ def test_cli_recipe_help_and_one_line_errors(tmp_path, capsys):
 
 def test_drawing_rules_keep_gpu_sized_references_finite():
     """What the in-process check cannot see (values at GPU sizes) is excluded when drawing:
-    at most one growing operator, none after a sum, none before a sum in half precision."""
-    from kernelrl.data.synth.graph import GROWING
+    at most one growing operator, none after a sum, none before a sum in half precision, and
+    exp only after the input or an operator whose output stays small."""
+    from kernelrl.data.synth.graph import EXP_AFTER, GROWING
 
     rng = random.Random(0)
     config = _config(Path("/nonexistent")).draw_config()
@@ -227,3 +228,6 @@ def test_drawing_rules_keep_gpu_sized_references_finite():
             assert not any(op.kind in GROWING for op in graph.epilogue), graph.combination
             if graph.dtype != "float32":
                 assert not grown, graph.combination
+        kinds = [None] + [op.kind for op in graph.ops]
+        for before, kind in zip(kinds, kinds[1:], strict=False):
+            assert kind != "exp" or before in EXP_AFTER, graph.combination

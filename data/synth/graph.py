@@ -13,7 +13,8 @@ generator can promise that a task's code does what its tags say.
 Numerical guards are part of drawing, because the in-process check (``check``) runs real
 values only at the CPU sizes, and a sum over a GPU-sized row grows with its length: operators
 that grow values (``exp``, ``square``) appear at most once, never after a sum (a sum of 8192
-normal values reaches 300, whose exp overflows fp32) and never before a sum in half precision.
+normal values reaches 300, whose exp overflows fp32) and never before a sum in half precision;
+``exp`` only follows the input or an operator whose output stays small (``EXP_AFTER``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ CORE_FAMILY = {
 }
 REDUCING = ("sum", "mean", "amax")
 GROWING = ("exp", "square")
+#: What ``exp`` may follow (None: the input itself, a standard normal): operators whose output is
+#: bounded, or of unit scale, whatever the row length. After a chain of multiplications by other
+#: inputs a value reaches 100 somewhere among millions of elements, and exp(100) overflows fp32.
+EXP_AFTER = (None, "sigmoid", "tanh", "clamp", "softmax", "log_softmax", "layer_norm", "rms_norm")
+EXP_AFTER += ("l2_normalize", "linear")
 FAMILIES = ("elementwise", "reduction", "softmax", "norm", "matmul")
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -196,20 +202,28 @@ def _weighted(rng: random.Random, weights: dict[str, float]) -> str:
 
 
 def _pointwise(
-    rng: random.Random, count: int, reduced: bool, guard: set[str], growing: bool = True
+    rng: random.Random,
+    count: int,
+    reduced: bool,
+    guard: set[str],
+    growing: bool = True,
+    previous: str | None = None,
 ) -> list[Op]:
     """``count`` pointwise operators; ``reduced``: after a row reduction, where a row vector
     does not fit and a full second input has the column's shape (one name per computation:
     ``add_col``, so that dedup by graph finds what dedup by computation finds);
     ``guard``: growing operators already used (at most one per task); ``growing``: whether
-    one may be drawn here at all."""
+    one may be drawn here at all; ``previous``: the operator before the first one drawn here
+    (``EXP_AFTER``)."""
     ops: list[Op] = []
     after_reduction = ("add_row", "mul_row", "add_input", "mul_input")
     for _ in range(count):
         choices = [k for k in POINTWISE if not (reduced and k in after_reduction)]
         if guard or not growing:
             choices = [k for k in choices if k not in GROWING]
-        kind = rng.choice(choices)
+        if previous not in EXP_AFTER:
+            choices = [k for k in choices if k != "exp"]
+        kind = previous = rng.choice(choices)
         if kind in GROWING:
             guard.add(kind)
         param = rng.choice(SCALARS[kind]) if kind in SCALARS else None
@@ -256,7 +270,12 @@ def draw(rng: random.Random, config: DrawConfig) -> Graph:
             # a sum of grown values overflows half precision: draw the prologue again, tame
             prologue = _pointwise(rng, n_pro, False, set(), growing=False)
         epilogue = _pointwise(
-            rng, budget - n_pro, core_kind in REDUCING, guard, growing=core_kind != "sum"
+            rng,
+            budget - n_pro,
+            core_kind in REDUCING,
+            guard,
+            growing=core_kind != "sum",
+            previous=core_kind,
         )
     rank3 = rng.random() < config.rank3_share
     sizes = {
