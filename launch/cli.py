@@ -16,6 +16,7 @@ from kernelrl.launch import (
     eval_cli,
     openai_serve_cli,
     sft_cli,
+    synth_cli,
     train_cli,
 )
 from kernelrl.launch.errors import UserError, check_parent_folder
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     env_service_cli.add_subcommand(env)
     eval_cli.add_subcommand(commands)
     curate_cli.add_subcommand(commands)
+    synth_cli.add_subcommand(commands)
     sft_cli.add_subcommand(commands)
     train_cli.add_subcommand(commands)
     openai_serve_cli.add_subcommand(commands)
