@@ -1,6 +1,6 @@
 """``kernelrl synth``: synthetic KernelBench-format tasks and verified SFT references.
 
-    kernelrl synth --config recipes/curate/synthetic_cpu.yaml [--key value ...]
+    kernelrl synth --config recipes/synth/synthetic_cpu.yaml [--key value ...]
 
 A recipe command like ``kernelrl curate`` (``launch.recipe``): flat YAML parsed by TRL's
 parser into ``kernelrl.data.synth.config.SYNTH_RECIPE``; an unknown key or a bad value is one

@@ -194,7 +194,7 @@ def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path):
     assert steps["dedup"]["count_out"] == steps["dedup"]["count_in"] == 80
 
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "curate" / "synthetic_cpu.yaml"
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "synth" / "synthetic_cpu.yaml"
 
 
 def test_cli_recipe_help_and_one_line_errors(tmp_path, capsys):
