@@ -92,15 +92,9 @@ class ReferenceRunner:
         if task.hash not in self._init_compute:
             from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter
 
-            module = self.module(task)
             audit = AtenAudit(LaunchCounter())
-            try:
-                with audit:
-                    harness.build_model(module.Model, module, 0, self.device)
-            except Exception as exc:
-                raise TaskError(
-                    f"task {task.id}: reference fails to build: {type(exc).__name__}: {exc}"
-                ) from exc
+            with audit:
+                self.model(task, 0)
             self._init_compute[task.hash] = frozenset(audit.compute)
         return self._init_compute[task.hash]
 

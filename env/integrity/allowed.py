@@ -18,6 +18,8 @@ import string
 import types
 from typing import Any
 
+from kernelrl.env.integrity.forbidden import INTROSPECTION_ATTRIBUTES
+
 # Modules a solution may import or reach, each with the members it may use: ``None`` means any
 # public member (pure compute or type namespaces), a set lists the members one by one.
 MODULE_MEMBERS: dict[str, frozenset[str] | None] = {
@@ -213,27 +215,9 @@ DENIED_MEMBERS = frozenset(
         "share_memory_",
         "from_file",
         "format_map",
-        "gi_frame",
-        "gi_code",
-        "gi_yieldfrom",
-        "cr_frame",
-        "cr_code",
-        "cr_await",
-        "ag_frame",
-        "ag_code",
-        "tb_frame",
-        "tb_next",
-        "f_back",
-        "f_globals",
-        "f_locals",
-        "f_builtins",
-        "f_code",
-        "co_code",
-        "co_consts",
-        "co_names",
         "with_traceback",
     ]
-)
+) | {name for name in INTROSPECTION_ATTRIBUTES if not name.startswith("_")}  # frames, code
 
 
 @functools.cache
