@@ -341,8 +341,8 @@ class Evaluator:
             if not comparison.correct:
                 result.status = Status.INCORRECT
                 result.error = (
-                    f"a timed call on input set {index} returned different outputs from the "
-                    "checked calls: " + "\n".join(comparison.problems[:3])
+                    f"the output kept from a timed call (input set {index}) does not match the "
+                    "reference: " + "\n".join(comparison.problems[:3])
                 )
                 return False
         return True
