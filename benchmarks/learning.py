@@ -12,17 +12,16 @@ One command runs the whole experiment on the 2-core CPU box and writes its numbe
    solutions for training tasks, kept for SFT only when the environment judged them correct.
    Seeded samples of the validation and held-out splits (stratified by family) become the task
    folders of the sweeps below.
-2. **eval_base**: ``kernelrl eval`` of the base model on the held-out sample
-   (``eval_heldout.yaml``: ``--samples`` per task, one turn).
-3. **sft** (``sft.yaml``): the verified references, with the same prompt as every other stage;
+2. **sft** (``sft.yaml``): the verified references, with the same prompt as every other stage;
    checkpoints within the epoch. **select_sft** evaluates each checkpoint on the validation
    sample and keeps the best (correct@1, then compile rate): settings are chosen on
    validation, never on held-out.
-4. **eval_sft**: the chosen SFT model on the held-out sample.
-5. **rl**: TRLOO (``trloo.yaml``) from the chosen SFT model on train tasks only, with
+3. **eval_sft** and **eval_base**: ``kernelrl eval`` of the chosen SFT model and of the base
+   model on the held-out sample (``eval_heldout.yaml``: ``--samples`` per task, one turn).
+4. **rl**: TRLOO (``trloo.yaml``) from the chosen SFT model on train tasks only, with
    checkpoints; **select_rl** picks the checkpoint with the best validation correct@1.
-6. **eval_rl**: the chosen RL checkpoint on the held-out sample.
-7. **report**: correct@1, pass@k, format-error, token-limit, compile and integrity-violation
+5. **eval_rl**: the chosen RL checkpoint on the held-out sample.
+6. **report**: correct@1, pass@k, format-error, token-limit, compile and integrity-violation
    rates and the mean reward at each stage with paired bootstrap 95% intervals
    (``learning_report.py``), curves (SFT loss; RL reward, correct rate and lengths) in
    ``learning.png``, ``summary.json`` and ``table.md``, copied to ``--results``.
@@ -59,12 +58,12 @@ from learning_report import attempts, estimate, markdown, plot, rl_curve, sft_cu
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "smollm2" / "learning"
-STAGES = (
+STAGES = (  # eval_base after SFT: the stages are independent, and SFT is what others wait for
     "synth",
-    "eval_base",
     "sft",
     "select_sft",
     "eval_sft",
+    "eval_base",
     "rl",
     "select_rl",
     "eval_rl",
@@ -426,10 +425,10 @@ def main() -> int:
     last = STAGES.index(args.stop_after)
     steps = [
         ("synth", bench.synth),
-        ("eval_base", lambda: bench.evaluate("eval_base", BASE_MODEL)),
         ("sft", bench.sft),
         ("select_sft", lambda: bench.select("select_sft", checkpoints(bench.sft_dir))),
         ("eval_sft", lambda: bench.evaluate("eval_sft", bench.stages["select_sft"]["chosen"])),
+        ("eval_base", lambda: bench.evaluate("eval_base", BASE_MODEL)),
         ("rl", lambda: bench.rl(bench.stages["select_sft"]["chosen"])),
         ("select_rl", lambda: bench.select("select_rl", checkpoints(bench.rl_dir))),
         ("eval_rl", lambda: bench.evaluate("eval_rl", bench.stages["select_rl"]["chosen"])),
