@@ -172,8 +172,7 @@ def run_synthesis(
         keep = [
             i
             for i, task_id in enumerate(tasks["id"])
-            if task_id in candidates
-            and (task_id in passed or not config.validate_candidates)
+            if task_id in candidates and (task_id in passed or not config.validate_candidates)
         ]
         if keep:
             owned = pool is None
