@@ -9,6 +9,8 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 from kernelrl.data.curate.decontaminate import Benchmark, DecontaminateConfig, decontaminate
 from kernelrl.data.curate.dedup import dedup
 from kernelrl.data.curate.normalize import normalize_tasks
@@ -158,19 +160,25 @@ def test_reference_solutions_judged_correct_and_a_wrong_one_kept_out(tmp_path):
     assert reports[0].notes["statuses"] == {"correct": 4, "incorrect": 1}
 
 
-def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path):
+@pytest.mark.parametrize("validate_candidates", [True, False])
+def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path, validate_candidates):
     config = _config(
         tmp_path,
         num_tasks=80,
         seed=2,
         sandbox_sample=1,
         reference_solutions=1,
+        validate_candidates=validate_candidates,
         benchmark_sources=[f"kernelbench:{BENCHMARK}"],
     )
     result = run_synthesis(config)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tasks"] == sum(summary["splits"].values()) == 80
-    assert 1 <= summary["sandbox"]["validated"] <= 2 and summary["sandbox"]["failed"] == []
+    # the seeded sample always runs in the sandbox; the candidate too unless its reference
+    # solution's evaluation is left to run it
+    validated = summary["sandbox"]["validated"]
+    assert (1 <= validated <= 2) if validate_candidates else validated == 1
+    assert summary["sandbox"]["failed"] == []
     assert summary["reference_solutions"]["verified_in_sft"] == len(result.sft) == 1
     train = set(result.splits["train"]["id"])
     assert set(result.sft["task_id"]) <= train

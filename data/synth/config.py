@@ -73,6 +73,13 @@ class SynthConfig(PoolChoice):
     sandbox_sample: int = field(
         default=24, metadata={"help": "seeded sample of tasks validated in the sandbox"}
     )
+    validate_candidates: bool = field(
+        default=True,
+        metadata={
+            "help": "also run every reference candidate's task twice in the sandbox; false "
+            "leaves that to its reference solution's evaluation, which runs the task too"
+        },
+    )
     reference_solutions: int = field(
         default=20,
         metadata={"help": "training tasks given a Triton reference (kept only if judged correct)"},

@@ -147,7 +147,7 @@ def run_synthesis(
         raise RuntimeError(f"split violates its promise: {problems[:3]}")
 
     sample, candidates = _sandbox_set(tasks, config)
-    wanted = set(sample) | set(candidates)
+    wanted = set(sample) | (set(candidates) if config.validate_candidates else set())
     sandbox_ids = [i for i, task_id in enumerate(tasks["id"]) if task_id in wanted]
     sft = samples = None
     sandbox_failed: list[str] = []
@@ -172,7 +172,8 @@ def run_synthesis(
         keep = [
             i
             for i, task_id in enumerate(tasks["id"])
-            if task_id in passed and task_id in candidates
+            if task_id in candidates
+            and (task_id in passed or not config.validate_candidates)
         ]
         if keep:
             owned = pool is None
