@@ -392,11 +392,10 @@ class Evaluator:
         """The GPU, and the CPU that feeds it, for ``measured`` alone: every other sandbox of
         this device (evaluations in flight and spares still starting) is paused meanwhile.
 
-        Without this, on an H100 with 4 slots, the correctness runs of the other evaluations
-        made profiled kernel time disagree with the timed one (a false ``timing_unconfirmed``)
-        and some timings of the same solution varied by 20%. A paused child launches nothing
-        new, but kernels it queued before the pause still run: the settle time covers a
-        neighbour's forward call of up to ``measurement_settle_s``.
+        Other evaluations' correctness runs would otherwise make the profiled kernel time
+        disagree with the timed one and spread the timings (docs/decisions.md). A paused child
+        launches nothing new, but kernels it queued before the pause still run: the settle time
+        covers a neighbour's forward call of up to ``measurement_settle_s``.
         """
         if self.device_kind != "cuda":
             yield
