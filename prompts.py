@@ -22,14 +22,14 @@ same with ``FEEDBACK_TEMPLATE`` (``str.format``, a recipe's ``feedback_template`
 
 from __future__ import annotations
 
-import ast
 import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelrl.env.task import Task
+from kernelrl.env.parse import FormatError, strip_reasoning
+from kernelrl.env.task import Task, strip_metadata
 
 BACKEND_NAMES = {"triton": "Triton", "cuda": "CUDA"}
 
@@ -194,32 +194,13 @@ Improve ModelNew: fix every problem reported above, and make it faster if it is 
 correct. Output the complete new code in a single ```python code block."""
 
 
-def strip_metadata(source: str) -> str:
-    """The task source without the ``KERNELRL = {...}`` literal and the comment above it:
-    evaluation metadata (CPU sizes, tolerances) is not part of the problem."""
+def answer_of(completion: str) -> str:
+    """An earlier answer as it goes back into the conversation: its reasoning is not kept, and a
+    completion that never left its reasoning has no answer to show."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return source
-    lines = source.splitlines()
-    drop: set[int] = set()
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "KERNELRL" for t in node.targets
-        ):
-            start = node.lineno - 1
-            while start > 0 and lines[start - 1].lstrip().startswith("#"):
-                start -= 1
-            drop.update(range(start, node.end_lineno or node.lineno))
-    kept = [line for i, line in enumerate(lines) if i not in drop]
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip() + "\n"
-
-
-def strip_reasoning(completion: str) -> str:
-    """An earlier answer as it goes back into the conversation: reasoning is not kept."""
-    text = re.sub(r"<think>.*?</think>", "", completion, flags=re.S | re.I)
-    closing = text.lower().rfind("</think>")
-    return text[closing + len("</think>") :].strip() if closing >= 0 else text.strip()
+        return strip_reasoning(completion).strip()
+    except FormatError:
+        return ""
 
 
 @dataclass
@@ -286,7 +267,7 @@ class PromptBuilder:
         oldest first; only the last ``history_turns`` of them are shown."""
         messages = self.first_messages(task.source)
         for completion, feedback in list(attempts)[-self.history_turns :] if attempts else []:
-            messages.append({"role": "assistant", "content": strip_reasoning(completion)})
+            messages.append({"role": "assistant", "content": answer_of(completion)})
             messages.append(
                 {
                     "role": "user",

@@ -1,113 +1,234 @@
-"""Environment throughput, harness overhead, time split and speedup stability on one device.
+"""Environment throughput, where an evaluation's time goes, and speedup stability on one device.
 
-    python benchmarks/env_throughput.py --device cuda --repeats 5
+    python benchmarks/env_throughput.py --device cuda --repeats 5 --new-kernels
 
 Pass 1 evaluates the bundled suite once with a cold reference-timing cache (eager and
-torch.compile baselines are measured then). Pass 2 evaluates every (task, bundled solution)
-pair ``--repeats`` times with the cache warm: evaluations per minute, where the time of one
-evaluation goes, and the spread (max/min) of each task's measured speedup over the repeats.
-Sandbox on and Triton compile included in every evaluation (each child compiles afresh).
+torch.compile baselines are measured then, and cached as in training). Pass 2 evaluates every
+(task, bundled solution) pair ``--repeats`` times with the cache warm: evaluations per minute,
+where the time of one evaluation goes (phases inside it, a child's start in the background, the
+GPU-exclusive measurement), the host's CPU use, and the spread (max/min) of each task's measured
+speedup over the repeats. Sandbox on and Triton compile included in every evaluation (each
+child compiles afresh into its own empty cache). With ``--new-kernels`` every evaluation gets a
+distinct source (a comment naming the rollout inside each ``@triton.jit`` function, which is in
+Triton's cache key), as in training where no two rollouts are the same text.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
-from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.env.pools.local import LocalPool
+from kernelrl.env.pools.sizing import AUTO
 from kernelrl.env.result import EvalResult
 
+# (phase key, where it runs, what it is) in the order of an evaluation.
 PHASES = (
-    "child_wait",
-    "child_load",
-    "child_first_call",
-    "child_correctness",
-    "reference",
-    "child_timing",
-    "child_profile",
-    "reference_timing",
+    ("child_wait", "slot", "waiting for a ready child"),
+    ("child_load", "child", "load the solution"),
+    ("child_first_call", "child", "first call: Triton compile and first run"),
+    ("child_correctness", "child", "correctness on 3 input sets (first call included)"),
+    ("reference", "worker", "reference outputs (overlaps the child)"),
+    ("compare", "worker", "output comparison"),
+    ("gpu_wait", "worker", "queued behind other measurements"),
+    ("gpu_pause", "worker", "pausing the other children + settle"),
+    ("child_timing", "child", "timing (CUDA events, L2 flush, placements)"),
+    ("child_profile", "child", "CUPTI profile"),
+    ("reference_timing", "worker", "reference timing (cached)"),
+    ("gpu_exclusive", "GPU to itself", "whole exclusive window (pause to resume)"),
+    ("total", "", "one evaluation, end to end"),
+)
+BACKGROUND = (
+    ("import_seconds", "interpreter start, isolation and imports (wall)"),
+    ("import_cpu_seconds", "the same, CPU time of the child"),
+    ("gate_seconds", "held at the gate (a measurement was running)"),
+    ("cuda_init_seconds", "CUDA context"),
+    ("profiler_init_seconds", "CUPTI / profiler start"),
+    ("audit_init_seconds", "audit warm-up kernel"),
+    ("cpu_seconds", "CPU time of the child when ready"),
 )
 
 
-def run_pass(pool: LocalPool, pairs, repeats: int) -> tuple[list[EvalResult], float]:
-    tasks = [t for t, _ in pairs for _ in range(repeats)]
-    solutions = [s for _, s in pairs for _ in range(repeats)]
+def distinct_source(source: str, label: str) -> str:
+    """``source`` with ``# <label>`` as the first line of every ``@triton.jit`` function's
+    body: the same kernel, a different text (Triton hashes the function's source)."""
+    tree = ast.parse(source)
+    lines = source.splitlines(keepends=True)
+    firsts = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and any(
+            "jit" in ast.unparse(d) or "autotune" in ast.unparse(d) for d in node.decorator_list
+        ):
+            first = node.body[0]
+            firsts.append((first.lineno - 1, first.col_offset))
+    for index, col in sorted(firsts, reverse=True):
+        lines.insert(index, " " * col + f"# {label}\n")
+    return "".join(lines)
+
+
+def cpu_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole host so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+def run_pass(
+    pool: LocalPool, pairs: Sequence, repeats: int, new_kernels: bool, tag: str
+) -> tuple[list[EvalResult], float, float]:
+    """Results, wall seconds and the host's mean busy cores during the pass."""
+    tasks, solutions = [], []
+    for r in range(repeats):  # repeat r of every task before repeat r + 1
+        for task, solution in pairs:
+            tasks.append(task)
+            label = f"{tag} rollout {r}: a new kernel text"
+            solutions.append(distinct_source(solution, label) if new_kernels else solution)
+    if new_kernels:
+        assert len(set(solutions)) == len(solutions)
+    busy0, _ = cpu_busy_seconds()
     started = time.perf_counter()
     results = pool.evaluate(tasks, solutions)
-    return results, time.perf_counter() - started
+    wall = time.perf_counter() - started
+    busy1, _ = cpu_busy_seconds()
+    return results, wall, (busy1 - busy0) / wall
+
+
+def median_of(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def report(results: list[EvalResult], wall: float, busy_cores: float, pool: LocalPool) -> dict:
+    """Prints the pass's figures and returns them."""
+    n = len(results)
+    rate = n / wall * 60
+    statuses: dict[str, int] = defaultdict(int)
+    for r in results:
+        statuses[str(r.status)] += 1
+    print(f"{n} evaluations in {wall:.1f} s = {rate:.1f}/min; statuses {dict(statuses)}")
+    cores = len(os.sched_getaffinity(0))
+    print(
+        f"host CPU: {busy_cores:.1f} of {cores} cores busy on average "
+        f"({busy_cores * wall / n:.2f} CPU s per evaluation)"
+    )
+    exclusive = sum(r.phase_seconds.get("gpu_exclusive", 0.0) for r in results)
+    print(f"GPU held exclusively for measurements: {exclusive / wall:.1%} of the wall time")
+    print("| phase | where | what | median s |")
+    print("| --- | --- | --- | ---: |")
+    phases = {}
+    for key, where, what in PHASES:
+        value = median_of([r.phase_seconds.get(key, 0.0) for r in results])
+        phases[key] = value
+        print(f"| `{key}` | {where} | {what} | {value:.3f} |")
+    for key, what in BACKGROUND:
+        value = median_of([float(r.sandbox.get(key) or 0.0) for r in results])
+        phases[f"child_{key}"] = value
+        print(f"| `{key}` | spare child, ahead of time | {what} | {value:.3f} |")
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        if r.speedup_vs_eager is not None:
+            by_task[r.task_id].append(r.speedup_vs_eager)
+    spreads = {t: max(v) / min(v) for t, v in by_task.items() if len(v) > 1}
+    print("speedup vs eager over repeats (max/min):")
+    for task_id, values in by_task.items():
+        spread = spreads.get(task_id)
+        print(
+            f"  {task_id:28s} median {statistics.median(values):6.2f}x  "
+            f"spread {spread if spread is None else round(spread, 3)}  (n={len(values)})"
+        )
+    if spreads:
+        over = sorted(t for t, s in spreads.items() if s > 1.03)
+        print(
+            f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
+            f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
+        )
+    return {
+        "evaluations": n,
+        "wall_s": wall,
+        "evals_per_min": rate,
+        "statuses": dict(statuses),
+        "busy_cores": busy_cores,
+        "host_cores": cores,
+        "cpu_s_per_eval": busy_cores * wall / n if n else None,
+        "gpu_exclusive_share": exclusive / wall,
+        "phase_medians": phases,
+        "spreads": spreads,
+        "slots": pool.num_slots,
+        "spares": pool.config.spare_children,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--per-gpu", type=int, default=EVALS_PER_GPU)
+    parser.add_argument(
+        "--per-gpu", type=int, default=AUTO, help="evaluations in flight per GPU (0: sized)"
+    )
+    parser.add_argument("--spares", type=int, default=None, help="children warming per GPU")
+    parser.add_argument("--workers", type=int, default=1, help="GPUs (CPU: slots)")
+    parser.add_argument("--new-kernels", action="store_true", help="a distinct source each")
+    parser.add_argument(
+        "--run-importing",
+        action="store_true",
+        help="children still importing run during measurements (EvalConfig)",
+    )
     parser.add_argument(
         "--skip-cold",
         action="store_true",
         help="skip pass 1 (reference timings already cached under $KERNELRL_CACHE)",
     )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
-    parser.add_argument("--json-out", default="")
+    parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
+    parser.add_argument("--summary-out", default="", help="the figures as JSON")
     args = parser.parse_args()
 
     pairs = [(t, s) for t, s in bundled_pairs("triton") if not args.tasks or t.id in args.tasks]
-    with LocalPool(EvalConfig(device=args.device), workers=1, per_gpu=args.per_gpu) as pool:
-        cold, cold_s = ([], 0.0) if args.skip_cold else run_pass(pool, pairs, 1)
-        warm, warm_s = run_pass(pool, pairs, args.repeats)
-    print(f"device: {warm[0].device_name}; slots: {pool.num_slots}; versions: {warm[0].versions}")
-    if cold:
+    config = EvalConfig(device=args.device, run_importing_during_measurement=args.run_importing)
+    started = time.perf_counter()
+    with LocalPool(config, workers=args.workers, per_gpu=args.per_gpu, spares=args.spares) as pool:
         print(
-            f"pass 1 (cold reference cache): {len(cold)} evaluations in {cold_s:.1f} s = {len(cold) / cold_s * 60:.1f}/min"
+            f"pool: {pool.num_slots} slots, {pool.config.spare_children} spares per device"
+            f" ({pool.sizing.why if pool.sizing else 'CPU slots'}); started in "
+            f"{time.perf_counter() - started:.1f} s",
+            flush=True,
         )
+        cold: list[EvalResult] = []
+        summary: dict = {"sizing": vars(pool.sizing) if pool.sizing else None}
+        if not args.skip_cold:
+            cold, cold_s, cold_busy = run_pass(pool, pairs, 1, args.new_kernels, "cold")
+            print("pass 1 (cold reference cache):")
+            summary["cold"] = report(cold, cold_s, cold_busy, pool)
+        warm, warm_s, warm_busy = run_pass(pool, pairs, args.repeats, args.new_kernels, "warm")
+    first = warm[0]
+    print(f"device: {first.device_name}; versions: {first.versions}")
+    print(f"pass 2 (reference timings cached), {args.repeats} repeats:")
+    summary["warm"] = report(warm, warm_s, warm_busy, pool)
+    summary["device_name"] = first.device_name
+    summary["versions"] = first.versions
+    summary["new_kernels"] = args.new_kernels
+    kind = "new-kernel" if args.new_kernels else "repeated-kernel"
+    gpu = first.device_name.replace("NVIDIA ", "").split()[0] if args.device != "cpu" else "CPU"
     print(
-        f"pass 2 (warm cache): {len(warm)} evaluations in {warm_s:.1f} s = {len(warm) / warm_s * 60:.1f}/min"
+        f"{kind} throughput: {summary['warm']['evals_per_min']:.1f} evaluations/min per {gpu} "
+        f"({first.device_name}, {summary['warm']['host_cores']} host cores)"
     )
-    statuses = defaultdict(int)
-    for r in warm:
-        statuses[str(r.status)] += 1
-    print(f"statuses: {dict(statuses)}")
-
-    totals = [r.phase_seconds["total"] for r in warm]
-    timed = [r.phase_seconds.get("child_timing", 0.0) for r in warm]
-    overhead = [t - w for t, w in zip(totals, timed, strict=True)]
-    print(
-        f"per evaluation: median total {statistics.median(totals):.2f} s, median timed work {statistics.median(timed):.2f} s, median harness overhead {statistics.median(overhead):.2f} s"
-    )
-    print(
-        "median seconds per phase (inside one evaluation; child start and CUDA context run ahead, in the background):"
-    )
-    for phase in PHASES:
-        values = [r.phase_seconds.get(phase, 0.0) for r in warm]
-        print(f"  {phase:20s} {statistics.median(values):7.3f}")
-    for key in ("import_seconds", "cuda_init_seconds", "profiler_init_seconds"):
-        values = [r.sandbox.get(key) or 0.0 for r in warm]
-        print(f"  child {key:14s} {statistics.median(values):7.3f} (background)")
-
-    print("speedup vs eager over repeats (max/min):")
-    by_task: dict[str, list[float]] = defaultdict(list)
-    for r in warm:
-        if r.speedup_vs_eager is not None:
-            by_task[r.task_id].append(r.speedup_vs_eager)
-    spreads = []
-    for task_id, values in by_task.items():
-        spread = max(values) / min(values)
-        spreads.append(spread)
-        print(
-            f"  {task_id:28s} median {statistics.median(values):6.2f}x  spread {spread:.3f}  (n={len(values)})"
-        )
-    if spreads:
-        print(f"speedup spread: median {statistics.median(spreads):.3f}, max {max(spreads):.3f}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             for r in cold + warm:
                 f.write(json.dumps(r.to_dict()) + "\n")
+    if args.summary_out:
+        with open(args.summary_out, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ class EvalConfig:
     # After pausing the other sandboxes on the GPU, wait this long for the kernels they had
     # already queued (at most one forward call each: the harness synchronises after every call).
     measurement_settle_s: float = 0.05
+    # Let sandboxes still importing torch run during a measurement (sandbox.processes.ChildPool).
+    run_importing_during_measurement: bool = False
     # Off only to test that the sandbox and the dynamic checks hold on their own.
     static_checks: bool = True
     timing: TimingConfig = field(default_factory=TimingConfig)
@@ -87,7 +89,10 @@ class Evaluator:
         config: EvalConfig | None = None,
         gpu_index: int = 0,
         timing_cache: ReferenceTimingCache | None = None,
+        in_flight: int = 4,
     ) -> None:
+        """``in_flight``: evaluations its pool runs at once on this device (each holds a
+        sandbox's CUDA context, as do the spares), for the GPU memory budget."""
         self.config = config or EvalConfig()
         self.device_kind = self.config.resolved_device()
         self.device = (
@@ -97,11 +102,14 @@ class Evaluator:
             self.device_kind,
             gpu_index if self.device_kind == "cuda" else None,
             self.config.spare_children,
+            pause_importing=not self.config.run_importing_during_measurement,
         )
         self.references = ReferenceRunner(self.device)
         self.gpu_memory = (
-            # Sandboxes holding a context: a pool's usual 4 in flight and the spares warming.
-            GpuMemoryBudget.for_device(self.device, processes=4 + self.config.spare_children)
+            # Sandboxes holding a context: the evaluations in flight and the spares warming.
+            GpuMemoryBudget.for_device(
+                self.device, processes=in_flight + self.config.spare_children
+            )
             if self.device_kind == "cuda"
             else None
         )
@@ -163,6 +171,9 @@ class Evaluator:
                 "cuda_init_seconds",
                 "profiler_init_seconds",
                 "audit_init_seconds",
+                "gate_seconds",
+                "import_cpu_seconds",
+                "cpu_seconds",
             )
         }
         session = SandboxSession(child, self.config.timeout_s, self.config.host_memory_bytes)
@@ -282,7 +293,7 @@ class Evaluator:
         )
 
         timing_seed = secrets.randbits(31)
-        with self._device_to_itself(session):
+        with self._device_to_itself(session, result.phase_seconds):
             timing_started = time.perf_counter()
             session.send_time(timing_seed)
             timing = session.receive()
@@ -375,23 +386,35 @@ class Evaluator:
         return self.gpu_lock if self.device_kind == "cuda" else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def _device_to_itself(self, measured: SandboxSession) -> Iterator[None]:
+    def _device_to_itself(
+        self, measured: SandboxSession, phases: dict[str, float] | None = None
+    ) -> Iterator[None]:
         """The GPU, and the CPU that feeds it, for ``measured`` alone: every other sandbox of
         this device (evaluations in flight and spares still starting) is paused meanwhile.
 
-        Without this, on an H100 with 4 slots, the correctness runs of the other evaluations
-        made profiled kernel time disagree with the timed one (a false ``timing_unconfirmed``)
-        and some timings of the same solution varied by 20%. A paused child launches nothing
-        new, but kernels it queued before the pause still run: the settle time covers a
-        neighbour's forward call of up to ``measurement_settle_s``.
+        Other evaluations' correctness runs would otherwise make the profiled kernel time
+        disagree with the timed one and spread the timings (docs/decisions.md). A paused child
+        launches nothing new, but kernels it queued before the pause still run: the settle time
+        covers a neighbour's forward call of up to ``measurement_settle_s``.
         """
         if self.device_kind != "cuda":
             yield
             return
-        with self.gpu_lock, self.children.paused_except(measured.child) as paused_any:
-            if paused_any:
-                time.sleep(self.config.measurement_settle_s)
-            yield
+        phases = {} if phases is None else phases
+        asked = time.perf_counter()
+        with self.gpu_lock:
+            # gpu_wait: queued behind other measurements; gpu_pause: pausing and settling;
+            # gpu_exclusive: the whole time the other sandboxes were held (pause included).
+            held = time.perf_counter()
+            phases["gpu_wait"] = held - asked
+            with self.children.paused_except(measured.child) as paused_any:
+                if paused_any:
+                    time.sleep(self.config.measurement_settle_s)
+                phases["gpu_pause"] = time.perf_counter() - held
+                try:
+                    yield
+                finally:
+                    phases["gpu_exclusive"] = time.perf_counter() - held
 
     def _stopped_early(self, message: dict[str, Any], result: EvalResult) -> bool:
         kind = message["type"]

@@ -37,8 +37,9 @@ _PYTHON_TAGS = {"", "python", "py", "python3", "py3"}
 _MODELNEW_TEXT = re.compile(r"^[ \t]*class[ \t]+ModelNew\b", re.M)
 
 
-def _strip_reasoning(text: str) -> str:
-    """Drop ``<think>`` reasoning: it may hold drafts that must never be graded.
+def strip_reasoning(text: str) -> str:
+    """The answer of a completion, without its ``<think>`` reasoning: drafts must never be
+    graded, nor go back into the conversation (``kernelrl.prompts``).
 
     A closing tag without an opening one happens when the chat template put ``<think>`` in the
     prompt; everything before the last ``</think>`` is then reasoning. An opening tag that is
@@ -136,7 +137,7 @@ def extract_solution(completion: str) -> str:
     """
     if not completion or not completion.strip():
         raise FormatError("The completion is empty. " + _FORMAT_HINT)
-    text = _strip_reasoning(completion)
+    text = strip_reasoning(completion)
     blocks = list(_fenced_blocks(text))
     python_blocks = [body for tag, body in blocks if tag in _PYTHON_TAGS]
     if python_blocks:

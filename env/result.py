@@ -58,6 +58,10 @@ class TimingStats:
 
 @dataclass
 class EvalResult:
+    """The verdict on one solution. ``status`` is always a ``Status``, never its string: the
+    string is converted where results are read back (``from_dict``, from JSON and stores), and
+    the constructor refuses anything else, so readers compare with ``is`` and never convert."""
+
     task_id: str
     backend: str
     status: Status
@@ -90,14 +94,21 @@ class EvalResult:
     timestamp: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.status, Status):
+            raise TypeError(
+                f"EvalResult.status must be a Status, got {self.status!r}; read stored results "
+                "with EvalResult.from_dict"
+            )
+
     @property
     def correct(self) -> bool:
         return self.status is Status.CORRECT
 
     @property
     def scored(self) -> bool:
-        """False when the verdict is about kernelrl, not the solution (``harness_error``)."""
-        return self.status is not Status.HARNESS_ERROR
+        """``is_scored(self)``."""
+        return is_scored(self)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -123,3 +134,10 @@ class EvalResult:
                 data[name] = TimingStats(**data[name])
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def is_scored(result: EvalResult | None) -> bool:
+    """Whether a result carries a verdict on the solution: the one definition of "scored".
+    False for None (no evaluation came back) and for ``harness_error`` (our harness failed):
+    such a result gets no reward, stays out of every rate and is never cached."""
+    return result is not None and result.status is not Status.HARNESS_ERROR

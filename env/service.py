@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
 import time
@@ -61,6 +62,8 @@ class EnvService:
         self._batch_started: dict[int, float] = {}
         self._ids = itertools.count()
         self._clients_batches = 0
+        self._http_in_flight = 0  # HTTP evaluations being answered now (0 once clients left)
+        self._http_answered: dict[int, int] = {}  # HTTP status -> requests answered so far
 
     # ------------------------------------------------------------------ pool protocol
     def info(self) -> dict[str, Any]:
@@ -113,14 +116,33 @@ class EnvService:
     async def evaluate(
         self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
     ) -> list[EvalResult]:
-        futures = await asyncio.to_thread(self._submit, tasks, solutions, timeout_s)
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        """Cancellable: when the caller gives up (``ray.cancel``, as the HTTP endpoint does for
+        a client that disconnected) its items are cancelled in the pool, so work nobody waits
+        for does not take a worker."""
+        submitting = asyncio.ensure_future(
+            asyncio.to_thread(self._submit, tasks, solutions, timeout_s)
+        )
+        try:
+            futures = await asyncio.shield(submitting)  # a submit under way is not lost
+        except asyncio.CancelledError:
+            submitting.add_done_callback(_cancel_submitted)
+            raise
+        try:
+            return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        except asyncio.CancelledError:
+            for future in futures:
+                future.cancel()  # only what no worker runs yet can be cancelled
+            raise
 
     def stats(self) -> dict[str, Any]:
         stats = self.pool.stats()
         stats["service_uptime_s"] = time.time() - self.started
         stats["batches_served"] = self._clients_batches
         stats["items_not_collected"] = sum(len(b) for b in self._batches.values())
+        stats["service_pid"] = os.getpid()
+        stats["service_rss_bytes"] = _rss_bytes()
+        stats["http_in_flight"] = self._http_in_flight
+        stats["http_answered"] = {str(k): v for k, v in sorted(self._http_answered.items())}
         if self.store is not None and self.cache is not None:
             stats["store_path"] = self.store_path
             stats["store_results"] = self.store.count()
@@ -141,6 +163,16 @@ class EnvService:
         ``{"task_id": "01_relu" | "task": {"source": ..., "id": ..., "backend": ...},
         "solution": "...", "timeout_s": 60}`` -> one EvalResult; ``{"items": [...]}`` -> a list.
         """
+        self._http_in_flight += 1
+        code = 499  # nginx's "client closed request": cancelled before an answer
+        try:
+            code, payload = await self._evaluate_request(body)
+            return code, payload
+        finally:
+            self._http_in_flight -= 1
+            self._http_answered[code] = self._http_answered.get(code, 0) + 1
+
+    async def _evaluate_request(self, body: Any) -> tuple[int, Any]:
         try:
             many = isinstance(body, dict) and "items" in body
             items = body["items"] if many else [body]
@@ -159,6 +191,8 @@ class EnvService:
         except TaskError as exc:
             return 422, {"error": str(exc)}
         except Exception as exc:
+            if isinstance(exc, RuntimeError) and "pool is closed" in str(exc):
+                return 503, {"error": "the service is stopping; retry", "retryable": True}
             log.exception("HTTP evaluation failed")
             return 500, {"error": f"{type(exc).__name__}: {exc}"}
         payload = [r.to_dict() for r in results]
@@ -192,6 +226,22 @@ class EnvService:
         if backend is not None and backend != task.backend:
             task = task.with_backend(str(backend))
         return task, solution
+
+
+def _cancel_submitted(submitting: asyncio.Future) -> None:
+    """A submit that finished after its caller gave up: cancel what it queued."""
+    if not submitting.cancelled() and submitting.exception() is None:
+        for future in submitting.result():
+            future.cancel()
+
+
+def _rss_bytes() -> int:
+    """Resident memory of this process (the service's own, not its workers')."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class _BrokenTask(TaskError):
@@ -262,12 +312,23 @@ def stop_service(
 
 
 def start_http(
-    name: str = SERVICE_NAME, namespace: str = NAMESPACE, host: str = "127.0.0.1", port: int = 8100
+    name: str = SERVICE_NAME,
+    namespace: str = NAMESPACE,
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    max_body_bytes: int = 8 << 20,
+    body_timeout_s: float = 30.0,
 ) -> str:
     """Ray Serve in front of the service actor: ``POST /evaluate`` and ``GET /status``.
 
     The deployment only forwards JSON to the actor, so HTTP clients share the same pool, queue
-    and results cache as Ray clients. Returns the base URL."""
+    and results cache as Ray clients. It also keeps one client from hurting the others: a body
+    over ``max_body_bytes`` is refused (413) before it is read, one that has not arrived
+    ``body_timeout_s`` after the request started is refused (408: a client trickling its body
+    holds nothing for long), and a client that disconnects has its evaluation cancelled. A
+    service that is down or restarting is answered 503 with ``Retry-After``: retry the same
+    request (the results store answers it if it was evaluated meanwhile). Returns the base URL.
+    """
     from ray import serve
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -282,19 +343,69 @@ def start_http(
         async def __call__(self, request: Request) -> JSONResponse:
             path = request.url.path.rstrip("/")
             if request.method == "GET" and path.endswith("/status"):
-                return JSONResponse(await self.service.stats.remote())
+                return await self._forward(self.service.stats.remote(), lambda s: (200, s))
             if request.method == "POST" and path.endswith("/evaluate"):
-                try:
-                    body = await request.json()
-                except ValueError:
-                    return JSONResponse({"error": "the request body must be JSON"}, 400)
-                code, payload = await self.service.evaluate_request.remote(body)
-                return JSONResponse(payload, code)
+                body = await read_json_body(request, max_body_bytes, body_timeout_s)
+                if isinstance(body, JSONResponse):
+                    return body
+                return await self._forward(self.service.evaluate_request.remote(body), tuple)
             return JSONResponse({"error": "use POST /evaluate or GET /status"}, 404)
+
+        async def _forward(self, ref: Any, answer: Any) -> JSONResponse:
+            import ray
+
+            try:
+                code, payload = answer(await ref)
+            except asyncio.CancelledError:  # the client disconnected: its work is not wanted
+                ray.cancel(ref)
+                raise
+            except ray.exceptions.RayActorError as exc:  # dead, restarting or unreachable
+                why = f"the environment service is unavailable ({type(exc).__name__}); retry"
+                return JSONResponse(
+                    {"error": why, "retryable": True}, 503, headers={"Retry-After": "5"}
+                )
+            return JSONResponse(payload, code)
 
     serve.start(http_options={"host": host, "port": port})
     serve.run(EnvHTTP.bind(name, namespace), name=HTTP_APP_NAME, route_prefix="/")
     return f"http://{host}:{port}"
+
+
+async def read_json_body(request: Any, max_bytes: int, timeout_s: float) -> Any:
+    """The JSON body of a starlette request, or the JSONResponse refusing it: 413 over
+    ``max_bytes`` (by its Content-Length, before reading, or as it arrives), 408 when it is not
+    all there within ``timeout_s``, 400 when it is not JSON. Bounded in time and memory whatever
+    the client sends."""
+    from starlette.responses import JSONResponse
+
+    close = {"Connection": "close"}  # what is left of the body is not read
+    too_large = JSONResponse(
+        {"error": f"the request body is over the limit of {max_bytes} bytes"}, 413, headers=close
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        return too_large
+    chunks: list[bytes] = []
+
+    async def receive() -> bool:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                return False
+            chunks.append(chunk)
+        return True
+
+    try:
+        if not await asyncio.wait_for(receive(), timeout_s):
+            return too_large
+    except TimeoutError:
+        why = f"the request body did not arrive within {timeout_s:g} s"
+        return JSONResponse({"error": why}, 408, headers=close)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, too deep
+        return JSONResponse({"error": "the request body must be JSON"}, 400)
 
 
 def stop_http() -> None:

@@ -68,9 +68,7 @@ def is_cacheable(result: EvalResult) -> bool:
     """A verdict about the solution, not about the infrastructure that evaluated it: neither a
     failure of the pool (``POOL_ERROR_KEY``) nor a ``harness_error`` (kernelrl's harness failed;
     served again, it would poison every rerun of that completion with our failure)."""
-    if Status(result.status) is Status.HARNESS_ERROR:
-        return False
-    return POOL_ERROR_KEY not in result.sandbox
+    return result.scored and POOL_ERROR_KEY not in result.sandbox
 
 
 class ResultsStore:

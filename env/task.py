@@ -121,6 +121,35 @@ def init_args(init_inputs: Any) -> tuple[list[Any], dict[str, Any]]:
     return items, {}
 
 
+def _is_metadata(node: ast.stmt) -> bool:
+    """Whether ``node`` is the module-level ``KERNELRL = ...`` statement."""
+    return isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "KERNELRL" for t in node.targets
+    )
+
+
+def strip_metadata(source: str) -> str:
+    """``source`` without its ``KERNELRL = {...}`` literal and the comment lines right above it:
+    evaluation metadata (CPU sizes, tolerances) is not part of the problem, neither for the model
+    that is shown the task nor for curation comparing tasks. Every other line stays as it was
+    (blank lines inside a string are part of the program); where the literal stood, the blank
+    lines around it close up to one. A source that does not parse is returned unchanged."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    lines = source.splitlines(keepends=True)
+    for node in reversed([n for n in tree.body if _is_metadata(n)]):  # later lines first
+        start, end = node.lineno - 1, node.end_lineno or node.lineno
+        while start > 0 and lines[start - 1].lstrip().startswith("#"):
+            start -= 1
+        blank_before = start == 0 or not lines[start - 1].strip()
+        while blank_before and end < len(lines) and not lines[end].strip():
+            end += 1
+        del lines[start:end]
+    return "".join(lines)
+
+
 def _read_metadata(source: str, origin: str) -> dict[str, Any]:
     """Validate the KernelBench contract on the AST and read the KERNELRL literal."""
     try:
@@ -134,9 +163,7 @@ def _read_metadata(source: str, origin: str) -> dict[str, Any]:
     for node in tree.body:
         if isinstance(node, ast.ClassDef | ast.FunctionDef):
             defined.add(node.name)
-        elif isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "KERNELRL" for t in node.targets
-        ):
+        elif _is_metadata(node):
             try:
                 metadata = ast.literal_eval(node.value)
             except ValueError as exc:

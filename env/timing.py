@@ -3,11 +3,8 @@
 GPU: warm-up, L2 flush before every repetition, CUDA events around each call, repetitions
 until the median's relative standard error reaches a target or the time budget runs out; all
 of it on each of several input sets, allocated side by side and timed one after another, and
-their medians averaged. A memory-bound kernel's time depends on where in physical GPU memory
-its buffers land: on an H100, a 0.1 ms RMSNorm kernel timed in fresh processes one after
-another varied by 1% while the GPU's memory was otherwise empty, by 10% with another process
-holding a random pattern of memory (as the other sandboxes of a pool do), and by 4% averaged
-over 4 placements (benchmarks/timing_spread.py).
+their medians averaged: a memory-bound kernel's time depends on where in physical GPU memory
+its buffers land (measurements: docs/decisions.md).
 CPU (Triton interpreter): wall-clock repetitions, reported but flagged as not meaningful.
 """
 

@@ -72,8 +72,6 @@ STAGE_RANK = {
     Status.CORRECT: 6,
 }
 _RAN = {Status.RUNTIME_ERROR, Status.TIMEOUT, Status.INCORRECT, Status.CORRECT, Status.NOT_RUN}
-# Verdicts about kernelrl, not the solution: counted apart, never in a rate.
-UNSCORED = {Status.HARNESS_ERROR}
 
 
 # ---------------------------------------------------------------------------------- attempts

@@ -86,6 +86,13 @@ class EnvServiceConfig:
     http: bool = field(default=True, metadata=_help("serve POST /evaluate with Ray Serve"))
     http_host: str = field(default="127.0.0.1", metadata=_help("HTTP bind address"))
     http_port: int = field(default=8100, metadata=_help("HTTP port (8000 is left to vLLM servers)"))
+    http_max_body_mb: float = field(
+        default=8.0, metadata=_help("larger HTTP request bodies are refused (413)")
+    )
+    http_body_timeout_s: float = field(
+        default=30.0,
+        metadata=_help("a request body not received by then is refused (408): slow clients"),
+    )
     detach: bool = field(
         default=False, metadata=_help("return once started (needs address: a cluster that stays)")
     )
@@ -103,6 +110,9 @@ class EnvServiceConfig:
         for name in ("per_gpu", "max_pending", "http_port"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        for name in ("http_max_body_mb", "http_body_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
 
     def resolved_store_path(self) -> str | None:
         if self.store_path.lower() == "none":
@@ -204,7 +214,14 @@ def _serve(words: list[str]) -> int:
             )
             info = ray.get(actor.info.remote())
             url = (
-                start_http(config.name, config.namespace, config.http_host, config.http_port)
+                start_http(
+                    config.name,
+                    config.namespace,
+                    config.http_host,
+                    config.http_port,
+                    max_body_bytes=int(config.http_max_body_mb * (1 << 20)),
+                    body_timeout_s=config.http_body_timeout_s,
+                )
                 if config.http
                 else None
             )

@@ -122,6 +122,17 @@ def check_keys(parser: Any, recipe: dict[str, Any], words: list[str], prog: str)
             unknown.append(name)
     if not unknown:
         return
+    renamed = {
+        old: new
+        for kind in getattr(parser, "dataclass_types", ())
+        for old, new in getattr(kind, "RENAMED_KEYS", {}).items()
+    }
+    for key in unknown:
+        if key.lstrip("-") in renamed:
+            raise RecipeError(
+                f"{key.lstrip('-')} was replaced by {renamed[key.lstrip('-')]}: rename it in the "
+                f"recipe (`{prog} --help` lists every key)"
+            )
     hints = []
     for key in unknown:
         close = difflib.get_close_matches(key.lstrip("-"), sorted(known), n=1)

@@ -2,69 +2,65 @@
 
 Rewards read EvalResults; they never run kernels. Public API:
 
-- ``RewardConfig``: component weights, speedup baseline ("eager" | "compile"), transform
-  ("log2" | "linear") and clip, integrity penalty, CPU fallback of the profiling reward.
-- ``drkernel_reward_config()``: Dr. Kernel's shipped reward (``0.5*correct + 0.5*min(speedup,
-  3) + 0.5*own_kernel_share`` when correct, 0 otherwise) as a RewardConfig of our components
-  (``REWARD_PRESETS``: ``kernelrl`` | ``drkernel``).
-- TRL reward functions ``format_reward``, ``correctness_reward``, ``speedup_reward``,
-  ``profiling_reward``, ``integrity_penalty``: ``f(prompts, completions, **kwargs)`` reading
-  ``kwargs["eval_results"]`` (and an optional ``kwargs["reward_config"]``).
-- ``build_reward_funcs(config) -> (funcs, weights)`` for ``GRPOTrainer(reward_funcs=...)`` and
-  ``GRPOConfig(reward_weights=...)``.
-- ``reward_components(result, config) -> dict`` (unweighted) and ``total_reward(result, config)``
-  (weighted sum) for multi-turn per-turn rewards and logging.
-- ``is_scored(result)``: False for a missing result or a ``harness_error`` (kernelrl's failure,
-  not the solution's): such a completion gets no reward (None from the TRL functions, NaN from
-  ``reward_components``/``total_reward``), never 0.
+- ``RewardConfig``: which components (``reward_funcs``), their weights, speedup baseline
+  ("eager" | "compile"), transform ("log2" | "linear") and cap (``speedup_clip_max``),
+  integrity penalty, CPU fallback of the profiling reward, and ``reward_preset``
+  (``REWARD_PRESETS``: ``kernelrl`` | ``drkernel``, Dr. Kernel's shipped reward
+  ``0.5*correct + 0.5*min(speedup, 3) + 0.5*own_kernel_share`` when correct, 0 otherwise;
+  ``drkernel_reward_config()`` builds it).
+- The component registry: ``Component``, ``@component(name, weight=...)``, ``REGISTRY``;
+  ``components_of(config)`` and ``reward_weights(config)`` for the components a run scores.
+- ``weighted_total(components, weights)``: the one definition of the scalar reward, used by
+  training on batches of turns; ``total_reward(result, config)`` applies it to one result, and
+  ``reward_components(result, config)`` gives the unweighted components.
+- TRL reward functions: ``build_reward_funcs(config) -> (funcs, weights)`` for
+  ``GRPOTrainer(reward_funcs=...)`` and ``GRPOConfig(reward_weights=...)``; ``REWARD_FUNCS``
+  (the built-ins, reading ``kwargs["reward_config"]``); ``RewardFunction(component, config)``.
+- ``is_scored(result)`` (``kernelrl.env.result``'s): False for a missing result or a
+  ``harness_error`` (kernelrl's failure, not the solution's): such a completion gets no reward
+  (None from the TRL functions, NaN from ``reward_components``/``total_reward``), never 0.
 
 See ``kernelrl.rewards.components`` for the exact definition of every component.
 """
 
+from kernelrl.env.result import is_scored
 from kernelrl.rewards.components import (
-    SCORERS,
+    REGISTRY,
+    Component,
     as_eval_result,
-    is_scored,
+    component,
+    components_of,
     reward_components,
+    reward_weights,
     total_reward,
+    weighted_total,
 )
 from kernelrl.rewards.config import (
-    COMPONENT_NAMES,
     REWARD_PRESETS,
     SPEEDUP_BASELINES,
     SPEEDUP_TRANSFORMS,
     RewardConfig,
     drkernel_reward_config,
 )
-from kernelrl.rewards.functions import (
-    REWARD_FUNCS,
-    bind_reward_func,
-    build_reward_funcs,
-    correctness_reward,
-    format_reward,
-    integrity_penalty,
-    profiling_reward,
-    speedup_reward,
-)
+from kernelrl.rewards.functions import REWARD_FUNCS, RewardFunction, build_reward_funcs
 
 __all__ = [
-    "COMPONENT_NAMES",
+    "REGISTRY",
     "REWARD_FUNCS",
     "REWARD_PRESETS",
-    "SCORERS",
     "SPEEDUP_BASELINES",
     "SPEEDUP_TRANSFORMS",
+    "Component",
     "RewardConfig",
     "as_eval_result",
-    "bind_reward_func",
     "build_reward_funcs",
-    "correctness_reward",
+    "component",
+    "components_of",
     "drkernel_reward_config",
-    "format_reward",
-    "integrity_penalty",
     "is_scored",
-    "profiling_reward",
     "reward_components",
-    "speedup_reward",
+    "RewardFunction",
+    "reward_weights",
     "total_reward",
+    "weighted_total",
 ]

@@ -1,8 +1,18 @@
-"""Reward components of one EvalResult: pure functions, no kernel is ever run here.
+"""The reward components: one registry of (name, scorer, weight), and the one weighted total.
 
-Each scorer maps ``(EvalResult, RewardConfig) -> float``; ``reward_components`` returns all of
-them unweighted (for logging and multi-turn per-turn rewards) and ``total_reward`` their
-weighted sum. The TRL-signature wrappers live in ``kernelrl.rewards.functions``.
+Every component is registered once, with ``@component(name, weight=...)`` on its scorer
+``(EvalResult, RewardConfig) -> float``; the weight is the ``RewardConfig`` key that holds it
+(a built-in) or a number (a custom component). Everything else - the TRL reward functions
+(``kernelrl.rewards.functions``), the weights TRL receives, the component names training logs -
+is derived from the registry, so adding a component is one decorated function.
+
+``RewardConfig.reward_funcs`` selects the components of a run as TRL's ``reward_funcs`` does:
+registered names or dotted import paths (``my_lib.rewards.memory_reward``) to a ``Component`` or
+a scorer; default: every built-in in registration order.
+
+``weighted_total`` is the one definition of the scalar reward, ``sum(weight_k * component_k)``:
+training (``kernelrl.rl.steps``, ``kernelrl.rl.metrics``) applies it to a batch of turns,
+``total_reward`` to one result (evaluation, benchmarks, scripts, the README's reward table).
 
 Components (unweighted values):
 
@@ -29,25 +39,65 @@ Components (unweighted values):
   proxy from integrity evidence, not a measured share: on CPU it adds no signal beyond
   correctness for Triton solutions, and time spent in the allowed torch ops (copies,
   ``contiguous``, allocation) is invisible there, so a solution that wastes most of its time in
-  them still gets the fallback; only a GPU profile measures that. Set ``profiling_cpu_fallback=0`` to give no profiling
-  reward without a profile.
+  them still gets the fallback; only a GPU profile measures that. Set ``profiling_cpu_fallback=0``
+  to give no profiling reward without a profile.
 - ``integrity_penalty``: ``-integrity_penalty_per_check * n`` for status
   ``integrity_violation``, where n is the number of failed checks (at least 1), else 0.
 
-Unscored results: a ``harness_error`` (``EvalResult.scored`` is False) is a failure of
-kernelrl's harness, not of the solution, so it has no reward at all: every component is NaN in
-``reward_components`` and ``total_reward`` is NaN, and the TRL functions return None. Scoring
-it 0 would punish the policy for our bug; NaN makes the omission loud if anything sums it.
+Unscored results: a ``harness_error`` (``kernelrl.env.result.is_scored`` is False) is a failure
+of kernelrl's harness, not of the solution, so it has no reward at all: every component is NaN
+in ``reward_components`` and the total is NaN, and the TRL functions return None. Scoring it 0
+would punish the policy for our bug; NaN makes the omission loud if anything sums it.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from kernelrl.env.result import EvalResult, Status
-from kernelrl.rewards.config import COMPONENT_NAMES, RewardConfig
+import torch
+from torch import Tensor
+
+from kernelrl.env.result import EvalResult, Status, is_scored
+from kernelrl.rewards.config import RewardConfig
+
+#: ``score(result, config) -> float``: one component of one scored result.
+Scorer = Callable[[EvalResult, RewardConfig], float]
+
+
+@dataclass(frozen=True)
+class Component:
+    """A reward component: its name (what TRL logs as ``rewards/<name>``), its scorer, and its
+    weight: the name of the ``RewardConfig`` key that holds it, or a fixed number."""
+
+    name: str
+    score: Scorer
+    weight: str | float = 1.0
+
+    def weight_in(self, config: RewardConfig) -> float:
+        """This component's weight under ``config``."""
+        return float(getattr(config, self.weight) if isinstance(self.weight, str) else self.weight)
+
+
+#: The built-in components by name, in the order a run gets them by default.
+REGISTRY: dict[str, Component] = {}
+
+
+def component(name: str, weight: str | float) -> Callable[[Scorer], Scorer]:
+    """Register the decorated scorer as the built-in component ``name``."""
+
+    def register(score: Scorer) -> Scorer:
+        if name in REGISTRY:
+            raise ValueError(f"reward component {name!r} is registered twice")
+        if isinstance(weight, str) and weight not in RewardConfig.__dataclass_fields__:
+            raise ValueError(f"{name}: RewardConfig has no weight key {weight!r}")
+        REGISTRY[name] = Component(name, score, weight)
+        return score
+
+    return register
 
 
 def as_eval_result(value: EvalResult | dict[str, Any]) -> EvalResult:
@@ -59,29 +109,23 @@ def as_eval_result(value: EvalResult | dict[str, Any]) -> EvalResult:
     raise TypeError(f"expected an EvalResult or its dict form, got {type(value).__name__}")
 
 
-def is_scored(result: EvalResult | dict[str, Any] | None) -> bool:
-    """Whether a result carries a verdict on the solution: False for None (no evaluation came
-    back) and for ``harness_error`` (our harness failed, see ``EvalResult.scored``)."""
-    if result is None:
-        return False
-    return Status(as_eval_result(result).status) is not Status.HARNESS_ERROR
-
-
-def _status(result: EvalResult) -> Status:
-    # Status(...) also accepts a plain string, so hand-built results compare correctly.
-    return Status(result.status)
-
-
+# ---------------------------------------------------------------------- the built-ins
+@component("format_reward", weight="format_weight")
 def format_score(result: EvalResult, config: RewardConfig) -> float:
-    return 0.0 if _status(result) is Status.FORMAT_ERROR else 1.0
+    """1 when the completion held a parseable ModelNew, else 0."""
+    return 0.0 if result.status is Status.FORMAT_ERROR else 1.0
 
 
+@component("correctness_reward", weight="correctness_weight")
 def correctness_score(result: EvalResult, config: RewardConfig) -> float:
-    return 1.0 if _status(result) is Status.CORRECT else 0.0
+    """1 for a correct result, else 0."""
+    return 1.0 if result.status is Status.CORRECT else 0.0
 
 
+@component("speedup_reward", weight="speedup_weight")
 def speedup_score(result: EvalResult, config: RewardConfig) -> float:
-    if _status(result) is not Status.CORRECT or not result.timing_meaningful:
+    """The capped speedup term of a correct, GPU-timed result; else 0."""
+    if result.status is not Status.CORRECT or not result.timing_meaningful:
         return 0.0
     speedup = (
         result.speedup_vs_eager if config.speedup_baseline == "eager" else result.speedup_vs_compile
@@ -93,8 +137,10 @@ def speedup_score(result: EvalResult, config: RewardConfig) -> float:
     return min(max(math.log2(speedup), config.speedup_clip_min), config.speedup_clip_max)
 
 
+@component("profiling_reward", weight="profiling_weight")
 def profiling_score(result: EvalResult, config: RewardConfig) -> float:
-    if _status(result) is not Status.CORRECT:
+    """Own kernels' share of GPU time of a correct result (CPU: the fallback)."""
+    if result.status is not Status.CORRECT:
         return 0.0
     share = result.own_kernel_share
     if share is not None:
@@ -106,38 +152,91 @@ def profiling_score(result: EvalResult, config: RewardConfig) -> float:
     return config.profiling_cpu_fallback if launched and not result.checks_failed else 0.0
 
 
+@component("integrity_penalty", weight="integrity_weight")
 def integrity_score(result: EvalResult, config: RewardConfig) -> float:
-    if _status(result) is not Status.INTEGRITY_VIOLATION:
+    """-penalty per failed check of an integrity violation, else 0."""
+    if result.status is not Status.INTEGRITY_VIOLATION:
         return 0.0
     return -config.integrity_penalty_per_check * max(1, len(result.checks_failed))
 
 
-#: Component name -> scorer of one result.
-SCORERS: dict[str, Callable[[EvalResult, RewardConfig], float]] = {
-    "format_reward": format_score,
-    "correctness_reward": correctness_score,
-    "speedup_reward": speedup_score,
-    "profiling_reward": profiling_score,
-    "integrity_penalty": integrity_score,
-}
-assert tuple(SCORERS) == COMPONENT_NAMES
+# ---------------------------------------------------------------------- selection
+def load_component(spec: str) -> Component:
+    """A registered component by name, or one given by dotted import path: a ``Component``
+    (its own name and weight) or a scorer (named after the function, weight 1)."""
+    if spec in REGISTRY:
+        return REGISTRY[spec]
+    module_name, _, attribute = spec.rpartition(".")
+    if not module_name:
+        raise ValueError(
+            f"unknown reward component {spec!r}: expected one of {list(REGISTRY)} or a dotted "
+            "import path such as my_lib.rewards.my_component"
+        )
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load reward component {spec!r}: {exc}") from exc
+    if isinstance(found, Component):
+        return found
+    if callable(found):
+        return Component(getattr(found, "__name__", attribute), found)
+    raise ValueError(f"reward component {spec!r} is a {type(found).__name__}, not a scorer")
+
+
+def components_of(config: RewardConfig) -> tuple[Component, ...]:
+    """The components ``config`` selects (``reward_funcs``; default every built-in)."""
+    if config.reward_funcs is None:
+        return tuple(REGISTRY.values())
+    selected = tuple(load_component(spec) for spec in config.reward_funcs)
+    names = [c.name for c in selected]
+    if len(set(names)) != len(names):
+        raise ValueError(f"reward_funcs names a component twice: {names}")
+    return selected
+
+
+def reward_weights(config: RewardConfig) -> dict[str, float]:
+    """Component name -> weight under ``config``, in component order."""
+    return {c.name: c.weight_in(config) for c in components_of(config)}
+
+
+# ---------------------------------------------------------------------- the total
+def weighted_total(components: Tensor, weights: Tensor | Sequence[float]) -> Tensor:
+    """``sum_k weights[k] * components[..., k]``: the scalar reward of a turn, the one definition.
+
+    A NaN component (a reward function that gave no value for this turn) adds nothing, as in
+    TRL; where every component is NaN (an unscored turn: ``harness_error`` or no result) the
+    total is NaN, never 0. The terms are added in component order, so one turn's total is the
+    same float in a batch and alone.
+    """
+    weights = torch.as_tensor(weights, dtype=components.dtype, device=components.device)
+    terms = components * weights
+    total = torch.zeros(components.shape[:-1], dtype=components.dtype, device=components.device)
+    for k in range(terms.shape[-1]):
+        term = terms[..., k]
+        total = total + torch.where(term.isnan(), 0.0, term)
+    return torch.where(components.isnan().all(dim=-1), math.nan, total)
 
 
 def reward_components(
     result: EvalResult | dict[str, Any], config: RewardConfig | None = None
 ) -> dict[str, float]:
-    """All components of one result, unweighted, in ``COMPONENT_NAMES`` order; all NaN for an
+    """Every component of one result, unweighted, in component order; all NaN for an
     unscored result (``harness_error``)."""
     config = config or RewardConfig()
     result = as_eval_result(result)
+    selected = components_of(config)
     if not is_scored(result):
-        return {name: math.nan for name in SCORERS}
-    return {name: scorer(result, config) for name, scorer in SCORERS.items()}
+        return {c.name: math.nan for c in selected}
+    return {c.name: float(c.score(result, config)) for c in selected}
 
 
 def total_reward(result: EvalResult | dict[str, Any], config: RewardConfig | None = None) -> float:
-    """Weighted sum of the components: the scalar reward of one result (one turn); NaN for an
-    unscored result (``harness_error``), never 0."""
+    """The scalar reward of one result (one turn): ``weighted_total`` of its components; NaN
+    for an unscored result (``harness_error``), never 0."""
     config = config or RewardConfig()
-    weights = config.weights()
-    return sum(weights[name] * value for name, value in reward_components(result, config).items())
+    values = reward_components(result, config)
+    weights = reward_weights(config)
+    total = weighted_total(
+        torch.tensor(list(values.values()), dtype=torch.float64), [weights[n] for n in values]
+    )
+    return float(total.item())

@@ -1,12 +1,15 @@
-"""RewardConfig: weights and shaping of the reward components, set from a recipe.
+"""RewardConfig: which reward components a run scores, their weights and shaping, and the
+named reward definitions (``reward_preset``), set from a recipe.
 
-Flat scalar fields only, so TRL's parser (HfArgumentParser) can fill it from YAML keys and
-``--key value`` flags next to GRPOConfig.
+Flat fields only, so TRL's parser (HfArgumentParser) can fill it from YAML keys and
+``--key value`` flags next to GRPOConfig. A preset is applied here, when the config is built,
+so every reader - training, evaluation, scripts - sees the reward's real weights and bounds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 SPEEDUP_BASELINES = ("eager", "compile")
 
@@ -18,25 +21,53 @@ SPEEDUP_TRANSFORMS = ("log2", "linear")
 #: ``drkernel`` (the reward KernelGYM's Dr. Kernel recipes ship, see ``drkernel_reward_config``).
 REWARD_PRESETS = ("kernelrl", "drkernel")
 
-#: The reward components, in the order ``build_reward_funcs`` returns them.
-COMPONENT_NAMES = (
-    "format_reward",
-    "correctness_reward",
-    "speedup_reward",
-    "profiling_reward",
-    "integrity_penalty",
-)
+#: What ``reward_preset: drkernel`` sets (see ``drkernel_reward_config``). Format and integrity
+#: carry weight 0; ``speedup_clip_max`` (the cap), ``speedup_baseline`` and
+#: ``profiling_cpu_fallback`` stay the recipe's.
+DRKERNEL_KEYS: dict[str, Any] = {
+    "format_weight": 0.0,
+    "correctness_weight": 0.5,
+    "speedup_weight": 0.5,
+    "profiling_weight": 0.5,
+    "integrity_weight": 0.0,
+    "speedup_clip_min": 0.0,
+    "speedup_transform": "linear",
+    "integrity_penalty_per_check": 1.0,
+}
 
 
 @dataclass
 class RewardConfig:
     """How EvalResults become scalar rewards.
 
-    The total reward is ``sum(weight_c * component_c)``; components are logged unweighted.
-    Defaults keep the ordering a policy should learn: a correct kernel, even a slow one, scores
-    at least as much as an incorrect one (``correctness_weight >= -speedup_weight *
-    speedup_clip_min``), and a cheating one scores less than an honest failure.
+    The total reward is ``sum(weight_c * component_c)`` (``kernelrl.rewards.weighted_total``);
+    components are logged unweighted. Defaults keep the ordering a policy should learn: a
+    correct kernel, even a slow one, scores at least as much as an incorrect one
+    (``correctness_weight >= -speedup_weight * speedup_clip_min``), and a cheating one scores
+    less than an honest failure.
     """
+
+    #: Recipe keys that were replaced: old key -> the key to set instead (a recipe that sets the
+    #: old key is refused with a one-line error naming the new one, ``kernelrl.launch.recipe``).
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"drkernel_speedup_cap": "speedup_clip_max"}
+
+    reward_preset: str = field(
+        default="kernelrl",
+        metadata={
+            "help": "'kernelrl' (the *_weight and speedup_* keys) or 'drkernel' (Dr. Kernel's "
+            "shipped reward: 0.5*correct + 0.5*min(speedup, speedup_clip_max) + "
+            "0.5*own_kernel_share when correct, else 0)"
+        },
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "the reward components, as TRL's reward_funcs: registered names "
+            "(format_reward, correctness_reward, speedup_reward, profiling_reward, "
+            "integrity_penalty) or dotted import paths to a kernelrl.rewards.Component or a "
+            "scorer f(EvalResult, RewardConfig) -> float (weight 1). Default: every built-in"
+        },
+    )
 
     format_weight: float = field(
         default=0.1, metadata={"help": "weight of format_reward (parseable ModelNew)"}
@@ -66,8 +97,8 @@ class RewardConfig:
     speedup_clip_max: float = field(
         default=3.0,
         metadata={
-            "help": "log2: upper clip of log2(speedup), 3 means 8x faster or better; linear: cap "
-            "of the speedup"
+            "help": "the speedup cap, under every reward_preset. log2: upper clip of "
+            "log2(speedup), 3 means 8x faster or better; linear (drkernel): cap of the speedup"
         },
     )
     speedup_transform: str = field(
@@ -89,6 +120,12 @@ class RewardConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.reward_preset not in REWARD_PRESETS:
+            raise ValueError(
+                f"reward_preset must be one of {REWARD_PRESETS}, got {self.reward_preset!r}"
+            )
+        if self.reward_preset == "drkernel":
+            self._apply(DRKERNEL_KEYS)
         if self.speedup_baseline not in SPEEDUP_BASELINES:
             raise ValueError(
                 f"speedup_baseline must be one of {SPEEDUP_BASELINES}, got {self.speedup_baseline!r}"
@@ -106,21 +143,32 @@ class RewardConfig:
             raise ValueError("integrity_penalty_per_check must be >= 0 (the component is -penalty)")
         if not 0.0 <= self.profiling_cpu_fallback <= 1.0:
             raise ValueError("profiling_cpu_fallback must lie in [0, 1], like a kernel-time share")
+        if self.reward_funcs is not None:
+            from kernelrl.rewards.components import components_of
 
-    def weights(self) -> dict[str, float]:
-        """Component name -> weight, in ``COMPONENT_NAMES`` order."""
-        return {
-            "format_reward": self.format_weight,
-            "correctness_reward": self.correctness_weight,
-            "speedup_reward": self.speedup_weight,
-            "profiling_reward": self.profiling_weight,
-            "integrity_penalty": self.integrity_weight,
-        }
+            components_of(self)  # a bad name or import path fails when the recipe is parsed
+
+    def _apply(self, preset: dict[str, Any]) -> None:
+        """Set the preset's keys; a key the recipe set to another value is refused (the preset
+        would silently override it). Idempotent, so ``dataclasses.replace`` keeps working."""
+        defaults = {f.name: f.default for f in fields(self) if f.name in preset}
+        changed = [
+            key for key, value in preset.items() if getattr(self, key) not in (defaults[key], value)
+        ]
+        if self.reward_funcs is not None:
+            changed.append("reward_funcs")
+        if changed:
+            raise ValueError(
+                f"reward_preset={self.reward_preset} defines {', '.join(changed)}; remove "
+                f"{'them' if len(changed) > 1 else 'it'} or set reward_preset: kernelrl"
+            )
+        for key, value in preset.items():
+            setattr(self, key, value)
 
 
 def drkernel_reward_config(
     speedup_baseline: str = "eager",
-    speedup_cap: float = 3.0,
+    speedup_clip_max: float = 3.0,
     profiling_cpu_fallback: float = 1.0,
 ) -> RewardConfig:
     """The reward Dr. Kernel ships (KernelGYM ``calculate_reward_speedup`` with the 14B recipe's
@@ -132,7 +180,7 @@ def drkernel_reward_config(
         r = 0                                                               otherwise
 
     ``correctness_reward`` carries ``correct``, ``speedup_reward`` (linear transform, cap
-    ``speedup_cap``, lower bound 0) ``min(speedup, 3)`` and ``profiling_reward`` the share of GPU
+    ``speedup_clip_max``, lower bound 0) ``min(speedup, 3)`` and ``profiling_reward`` the share of GPU
     time in the solution's own kernels (their ``time_coverage``); the speedup and profiling
     components are already 0 unless the result is correct. Format and integrity carry weight 0:
     their failure (compile error, wrong output, decoy kernel or any other hack) scores 0, not a
@@ -141,14 +189,8 @@ def drkernel_reward_config(
     ``profiling_cpu_fallback`` (KernelGYM never runs on CPU; its missing profile reads 0).
     """
     return RewardConfig(
-        format_weight=0.0,
-        correctness_weight=0.5,
-        speedup_weight=0.5,
-        profiling_weight=0.5,
-        integrity_weight=0.0,
+        reward_preset="drkernel",
         speedup_baseline=speedup_baseline,
-        speedup_clip_min=0.0,
-        speedup_clip_max=speedup_cap,
-        speedup_transform="linear",
+        speedup_clip_max=speedup_clip_max,
         profiling_cpu_fallback=profiling_cpu_fallback,
     )

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.rewards.components import total_reward
-from kernelrl.rewards.config import REWARD_PRESETS, RewardConfig, drkernel_reward_config
+from kernelrl.rewards.config import REWARD_PRESETS, RewardConfig
 
 
 def result(status: Status, **fields: object) -> EvalResult:
@@ -80,11 +80,7 @@ HONEST_FAILURES = (
 
 def preset_config(preset: str) -> RewardConfig:
     """The RewardConfig a training recipe gets for ``reward_preset`` with default keys."""
-    if preset == "kernelrl":
-        return RewardConfig()
-    if preset == "drkernel":
-        return drkernel_reward_config()
-    raise ValueError(f"unknown reward preset {preset!r} (known: {REWARD_PRESETS})")
+    return RewardConfig(reward_preset=preset)
 
 
 def reward_table() -> dict[str, dict[str, float]]:

@@ -3,10 +3,10 @@
 As TRL's scripts do, a recipe is one flat YAML parsed by ``trl.TrlParser`` into several
 dataclasses at once (``TRAIN_RECIPE``: ``KernelGRPOConfig``, ``kernelrl.rewards.RewardConfig``,
 ``RejectionSampling``, ``EnvPoolConfig`` and TRL's ``ModelConfig``), every key overridable with
-``--key value``. Each part is defined once, next to its use; ``KernelGRPOConfig.compose`` hangs
-the parsed parts on the training arguments (``args.reward``, ``args.rejection``,
-``args.environment``) and checks what spans parts (a preset and the keys it defines), so that
-the trainer and TRL receive one ``args`` object; ``args.to_dict()`` (the logged run config)
+``--key value``. Each part is defined once, next to its use, and checks its own keys (the
+reward preset and the reward keys it defines: ``RewardConfig``); ``KernelGRPOConfig.compose``
+hangs the parsed parts on the training arguments (``args.reward``, ``args.rejection``,
+``args.environment``), so that the trainer and TRL receive one ``args`` object; ``args.to_dict()`` (the logged run config)
 holds every part's keys. ``train_config(**keys)`` does the same from a flat mapping.
 """
 
@@ -21,7 +21,7 @@ from trl import GRPOConfig, ModelConfig
 
 from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS, Pool, make_pool
 from kernelrl.prompts import FEEDBACK_TEMPLATE
-from kernelrl.rewards import REWARD_PRESETS, RewardConfig, drkernel_reward_config
+from kernelrl.rewards import RewardConfig
 from kernelrl.rl.advantages import ADVANTAGE_ESTIMATORS
 from kernelrl.rl.rejection import RejectionSampling
 
@@ -146,19 +146,6 @@ class KernelGRPOConfig(GRPOConfig):
         },
     )
 
-    # ------------------------------------------------------------------ reward definition
-    reward_preset: str = field(
-        default="kernelrl",
-        metadata={
-            "help": "'kernelrl' (the *_weight and speedup_* keys) or 'drkernel' (Dr. Kernel's "
-            "shipped reward: 0.5*correct + 0.5*min(speedup, drkernel_speedup_cap) + "
-            "0.5*own_kernel_share when correct, else 0)"
-        },
-    )
-    drkernel_speedup_cap: float = field(
-        default=3.0, metadata={"help": "reward_preset=drkernel: cap of the speedup term"}
-    )
-
     # ------------------------------------------------------------------ composed parts
     # Parsed as their own dataclasses next to this one (TRAIN_RECIPE); set by ``compose``.
     reward: RewardConfig = field(default_factory=RewardConfig, init=False, repr=False)
@@ -204,7 +191,6 @@ class KernelGRPOConfig(GRPOConfig):
         super().__post_init__()
         self._check_honoured()
         _choice("advantage", self.advantage, ADVANTAGES)
-        _choice("reward_preset", self.reward_preset, REWARD_PRESETS)
         _choice("turn_return", self.turn_return, TURN_RETURNS)
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
@@ -231,18 +217,8 @@ class KernelGRPOConfig(GRPOConfig):
     def compose(
         self, reward: RewardConfig, rejection: RejectionSampling, environment: EnvPoolConfig
     ) -> KernelGRPOConfig:
-        """Hang the parts parsed next to this config on it, and refuse what spans parts: a
-        reward preset that would ignore reward keys set to other than their defaults."""
-        if self.reward_preset == "drkernel":
-            defaults = RewardConfig()
-            changed = [k for k in _REWARD_KEYS if getattr(reward, k) != getattr(defaults, k)]
-            if changed:
-                raise ValueError(
-                    f"reward_preset=drkernel defines {', '.join(changed)}; remove "
-                    f"{'them' if len(changed) > 1 else 'it'} or set reward_preset: kernelrl"
-                )
+        """Hang the parts parsed next to this config on it (each checked its own keys)."""
         self.reward, self.rejection, self.environment = reward, rejection, environment
-        self.reward_config()  # a bad value fails when the recipe is parsed
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -293,8 +269,7 @@ class KernelGRPOConfig(GRPOConfig):
         if self.use_vllm and self.vllm_importance_sampling_correction and truncated:
             # vLLM reports log-probabilities of the truncated distribution it sampled from, TRL
             # recomputes them over the whole vocabulary: every token's ratio is < 1 and their
-            # product over a ~1k-token completion scales its gradient towards 0 (down to 1e-6 in
-            # the learning benchmark at top_p 0.95, README "Options ... are refused").
+            # product over a long completion scales its gradient towards 0 (docs/decisions.md).
             raise ValueError(
                 f"{', '.join(truncated)} with vLLM's importance-sampling correction biases every "
                 "ratio (TRL's log-probabilities ignore truncation); sample with top_p: 1.0, "
@@ -302,29 +277,9 @@ class KernelGRPOConfig(GRPOConfig):
             )
 
     def reward_config(self) -> RewardConfig:
-        """The reward trained on: the parsed ``RewardConfig``, or Dr. Kernel's definition."""
-        if self.reward_preset == "drkernel":
-            return drkernel_reward_config(
-                speedup_baseline=self.reward.speedup_baseline,
-                speedup_cap=self.drkernel_speedup_cap,
-                profiling_cpu_fallback=self.reward.profiling_cpu_fallback,
-            )
+        """The reward trained on: ``self.reward`` (its preset already applied)."""
         return self.reward
 
-
-#: RewardConfig keys whose meaning ``reward_preset: drkernel`` replaces (kept at their
-#: defaults under it).
-_REWARD_KEYS = (
-    "format_weight",
-    "correctness_weight",
-    "speedup_weight",
-    "profiling_weight",
-    "integrity_weight",
-    "speedup_clip_min",
-    "speedup_clip_max",
-    "speedup_transform",
-    "integrity_penalty_per_check",
-)
 
 #: The dataclasses a training recipe is parsed into, in the order the parser returns them.
 TRAIN_RECIPE = (KernelGRPOConfig, RewardConfig, RejectionSampling, EnvPoolConfig, ModelConfig)
@@ -346,6 +301,6 @@ def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 def compose_recipe(parsed: tuple[Any, ...]) -> tuple[KernelGRPOConfig, ModelConfig]:
     """(training arguments with their parts, model arguments) from what the parser returns for
-    ``TRAIN_RECIPE``; ValueError for a preset and the keys it defines set together."""
+    ``TRAIN_RECIPE``."""
     args, reward, rejection, environment, model = parsed
     return args.compose(reward, rejection, environment), model

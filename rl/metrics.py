@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from kernelrl.env.result import Status
+from kernelrl.rewards import weighted_total
 from kernelrl.rl.steps import RewardedTurns, RolloutBatch, TurnAdvantages
 
 STOP_REASONS = ("correct", "max_turns", "context", "env_error")
@@ -35,7 +36,7 @@ def trained_reward_metrics(
     spread (fewer than two trained samples, or all equal): no baseline signal;
     ``rewards/<name>/mean|std``: each component over the same turns.
     """
-    total = (per_turn * weights).nansum(-1)
+    total = weighted_total(per_turn, weights)
     nan = torch.tensor(float("nan"))
     out: dict[str, float] = {}
     rewards = total[trained]

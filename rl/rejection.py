@@ -55,8 +55,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from kernelrl.env.result import EvalResult, Status
-from kernelrl.rewards import as_eval_result, is_scored
+from kernelrl.env.result import EvalResult, Status, is_scored
+from kernelrl.rewards import as_eval_result
 
 RejectionMode = Literal["drop", "downweight"]
 REJECTION_PRESETS = ("kernelrl", "drkernel")
@@ -101,8 +101,8 @@ def rejection_reason(result: EvalResult | dict[str, Any], config: RejectionConfi
     """``"integrity"``, ``"low_kernel_share"`` or None (kept; also for an unscored
     ``harness_error``, which says nothing about the solution)."""
     result = as_eval_result(result)
-    status = Status(result.status)
-    if status is Status.HARNESS_ERROR:
+    status = result.status
+    if not is_scored(result):
         return None
     if status is Status.INTEGRITY_VIOLATION:
         return "integrity" if config.drop_integrity_violations else None
@@ -131,7 +131,7 @@ def rejection_weights(
         if reason is not None:
             weights[index] = config.rejected_weight
             counts[reason] += 1
-        elif Status(result.status) is Status.CORRECT and result.own_kernel_share is None:
+        elif result.status is Status.CORRECT and result.own_kernel_share is None:
             counts["share_unknown"] += 1
     rejected = counts["integrity"] + counts["low_kernel_share"]
     stats: dict[str, float] = {
@@ -172,7 +172,7 @@ def drkernel_keep_probability(
     but has no profile (CPU: the share cannot be judged, the turn is kept)."""
     config = config or DrKernelRejectionConfig()
     result = as_eval_result(result)
-    if Status(result.status) is not Status.CORRECT:
+    if result.status is not Status.CORRECT:
         return 1.0  # only correct turns are subject to PRS (harness errors included: unscored)
     share = result.own_kernel_share
     if share is None:

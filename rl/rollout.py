@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.env.pools import Pool
-from kernelrl.env.result import EvalResult
+from kernelrl.env.result import EvalResult, is_scored
 from kernelrl.env.task import Task
 
 # (prompt token ids, max new tokens, one seed per prompt or None) -> (completion ids, logprobs)
@@ -64,8 +64,7 @@ class Turn:
     def scored(self) -> bool:
         """Whether this turn has a verdict on its kernel: evaluated, and not a harness_error.
         Resolves a deferred evaluation first."""
-        result = self.resolve()
-        return result is not None and result.scored
+        return is_scored(self.resolve())
 
     def resolve(self, timeout: float | None = None) -> EvalResult | None:
         """The EvalResult, waiting for a deferred evaluation; None if evaluation itself failed."""
@@ -314,7 +313,7 @@ class MultiTurnRollout:
             still = []
             for i in active:
                 trajectory, result = trajectories[i], results[i]
-                if result is None or not result.scored:  # no verdict: our failure
+                if not is_scored(result):  # no verdict: our failure
                     trajectory.stop_reason = "env_error"
                 elif cfg.stop_when_correct and result.correct:
                     trajectory.stop_reason = "correct"

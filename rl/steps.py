@@ -14,8 +14,8 @@ The trainer (``kernelrl.rl.trainer``) is a shell over TRL that calls these in th
       = TokenAdvantages
       -> into_trl_batch                 TRL's ``advantages`` and ``tool_mask`` of the batch
 
-The scalar trained on is ``RewardedTurns.rewards`` (the weighted sum of the components of a
-turn), turned into an advantage per turn and multiplied by the turn's keep weight; nothing
+The scalar trained on is ``RewardedTurns.rewards`` (``kernelrl.rewards.weighted_total`` of the
+components of a turn, the one definition of the reward), turned into an advantage per turn and multiplied by the turn's keep weight; nothing
 else re-weights it. No trainer state and no process group here, so every step is tested on
 hand-built tensors.
 
@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from kernelrl.env.result import EvalResult
+from kernelrl.rewards import weighted_total
 from kernelrl.rl.advantages import (
     drkernel_trloo_advantages,
     grpo_advantages,
@@ -189,7 +190,7 @@ class RewardedTurns:
     @property
     def rewards(self) -> Tensor:
         """``[B, T]``: the weighted reward of every scored turn, 0 elsewhere."""
-        total = (self.components * self.weights.to(self.components.device)).nansum(-1)
+        total = weighted_total(self.components, self.weights.to(self.components.device))
         return torch.where(self.valid, total, torch.zeros(()))
 
     @property

@@ -95,7 +95,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         if not isinstance(args, KernelGRPOConfig):
             raise TypeError("KernelGRPOTrainer needs a KernelGRPOConfig")
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's hook
-        reward_funcs, weights = build_reward_funcs(args.reward_config())
+        reward_funcs, weights = build_reward_funcs(args.reward)
         args.reward_weights = weights
         self._owns_pool = pool is None
         if pool is None:

@@ -229,21 +229,38 @@ def _stopped(child, wait_s: float = 5.0) -> bool:
         time.sleep(0.05)
 
 
+def _wait_for(condition, wait_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_measurement_pauses_every_other_child() -> None:
-    children = ChildPool("cpu", spare=2)
+    """Every child that may touch the GPU is paused during a measurement; one still importing
+    runs on (CPU work) but is held at the gate before its CUDA context until the end."""
+    children = ChildPool("cpu", spare=2, pause_importing=False)
     measured = running = None
     try:
-        measured = children.acquire()  # ready; the two spares are still starting
+        measured = children.acquire()
         running = children.acquire()
+        assert _wait_for(lambda: not children._gated)  # the two spares are past their gate
         with children.paused_except(measured) as paused_any:
             assert paused_any
             children.spare = 3
-            children.warm()  # a child spawned during the measurement starts paused
-            others = [running, *children._warming]
-            assert len(others) == 4
+            children.warm()  # a child spawned during the measurement
+            (new,) = [c for c in children._warming if c in children._gated]
+            others = [running, *(c for c in children._warming if c is not new)]
+            assert len(others) == 3
             assert all(_stopped(c) for c in others)
             assert not _stopped(measured, wait_s=0.5)
+            assert _wait_for(lambda: new in children._at_gate)  # imported, not paused
+            assert not _stopped(new, wait_s=0.3)
+            assert new in children._gated and "gate_seconds" not in new.ready_info
         assert not any(_stopped(c, wait_s=0.5) for c in others)
+        assert _wait_for(lambda: new not in children._gated)  # let through once it ended
         # A paused child that is killed (its evaluation's deadline passed) really ends.
         with children.paused_except(measured):
             running.close()

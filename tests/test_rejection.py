@@ -77,7 +77,8 @@ def test_threshold_is_strict() -> None:
     config = RejectionConfig(min_own_kernel_share=0.5)
     assert rejection_reason(at, config) is None
     assert rejection_reason(below, config) == "low_kernel_share"
-    assert rejection_reason(result("integrity_violation"), config) == "integrity"  # type: ignore[arg-type]
+    # the dict form a result crossed a process in: read back with its Status
+    assert rejection_reason(result(Status.INTEGRITY_VIOLATION).to_dict(), config) == "integrity"
 
 
 def test_empty_batch() -> None:

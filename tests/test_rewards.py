@@ -11,18 +11,21 @@ import pytest
 
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.rewards import (
-    COMPONENT_NAMES,
+    REGISTRY,
+    REWARD_FUNCS,
     RewardConfig,
     build_reward_funcs,
-    correctness_reward,
     drkernel_reward_config,
-    format_reward,
-    integrity_penalty,
-    profiling_reward,
     reward_components,
-    speedup_reward,
     total_reward,
 )
+
+COMPONENT_NAMES = tuple(REGISTRY)
+format_reward = REWARD_FUNCS["format_reward"]
+correctness_reward = REWARD_FUNCS["correctness_reward"]
+speedup_reward = REWARD_FUNCS["speedup_reward"]
+profiling_reward = REWARD_FUNCS["profiling_reward"]
+integrity_penalty = REWARD_FUNCS["integrity_penalty"]
 
 
 def result(status: Status, backend: str = "triton", **fields) -> EvalResult:
@@ -62,9 +65,13 @@ def test_format_and_correctness_by_status(status: Status) -> None:
     assert component("correctness_reward", r) == (1.0 if status is Status.CORRECT else 0.0)
 
 
-def test_status_given_as_plain_string() -> None:
-    r = result("correct", custom_kernel_launches=1)  # type: ignore[arg-type]
-    assert component("correctness_reward", r) == 1.0
+def test_status_as_a_plain_string_is_refused_and_read_back_as_a_status() -> None:
+    with pytest.raises(TypeError, match="must be a Status"):
+        result("correct", custom_kernel_launches=1)  # type: ignore[arg-type]
+    stored = result(Status.CORRECT, custom_kernel_launches=1).to_dict()
+    assert stored["status"] == "correct"  # JSON holds the string ...
+    assert EvalResult.from_dict(stored).status is Status.CORRECT  # ... read back as a Status
+    assert component("correctness_reward", EvalResult.from_dict(stored)) == 1.0
 
 
 def test_speedup_log2_and_baseline() -> None:

@@ -20,7 +20,7 @@ import pytest
 from kernelrl.env.result import Status
 from kernelrl.launch.recipe import RecipeError
 from kernelrl.launch.train_cli import parse_train_recipe as parse_recipe
-from kernelrl.rewards.config import COMPONENT_NAMES
+from kernelrl.rewards import REGISTRY, reward_weights
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ROOT / "recipes" / "smoke" / "cpu.yaml"
@@ -31,7 +31,7 @@ def test_recipe_parses_into_kernelrl_config() -> None:
     args, model = parse_recipe(["--config", str(SMOKE), "--max_turns", "3"])
     assert model.model_name_or_path == "smollm2-135m-instruct"
     assert args.advantage == "trloo" and args.max_turns == 3  # the flag overrides the YAML
-    assert args.reward_config().weights()["format_reward"] == pytest.approx(0.1)
+    assert reward_weights(args.reward)["format_reward"] == pytest.approx(0.1)
 
 
 def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
@@ -51,8 +51,10 @@ def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
     assert isinstance(args.environment, EnvPoolConfig) and args.environment.env_workers == 3
     logged = args.to_dict()  # what the run logs as its config: every part's keys
     assert logged["speedup_clip_max"] == 2.5 and logged["env_workers"] == 3
-    with pytest.raises(RecipeError, match="reward_preset=drkernel defines speedup_clip_max"):
-        parse_recipe(["--config", str(SMOKE), "--reward_preset", "drkernel", *flags[:2]])
+    with pytest.raises(RecipeError, match="reward_preset=drkernel defines speedup_clip_min"):
+        parse_recipe(
+            ["--config", str(SMOKE), "--reward_preset", "drkernel", "--speedup_clip_min", "1"]
+        )
 
 
 TRAINING_RECIPES = sorted(
@@ -73,6 +75,11 @@ def test_every_training_recipe_parses(recipe: Path) -> None:
         ("model_name_or_path: m\nadvantage: [unclosed\n", "malformed YAML in recipe"),
         ("model_name_or_path: m\nadvantage: ppo\n", "advantage must be one of"),
         ("model_name_or_path: m\nno_such_key: 1\n", "no_such_key"),
+        # a replaced key names its replacement, in one line
+        (
+            "model_name_or_path: m\ndrkernel_speedup_cap: 2.0\n",
+            "^drkernel_speedup_cap was replaced by speedup_clip_max: rename it in the recipe",
+        ),
         ("advantage: trloo\n", "sets no model_name_or_path"),
         # options the turn-level advantages would silently ignore are refused
         ("model_name_or_path: m\nscale_rewards: batch\n", "scale_rewards=batch is not supported"),
@@ -168,14 +175,14 @@ def test_smoke_recipe_trains_on_environment_rewards_and_resumes_exactly(tmp_path
     assert sorted(logs) == [1, 2, 3]
     for entry in logs.values():
         # every component is logged on its own, and the environment judged every turn
-        for name in COMPONENT_NAMES:
+        for name in REGISTRY:
             assert math.isfinite(entry[f"rewards/{name}/mean"])
         assert sum(entry[f"env/{s}"] for s in STATUSES) == pytest.approx(1.0)
         assert entry["turns/mean"] >= 1 and entry["timing/generation_s"] > 0
     # The environment produced non-zero rewards: some turn got past parsing and was judged.
     # (Sampling is seeded; on another CPU the samples may differ: 24 turns at a parse rate of
     # about 1 in 8 leave a few percent chance that none parses.)
-    assert any(entry[f"rewards/{n}/mean"] != 0 for entry in logs.values() for n in COMPONENT_NAMES)
+    assert any(entry[f"rewards/{n}/mean"] != 0 for entry in logs.values() for n in REGISTRY)
     assert any(entry["env/format_error"] < 1 for entry in logs.values())
     # ... and those rewards reached the update (non-zero advantages, a non-zero loss)
     assert any(entry["advantage/abs_mean"] > 0 and entry["loss"] != 0 for entry in logs.values())

@@ -10,10 +10,9 @@ like KernelBench's Sigmoid task while a copy of either scores 1.0.
 
 Why Jaccard and not containment (the share of the benchmark's n-grams found in the record, as
 used for long web documents): records and benchmark tasks here are files of the same kind and
-size, a few dozen tokens of content, so a small task is almost "contained" in any larger task
-that uses the same operator (softmax in attention). Containment in both directions is
-reported next to the score for the reader. Calibration on the 31 bundled tasks (each against
-the other 30): the highest score between two different tasks is 0.53; copies score 1.0.
+size, so a small task is almost "contained" in any larger task that uses the same operator
+(softmax in attention). Containment in both directions is reported next to the score for the
+reader. The calibration behind the default threshold: docs/decisions.md.
 
 A record is removed when its best score reaches ``decontam_threshold``; the report keeps the
 best match, the figures and the heaviest shared n-grams for every record above

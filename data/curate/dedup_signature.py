@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.data.curate.tokens import strip_metadata
+from kernelrl.env.task import strip_metadata
 
 CONTRACT = {"Model", "ModelNew", "forward", "__init__", "get_inputs", "get_init_inputs"}
 INPUT_FUNCTIONS = ("get_inputs", "get_init_inputs")

@@ -21,11 +21,12 @@ docstrings, formatting, quotes. Both steps therefore compare token streams in wh
 
 from __future__ import annotations
 
-import ast
 import builtins
 import io
 import keyword
 import tokenize
+
+from kernelrl.env.task import strip_metadata
 
 KEPT_NAMES = (
     frozenset(keyword.kwlist)
@@ -63,21 +64,6 @@ def _is_docstring(tokens: list[tokenize.TokenInfo], index: int) -> bool:
         (t for t in tokens[index + 1 :] if t.type not in (tokenize.NL, tokenize.COMMENT)), None
     )
     return following is None or following.type in (tokenize.NEWLINE, tokenize.ENDMARKER)
-
-
-def strip_metadata(source: str) -> str:
-    """``source`` without its module-level ``KERNELRL = {...}`` statement."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return source
-    lines = source.splitlines(keepends=True)
-    for node in reversed(tree.body):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "KERNELRL" for t in node.targets
-        ):
-            del lines[node.lineno - 1 : node.end_lineno]
-    return "".join(lines)
 
 
 BOILERPLATE_STARTS = ("import", "from", "def", "class", "super", "@")

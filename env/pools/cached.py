@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 
 from kernelrl.env.pools.base import Pool, SubmitPool, check_batch, settle
 from kernelrl.env.result import EvalResult
@@ -39,8 +39,9 @@ class CachedPool(SubmitPool):
         self._match_versions = match_versions
         self.hits = 0
         self.misses = 0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._in_flight: dict[tuple[str, str, str], list[Future[EvalResult]]] = {}
+        self._inner: dict[tuple[str, str, str], Future[EvalResult]] = {}
 
     @property
     def num_slots(self) -> int:
@@ -49,11 +50,13 @@ class CachedPool(SubmitPool):
     def submit(
         self, tasks: Sequence[Task], solutions: Sequence[str], timeout_s: float | None = None
     ) -> list[Future[EvalResult]]:
-        """``timeout_s``: batch deadline, passed to the pool behind."""
+        """``timeout_s``: batch deadline, passed to the pool behind. Cancelling a returned
+        future cancels the evaluation behind it when no other caller waits for the same pair."""
         check_batch(tasks, solutions)
         versions = self.versions if self._match_versions else None
         futures: list[Future[EvalResult]] = []
         misses: list[tuple[Task, str, tuple[str, str, str]]] = []
+        waiters: list[tuple[tuple[str, str, str], Future[EvalResult]]] = []
         for task, solution in zip(tasks, solutions, strict=True):
             future: Future[EvalResult] = Future()
             futures.append(future)
@@ -68,21 +71,51 @@ class CachedPool(SubmitPool):
                 if waiting is not None:  # the same pair is being evaluated: share it
                     self.hits += 1
                     waiting.append(future)
+                    waiters.append((key, future))
+                    continue
+                # Looked up again under the lock: an evaluation of this pair that finished
+                # since the first look is in the store now (``_finish`` writes it before it
+                # leaves ``_in_flight``), and a second one would record the pair twice.
+                cached = self.store.get(task, solution, self.device_name, versions)
+                if cached is not None:
+                    self.hits += 1
+                    future.set_result(cached)
                     continue
                 self._in_flight[key] = [future]
                 self.misses += 1
             misses.append((task, solution, key))
+            waiters.append((key, future))
         if misses:
             inner = self.pool.submit([m[0] for m in misses], [m[1] for m in misses], timeout_s)
             for (task, solution, key), inner_future in zip(misses, inner, strict=True):
+                with self._lock:
+                    if key in self._in_flight:
+                        self._inner[key] = inner_future
                 inner_future.add_done_callback(
                     lambda done, t=task, s=solution, k=key: self._finish(t, s, k, done)
                 )
+        for key, future in waiters:  # after _inner is known: a waiter cancelled already counts
+            future.add_done_callback(lambda done, k=key: self._abandoned(k, done))
         return futures
 
+    def _abandoned(self, key: tuple[str, str, str], done: Future) -> None:
+        """A caller cancelled its future (an HTTP client went away): when nobody else waits
+        for the same pair, the evaluation behind is cancelled too (the pool drops it unless a
+        worker runs it already; then it finishes and is stored, for the next asker)."""
+        if not done.cancelled():
+            return
+        with self._lock:  # held while cancelling: nobody joins a pair being given up
+            waiting = self._in_flight.get(key, [])
+            inner = self._inner.get(key)
+            if inner is not None and all(f.cancelled() for f in waiting):
+                inner.cancel()  # runs _finish here (re-entrant lock) when it succeeds
+
     def _finish(self, task: Task, solution: str, key: tuple[str, str, str], done: Future) -> None:
-        error = done.exception()
         result = None
+        if done.cancelled():  # every waiter gave up (``_abandoned``): nothing to store
+            error: BaseException | None = CancelledError()
+        else:
+            error = done.exception()
         if error is None:
             result = done.result()
             try:
@@ -91,6 +124,7 @@ class CachedPool(SubmitPool):
                 log.exception("could not store the result of %s", task.id)
         with self._lock:
             waiting = self._in_flight.pop(key, [])
+            self._inner.pop(key, None)
         for future in waiting:
             settle(future, result, error)
 

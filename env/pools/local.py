@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from kernelrl.env.evaluator import EvalConfig, Evaluator
-from kernelrl.env.pools.base import EVALS_PER_GPU, SubmitPool, check_batch, own_config, settle
+from kernelrl.env.pools.base import SubmitPool, check_batch, own_config, settle
+from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.pools.verdicts import (
     first_line,
     is_harness_error,
@@ -61,23 +62,35 @@ class LocalPool(SubmitPool):
         self,
         config: EvalConfig | None = None,
         workers: int | None = None,
-        per_gpu: int = EVALS_PER_GPU,
+        per_gpu: int = AUTO,
         max_pending: int = 1024,
+        spares: int | None = None,
     ) -> None:
         """``workers``: CPU slots, or GPUs to use; ``per_gpu``: evaluations in flight per GPU
-        (one compiles and checks while another is timed; timing itself is exclusive)."""
+        (they compile and check in parallel; the measurement itself is exclusive), ``AUTO`` (0)
+        to size them from the host's cores and memory (``sizing.size_gpu_pool``);
+        ``spares``: children kept warming per GPU (default: sized likewise)."""
         config = config or EvalConfig()
+        self.sizing: Sizing | None = None
         if config.resolved_device() == "cuda":
             count = torch.cuda.device_count()
             gpus = count if workers is None else min(workers, count)
-            # A child needs ~4 s to import torch and make its context, an evaluation ~2 s:
-            # keep two spares per slot warming so that no slot waits for one.
-            self.config = own_config(config, 2 * per_gpu)
-            self.evaluators = [Evaluator(self.config, gpu_index=i) for i in range(gpus)]
-            slots = [ev for ev in self.evaluators for _ in range(per_gpu)]
+            host = HostResources.detect(
+                gpus, torch.cuda.get_device_properties(0).total_memory if count else 0
+            )
+            sizing = size_gpu_pool(host, per_gpu)
+            if spares is not None:
+                sizing = Sizing(sizing.per_gpu, spares, sizing.why + "; spares given")
+            self.sizing = sizing
+            self.config = own_config(config, sizing.spares)
+            self.evaluators = [
+                Evaluator(self.config, gpu_index=i, in_flight=sizing.per_gpu) for i in range(gpus)
+            ]
+            slots = [ev for ev in self.evaluators for _ in range(sizing.per_gpu)]
+            log.info("LocalPool: %d GPU(s), %s (%s)", gpus, sizing, sizing.why)
         else:
             count = workers or max(os.cpu_count() or 1, 1)
-            self.config = own_config(config, count)
+            self.config = own_config(config, spares if spares is not None else count)
             self.evaluators = [Evaluator(self.config)]
             slots = [self.evaluators[0]] * count
         first = self.evaluators[0]

@@ -171,7 +171,7 @@ class RayPool(SubmitPool):
         self._prechecking = 0
         self._stats = dict.fromkeys(
             ("submitted", "completed", "retried", "gave_up", "worker_deaths", "precheck_rejected",
-             "batch_timeouts", "eval_timeouts", "harness_retried"), 0,
+             "batch_timeouts", "eval_timeouts", "harness_retried", "cancelled"), 0,
         )  # fmt: skip
         self._recent: collections.deque[float] = collections.deque(maxlen=10_000)
         self._started = time.time()
@@ -248,6 +248,9 @@ class RayPool(SubmitPool):
         self._unresolved.add(job)
         if item.deadline is not None:
             item.timer = self._loop.call_at(item.deadline, self._expire, job)
+        # A caller that gives up (an HTTP client that disconnected) cancels its future: the
+        # item leaves the queue at once, so it neither takes a worker nor holds max_pending room.
+        item.future.add_done_callback(lambda future: self._on_cancel(future, job))
         if self._fleet.checkers:
             self._spawn(self._precheck(job))
         else:
@@ -281,6 +284,8 @@ class RayPool(SubmitPool):
             future = job.payload.future  # running once started: the caller can no longer cancel
             if not future.running() and not future.set_running_or_notify_cancel():
                 self._scheduler.release(job)  # cancelled by the caller before it started
+                if not job.payload.done:
+                    self._stats["cancelled"] += 1
                 self._resolve(job)
                 continue
             self._spawn(self._call(job, self._workers[index]))
@@ -389,6 +394,21 @@ class RayPool(SubmitPool):
         why = f"the batch deadline passed after {time.monotonic() - item.submitted:.0f} s {why}"
         status = Status.TIMEOUT if running else Status.HARNESS_ERROR
         self._resolve(job, self._verdict(job, status, why, "batch_timeout"))
+
+    def _on_cancel(self, future: Future, job: Job) -> None:
+        """Done-callback of an item's future, on whichever thread cancelled it."""
+        if future.cancelled():
+            with contextlib.suppress(RuntimeError):  # the pool's loop is closed: nothing left
+                self._loop.call_soon_threadsafe(self._withdrawn, job)
+
+    def _withdrawn(self, job: Job) -> None:
+        """The caller cancelled the item before a worker took it (a running item cannot be
+        cancelled: its future is running): out of the queue and resolved, nothing evaluated."""
+        if job.payload.done:
+            return
+        self._stats["cancelled"] += 1
+        self._scheduler.withdraw(job)
+        self._resolve(job)
 
     def _verdict(self, job: Job, status: Status, why: str, reason: str) -> EvalResult:
         item: _Item = job.payload

@@ -23,7 +23,7 @@ HARNESS_FIRST_ERROR_KEY = "harness_first_error"
 
 
 def is_harness_error(result: EvalResult) -> bool:
-    return Status(result.status) is Status.HARNESS_ERROR
+    return not result.scored
 
 
 def retried_harness_error(first: EvalResult, second: EvalResult) -> EvalResult:

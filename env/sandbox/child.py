@@ -109,9 +109,33 @@ def take_channel() -> socket.socket:
     return socket.socket(fileno=target)
 
 
+def cpu_seconds() -> float:
+    """CPU time this process has used so far (user and system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pass_gate(sock: socket.socket, import_seconds: float) -> None:
+    """Everything so far was CPU work; the CUDA context, CUPTI and the warm-up kernel come only
+    once the worker says so, never while it measures another evaluation (processes.ChildPool).
+    A worker that hangs up instead ends the child."""
+    send_message(
+        sock,
+        {"type": "imported", "import_seconds": import_seconds, "import_cpu_seconds": cpu_seconds()},
+    )
+    try:
+        go = recv_message(sock)
+    except EOFError:
+        os._exit(0)
+    if go.get("type") != "warm":
+        os._exit(0)
+
+
 def main() -> None:
     sock = take_channel()
     imported = time.perf_counter()
+    pass_gate(sock, imported - _IMPORT_STARTED)
+    gate_passed = time.perf_counter()
     device = torch.device(os.environ.get("KERNELRL_DEVICE", "cpu"))
     counter = LaunchCounter()
     counter.install(SOLUTION_MODULE)
@@ -123,6 +147,8 @@ def main() -> None:
         "network": NETWORK,
         "isolation": ISOLATION,
         **warm_up(device, counter),
+        "gate_seconds": gate_passed - imported,
+        "cpu_seconds": cpu_seconds(),
     }
     send_message(sock, ready)
     try:

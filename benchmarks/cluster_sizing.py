@@ -1,0 +1,197 @@
+"""A calibrated model of one RL step on a cluster: step time, what bounds it, and how many
+environment GPUs to give it.
+
+    python benchmarks/cluster_sizing.py --recipe recipes/qwen3-14b/trloo/drkernel_14b.yaml \
+        --train-gpus 16 --gen-gpus 8 --env-gpus 1 2 4 8 16
+    python benchmarks/cluster_sizing.py --validate benchmarks/results/h100_throughput_v3/throughput.jsonl
+
+Why a model: a step of Dr. Kernel's recipe makes hundreds of evaluations per turn, and whether
+generation, the environment or the update sets the step time decides how a cluster is split.
+The inputs are measured figures (kept as defaults below with where they come from) or, for
+generation, a published vLLM figure; every assumption is a flag.
+
+Per turn, the trajectories' completions are generated (tokens / generation throughput), then
+evaluated (evaluations / environment throughput, plus one evaluation's latency for the last
+one); with ``overlap_evaluation`` the evaluations of a turn run while the rest of it is still
+generated, so a turn takes the larger of the two plus that latency. The update follows the
+last turn. Environment throughput is per GPU, by task size: small tasks (the bundled suite)
+and KernelBench-sized ones (inputs of GiBs) are measured separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+# Measured on one H100 80GB HBM3 host (16 cores), issue 27, benchmarks/results/h100_throughput_v3:
+SMALL_EVALS_PER_MIN = 55.1  # bundled suite, new kernels, reference timings cached
+SMALL_LATENCY_S = 7.64  # median end-to-end evaluation, same run
+LARGE_EVALS_PER_MIN = 7.9  # KernelBench published sizes, first repeat (12 of 16 in 91 s)
+# Published: vLLM (baseline, no tuning) serving Qwen3-14B on H100, ShareGPT, total tokens/s,
+# GPUStack performance lab, https://docs.gpustack.ai/latest/performance-lab/qwen3-14b/h100
+VLLM_TOKENS_PER_S_PER_GPU = 6595.66
+H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM (NVIDIA datasheet)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    trajectories: int  # completions per generation round (one step)
+    turns: int
+    max_turn_tokens: int
+    params: float  # policy parameters
+
+    @classmethod
+    def load(cls, path: str, train_gpus: int) -> Recipe:
+        """Trajectories per step as TRL counts them: per-device batch x processes x steps per
+        generation; the parameter count from the model's name (``-14B``)."""
+        config = yaml.safe_load(Path(path).read_text())
+        per_step = (
+            int(config.get("per_device_train_batch_size", 1))
+            * train_gpus
+            * int(
+                config.get("steps_per_generation") or config.get("gradient_accumulation_steps", 1)
+            )
+        )
+        name = str(config.get("model_name_or_path", ""))
+        digits = "".join(c for c in name.rsplit("-", 1)[-1] if c.isdigit() or c == ".")
+        params = float(digits) * 1e9 if name.upper().endswith("B") and digits else 14e9
+        return cls(
+            per_step, int(config.get("max_turns", 1)), int(config["max_completion_length"]), params
+        )
+
+
+@dataclass(frozen=True)
+class Cluster:
+    train_gpus: int
+    gen_gpus: int
+    env_gpus: int
+    gen_tokens_per_s_per_gpu: float = VLLM_TOKENS_PER_S_PER_GPU
+    small_evals_per_min: float = SMALL_EVALS_PER_MIN
+    large_evals_per_min: float = LARGE_EVALS_PER_MIN
+    large_share: float = 0.0  # share of the tasks at KernelBench's sizes
+    eval_latency_s: float = SMALL_LATENCY_S
+    mfu: float = 0.35  # assumed model FLOPs utilisation of the update
+
+
+def env_evals_per_s(cluster: Cluster) -> float:
+    """Evaluations per second of ``env_gpus``, the task mix weighted by time per evaluation."""
+    per_eval_min = (1 - cluster.large_share) / cluster.small_evals_per_min + (
+        cluster.large_share / cluster.large_evals_per_min
+    )
+    return cluster.env_gpus / per_eval_min / 60
+
+
+def predict(
+    recipe: Recipe, cluster: Cluster, mean_turn_tokens: float, train_step_s: float | None
+) -> dict:
+    """Seconds per stage of one step and the stage that bounds it."""
+    gen_turn = (
+        recipe.trajectories
+        * mean_turn_tokens
+        / (cluster.gen_gpus * cluster.gen_tokens_per_s_per_gpu)
+    )
+    env_turn = recipe.trajectories / env_evals_per_s(cluster)
+    turn = max(gen_turn, env_turn) + cluster.eval_latency_s
+    if train_step_s is None:  # 6 x params x tokens, prompt context grows with the turns
+        tokens = recipe.trajectories * mean_turn_tokens * recipe.turns * 1.5
+        train_step_s = (
+            6 * recipe.params * tokens / (cluster.train_gpus * H100_BF16_FLOPS * cluster.mfu)
+        )
+    stages = {
+        "generation": recipe.turns * gen_turn,
+        "environment": recipe.turns * env_turn,
+        "training": train_step_s,
+    }
+    return {
+        "step_s": recipe.turns * turn + train_step_s,
+        "generation_s": stages["generation"],
+        "environment_s": stages["environment"],
+        "training_s": train_step_s,
+        "bound": max(stages, key=stages.get),
+        "evaluations_per_step": recipe.trajectories * recipe.turns,
+    }
+
+
+def recommend_env_gpus(recipe: Recipe, cluster: Cluster, mean_turn_tokens: float) -> int:
+    """The fewest environment GPUs whose evaluations of a turn take no longer than its
+    generation: more would not shorten the step."""
+    gen_turn = (
+        recipe.trajectories
+        * mean_turn_tokens
+        / (cluster.gen_gpus * cluster.gen_tokens_per_s_per_gpu)
+    )
+    one = Cluster(**{**cluster.__dict__, "env_gpus": 1})
+    return max(1, math.ceil(recipe.trajectories / (env_evals_per_s(one) * gen_turn)))
+
+
+def validate(jsonl: str, calibrate_share: float = 0.4) -> dict:
+    """The environment part against a measured run on one GPU: the rate calibrated on the
+    first evaluations of the warm pass (by completion time) predicts how long the rest took."""
+    results = [json.loads(line) for line in Path(jsonl).read_text().splitlines() if line]
+    tasks = len({r["task_id"] for r in results})
+    warm = results[tasks:] if len(results) > tasks else results  # pass 1 is one per task
+    done = sorted(r["timestamp"] + r["phase_seconds"]["total"] for r in warm)
+    cut = max(int(len(done) * calibrate_share), 2)
+    rate = (cut - 1) / (done[cut - 1] - done[0])
+    rest = len(done) - cut
+    predicted = rest / rate
+    measured = done[-1] - done[cut - 1]
+    return {
+        "calibration_evaluations": cut,
+        "calibrated_evals_per_min": rate * 60,
+        "predicted_evaluations": rest,
+        "predicted_s": predicted,
+        "measured_s": measured,
+        "error": predicted / measured - 1,
+        "median_latency_s": statistics.median(r["phase_seconds"]["total"] for r in warm),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--recipe", default="recipes/qwen3-14b/trloo/drkernel_14b.yaml")
+    p.add_argument("--train-gpus", type=int, default=16)
+    p.add_argument("--gen-gpus", type=int, default=8)
+    p.add_argument("--env-gpus", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--mean-turn-tokens", type=float, default=None, help="default: half the max")
+    p.add_argument("--gen-tokens-per-s", type=float, default=VLLM_TOKENS_PER_S_PER_GPU)
+    p.add_argument("--small-evals-per-min", type=float, default=SMALL_EVALS_PER_MIN)
+    p.add_argument("--large-evals-per-min", type=float, default=LARGE_EVALS_PER_MIN)
+    p.add_argument("--large-share", type=float, default=0.0)
+    p.add_argument("--train-step-s", type=float, default=None, help="measured update time")
+    p.add_argument("--validate", default="", help="an env_throughput.py --json-out file")
+    args = p.parse_args()
+    if args.validate:
+        print(json.dumps(validate(args.validate), indent=1))
+        return
+    recipe = Recipe.load(args.recipe, args.train_gpus)
+    tokens = args.mean_turn_tokens or recipe.max_turn_tokens / 2
+    print(
+        f"{args.recipe}: {recipe.trajectories} trajectories x {recipe.turns} turns, "
+        f"{tokens:.0f} tokens per turn, {recipe.params / 1e9:.0f}B parameters"
+    )
+    print("| env GPUs | step s | generation s | environment s | training s | bound |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- |")
+    cluster = None
+    for m in args.env_gpus:
+        cluster = Cluster(
+            args.train_gpus, args.gen_gpus, m, args.gen_tokens_per_s, args.small_evals_per_min,
+            args.large_evals_per_min, args.large_share,
+        )  # fmt: skip
+        r = predict(recipe, cluster, tokens, args.train_step_s)
+        print(
+            f"| {m} | {r['step_s']:.0f} | {r['generation_s']:.0f} | {r['environment_s']:.0f} | "
+            f"{r['training_s']:.0f} | {r['bound']} |"
+        )
+    assert cluster is not None
+    print(f"recommended environment GPUs: {recommend_env_gpus(recipe, cluster, tokens)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Pool sizing from the host and the cluster model of an RL step (issue 27): pure arithmetic."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+from kernelrl.env.pools.sizing import GIB, HostResources, size_gpu_pool
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pool_is_sized_by_cores_and_capped_by_memory() -> None:
+    h100_host = HostResources(cores=16, host_memory_bytes=128 * GIB, gpu_memory_bytes=80 * GIB)
+    assert (size_gpu_pool(h100_host).per_gpu, size_gpu_pool(h100_host).spares) == (8, 16)
+    assert size_gpu_pool(h100_host, per_gpu=4).per_gpu == 4  # an explicit choice is kept
+    small = HostResources(cores=64, host_memory_bytes=32 * GIB, gpu_memory_bytes=80 * GIB)
+    assert size_gpu_pool(small).children <= 32 * GIB * 0.5 // (2 * GIB)
+    eight_gpus = HostResources(cores=128, host_memory_bytes=1024 * GIB, gpus=8)
+    assert size_gpu_pool(eight_gpus).per_gpu == 8  # 16 cores per GPU
+
+
+def test_new_kernels_are_distinct_texts_of_the_same_kernel() -> None:
+    bench = _load("env_throughput")
+    source = (ROOT / "data" / "solutions" / "triton" / "11_rmsnorm.py").read_text()
+    a, b = bench.distinct_source(source, "rollout 0"), bench.distinct_source(source, "rollout 1")
+    assert a != b != source
+    assert ast.dump(ast.parse(a)) == ast.dump(ast.parse(source))  # only comments differ
+    assert "    # rollout 0\n    row = tl.program_id(0)" in a  # inside the jitted function
+
+
+def test_cluster_model_bounds_and_recommends() -> None:
+    sizing = _load("cluster_sizing")
+    recipe = sizing.Recipe.load(str(ROOT / "recipes/qwen3-14b/trloo/drkernel_14b.yaml"), 16)
+    assert (recipe.trajectories, recipe.turns) == (256, 3)
+    steps = []
+    for m in (1, 4, 16, 64):
+        cluster = sizing.Cluster(train_gpus=16, gen_gpus=8, env_gpus=m)
+        steps.append(sizing.predict(recipe, cluster, 4096, train_step_s=60.0))
+    assert steps[0]["bound"] == "environment" and steps[-1]["bound"] != "environment"
+    assert all(a["step_s"] >= b["step_s"] for a, b in zip(steps, steps[1:], strict=False))
+    best = sizing.recommend_env_gpus(recipe, sizing.Cluster(16, 8, 1), 4096)
+    at_best = sizing.predict(recipe, sizing.Cluster(16, 8, best), 4096, 60.0)
+    below = sizing.predict(recipe, sizing.Cluster(16, 8, best - 1), 4096, 60.0)
+    assert at_best["environment_s"] <= at_best["generation_s"] < below["environment_s"]
