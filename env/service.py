@@ -401,7 +401,7 @@ async def read_json_body(request: Any, max_bytes: int, timeout_s: float) -> Any:
             return too_large
     except TimeoutError:
         why = f"the request body did not arrive within {timeout_s:g} s"
-        return JSONResponse({"error": why}, 408, headers=close)
+        return JSONResponse({"error": why, "retryable": True}, 408, headers=close)
     try:
         return json.loads(b"".join(chunks))
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, too deep
