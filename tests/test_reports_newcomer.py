@@ -162,7 +162,7 @@ def test_check_suite_table_fits_80_columns() -> None:
 
 def test_inline_task_with_a_syntax_error_is_422() -> None:
     service = EnvService.__new__(EnvService)  # the request path only: no pool is needed
-    service.tasks = {}
+    service.tasks, service._http_in_flight, service._http_answered = {}, 0, {}
     broken = {"task": {"source": "class Model(:\n", "id": "t"}, "solution": "x"}
     code, payload = asyncio.run(service.evaluate_request(broken))
     assert code == 422 and "does not parse" in payload["error"]
