@@ -17,6 +17,7 @@ from kernelrl.launch import (
     openai_serve_cli,
     sft_cli,
     synth_cli,
+    topology_cli,
     train_cli,
 )
 from kernelrl.launch.errors import UserError, check_parent_folder
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     synth_cli.add_subcommand(commands)
     sft_cli.add_subcommand(commands)
     train_cli.add_subcommand(commands)
+    topology_cli.add_subcommand(commands)
     openai_serve_cli.add_subcommand(commands)
     return parser
 
