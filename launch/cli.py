@@ -19,6 +19,7 @@ from kernelrl.launch import (
     synth_cli,
     topology_cli,
     train_cli,
+    versions,
 )
 from kernelrl.launch.errors import UserError, check_parent_folder
 
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    versions.quiet_trl_vllm_warning()
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

@@ -23,6 +23,7 @@ where it stopped. ``<log_dir>/pids.json`` names every process group it started.
 
     kernelrl topology --train_config recipes/smoke/server_cpu.yaml
     kernelrl topology --train_config recipes/smoke/server_cpu.yaml --resume_from_checkpoint latest
+    kernelrl topology --train_config R -- --max_steps 4   # after --: flags of `kernelrl train`
 """
 
 from __future__ import annotations
@@ -83,9 +84,6 @@ class TopologyConfig:
     resume_from_checkpoint: str | None = field(
         default=None, metadata=_help("'latest' or a checkpoint folder: passed to the trainers")
     )
-    train_args: str = field(
-        default="", metadata=_help("more `kernelrl train` flags, one string (e.g. '--max_steps 4')")
-    )
 
 
 class TopologyError(RuntimeError):
@@ -95,9 +93,10 @@ class TopologyError(RuntimeError):
 class Topology:
     """The processes, each in its own session (a signal to its group reaches its children)."""
 
-    def __init__(self, config: TopologyConfig, train: Any) -> None:
+    def __init__(self, config: TopologyConfig, train: Any, train_flags: list[str]) -> None:
         self.config = config
         self.train = train
+        self.train_flags = train_flags
         self.log_dir = Path(config.log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, subprocess.Popen] = {}
@@ -121,9 +120,10 @@ class Topology:
         train += ["--env_ray_address", self.ray_address]
         if c.resume_from_checkpoint:
             train += ["--resume_from_checkpoint", c.resume_from_checkpoint]
-        train += shlex.split(c.train_args)
+        train += self.train_flags
         return {
             "ray": [ray, "start", "--head", "--block", "--port", str(c.ray_port)]
+            + ["--node-ip-address", "127.0.0.1"]
             + ["--num-cpus", str(c.ray_num_cpus), "--num-gpus", str(c.ray_num_gpus)]
             + ["--include-dashboard", "false", "--disable-usage-stats"],
             "env": [*kernelrl, "env", "serve", "--config", c.env_config]
@@ -194,18 +194,25 @@ class Topology:
         print("[topology] environment service and generation server ready", flush=True)
 
     def stop(self) -> None:
-        """SIGTERM every group (trainers first, the Ray head last), SIGKILL what stays."""
+        """SIGTERM every group (trainers first, the Ray head last), SIGKILL what stays, and
+        every descendant that left its group (torchrun's ranks, Ray's workers have their own
+        sessions)."""
         for name in ("trainers", "server", "env", "ray"):
             process = self.processes.get(name)
-            if process is None or process.poll() is not None:
+            if process is None:
                 continue
-            _signal_group(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                _signal_group(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+            family = descendants(process.pid)
+            if process.poll() is None:
+                _signal_group(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    _signal_group(process.pid, signal.SIGKILL)
+                    process.wait(timeout=10)
             _signal_group(process.pid, signal.SIGKILL)  # children left in the group
+            for pid in family:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
 
     def run(self) -> int:
         commands = self.commands()
@@ -236,6 +243,26 @@ class Topology:
         )
 
 
+def descendants(root: int) -> list[int]:
+    """Every living process under ``root`` (by parent pid, from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -262,31 +289,69 @@ def add_subcommand(commands: Any) -> None:
         commands,
         "topology",
         help="the cluster's processes on one machine: Ray head, environment service, vLLM "
-        "server, accelerate trainers (--train_config FILE [--num_processes N ...])",
+        "server, accelerate trainers (--train_config FILE [--num_processes N ...] "
+        "[-- kernelrl train flags])",
         run=_topology,
         recipe_types=lambda: (TopologyConfig,),
     )
 
 
+TRAIN_KEYS = {  # what the launcher reads from the trainers' recipe, with TRL's defaults
+    "model_name_or_path": None,
+    "dtype": "float32",
+    "use_vllm": False,
+    "vllm_mode": "colocate",
+    "vllm_server_host": "0.0.0.0",
+    "vllm_server_port": 8000,
+    "vllm_max_model_length": 2048,
+    "env_pool": "local",
+    "env_service_name": "kernelrl-env",
+}
+
+
+def train_keys(recipe: str, flags: list[str]) -> Any:
+    """The keys of the trainers' recipe the launcher needs (YAML, then ``--key value`` flags).
+    Not the whole recipe: it is checked by each trainer, for its world size (a batch that
+    divides into groups across 2 ranks does not in 1 process)."""
+    import argparse
+    import types
+
+    import yaml
+
+    path = Path(recipe)
+    if not path.is_file():
+        raise RecipeError(f"recipe {path} does not exist")
+    values = {**TRAIN_KEYS, **{k: v for k, v in (yaml.safe_load(path.read_text()) or {}).items()}}
+    parser = argparse.ArgumentParser(add_help=False)
+    for key in TRAIN_KEYS:
+        parser.add_argument(f"--{key}")
+    given, _ = parser.parse_known_args(flags)
+    values.update({k: v for k, v in vars(given).items() if v is not None})
+    for key in ("use_vllm",):
+        values[key] = str(values[key]).lower() in ("true", "1", "yes")
+    if not values["model_name_or_path"]:
+        raise RecipeError(f"{recipe} sets no model_name_or_path")
+    if not (values["use_vllm"] and values["vllm_mode"] == "server"):
+        raise RecipeError(f"{recipe} does not set use_vllm: true and vllm_mode: server")
+    if values["env_pool"] != "service":
+        raise RecipeError(f"{recipe} does not set env_pool: service")
+    return types.SimpleNamespace(**values)
+
+
 def _topology(argv: list[str]) -> int:
     from kernelrl.launch.recipe import parse_recipe
-    from kernelrl.launch.train_cli import parse_train_recipe
 
+    train_flags: list[str] = []
+    if "--" in argv:  # what follows goes to every trainer's `kernelrl train`
+        at = argv.index("--")
+        argv, train_flags = argv[:at], argv[at + 1 :]
     try:
         (config,) = parse_recipe(argv, (TopologyConfig,), "kernelrl topology")
-        train, model = parse_train_recipe(
-            ["--config", config.train_config, *shlex.split(config.train_args)]
-        )
-        if not (train.use_vllm and train.vllm_mode == "server"):
-            raise RecipeError(f"{config.train_config} does not set use_vllm and vllm_mode: server")
-        if train.environment.env_pool != "service":
-            raise RecipeError(f"{config.train_config} does not set env_pool: service")
+        train = train_keys(config.train_config, train_flags)
     except RecipeError as exc:
         print(f"kernelrl topology: error: {exc}", file=sys.stderr)
         return 2
-    train.model_name_or_path = model.model_name_or_path
-    train.dtype = model.dtype
-    topology = Topology(config, train)
+    topology = Topology(config, train, train_flags)
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return topology.run()

@@ -129,6 +129,10 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
     from kernelrl.rl.trainer import KernelGRPOTrainer
 
     _prepare_environment(training_args)
+    if training_args.use_vllm:
+        from kernelrl.launch.versions import print_vllm_note
+
+        print_vllm_note()
     model_path = resolve_model(model_args.model_name_or_path)
     if training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {

@@ -202,8 +202,8 @@ def _topology(
     command += ["--env_config", str(REPO / "recipes" / "env" / "local_cpu.yaml")]
     command += ["--num_processes", "2", "--ray_port", str(_free_port())]
     command += ["--main_process_port", str(_free_port()), "--log_dir", str(tmp_path / "logs")]
-    command += ["--start_server", "false" if server_port else "true", "--train_args", train]
-    return command + list(extra), tmp_path / "out"
+    command += ["--start_server", "false" if server_port else "true", *extra]
+    return [*command, "--", *train.split()], tmp_path / "out"
 
 
 def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -251,6 +251,21 @@ def test_one_server_mode_step_with_two_ranks(server, tmp_path: Path) -> None:  #
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)
             raise AssertionError(f"{name} still running")
+    assert not _leftovers(tmp_path), "processes left behind"
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """Processes that still name this test's folder (the service, the trainers)."""
+    marker = str(folder).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "cmdline").read_bytes():
+                    found.append((entry / "cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                continue
+    return found
 
 
 def _wait_for(path: Path, process: subprocess.Popen, timeout: float) -> None:
@@ -281,26 +296,18 @@ def _finish(process: subprocess.Popen, timeout: float) -> int:
         raise AssertionError(f"no exit within {timeout} s after the fault: a hang") from None
 
 
-def _pids_in_group(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == pgid:
-                    pids.append(int(entry.name))
-            except ProcessLookupError:
-                continue
-    return pids
+def _process_with(root: int, marker: bytes, where: str = "environ") -> int:
+    """The process under ``root`` (torchrun's ranks and Ray's workers leave its group) whose
+    /proc file holds ``marker``."""
+    from kernelrl.launch.topology_cli import descendants
 
-
-def _process_with(pgid: int, marker: bytes, where: str = "environ") -> int:
-    for pid in _pids_in_group(pgid):
+    for pid in descendants(root):
         try:
             if marker in Path(f"/proc/{pid}/{where}").read_bytes():
                 return pid
         except OSError:
             continue
-    raise AssertionError(f"no process of group {pgid} with {marker!r} in its {where}")
+    raise AssertionError(f"no process under {root} with {marker!r} in its {where}")
 
 
 STEPS = "--max_steps 3 --max_completion_length 96 --max_feedback_tokens 64"
