@@ -113,6 +113,34 @@ VLLM_GENERATION_ATTRIBUTES: tuple[str, ...] = (
     "generation_kwargs",
     "max_completion_length",
 )
+# TRL's ``VLLMClient`` members ``kernelrl.rl.server_sync.GlooVLLMClient`` overrides, calls or
+# sets (server mode on CPU), and the vLLM weight-transfer internals ``kernelrl.rl.vllm_gloo``
+# builds on; ``tests/test_compat.py`` checks each.
+VLLM_CLIENT_MEMBERS: tuple[str, ...] = (
+    "init_communicator",
+    "update_named_params",
+    "close_communicator",
+    "get_server_info",
+    "get_world_size",
+    "_post",
+    "_start_weight_update",
+    "_finish_weight_update",
+)
+VLLM_CLIENT_ATTRIBUTES: tuple[str, ...] = (
+    "base_url",
+    "group_port",
+    "communicator",
+    "_updating_weights",
+)
+VLLM_WEIGHT_TRANSFER_METHODS: tuple[str, ...] = (
+    "init_transfer_engine",
+    "start_weight_update",
+    "finish_weight_update",
+    "update_weights",
+    "receive_weights",
+    "shutdown",
+    "parse_update_info",
+)
 # The keyword arguments TRL 1.16 passes to ``LLM`` in colocate mode that ``engine_kwargs``
 # may override.
 TRL_LLM_KWARGS: tuple[str, ...] = ("max_model_len", "max_num_batched_tokens", "seed")
