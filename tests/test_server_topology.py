@@ -3,12 +3,13 @@ vLLM's server module, the gloo weight-transfer backend), the environment service
 and ``accelerate launch --num_processes 2`` trainers (DDP on gloo), all started by
 ``kernelrl topology``.
 
-CI runs the first two tests (one server, about 3 minutes on 2 free cores): the server samples
-from the weights the trainer pushed after a step (as the colocated test does), and one
-server-mode step with two ranks through the whole topology against that server. The long
-tests (3 steps, checkpoint and resume of the whole topology, and the three faults: environment
-service restarted mid-step, generation server killed mid-step, a trainer rank killed) take
-about 15 minutes and run with ``KERNELRL_TOPOLOGY_TESTS=1``.
+CI runs the first two tests against one server: the server samples from the weights the
+trainer pushed after a step (as the colocated test does), and one server-mode step with two
+ranks through the whole topology. Measured on the shared 2-core box at load 3-7: 11.4 min (the
+server's start 4.2, the weight test 1.0, the two-rank topology 5.9). The long tests (3 steps,
+checkpoint and resume of the whole topology, and the three faults: environment service
+restarted mid-step, generation server killed mid-step, a trainer rank killed) start a full
+topology each and run with ``KERNELRL_TOPOLOGY_TESTS=1``.
 """
 
 from __future__ import annotations
@@ -247,11 +248,27 @@ def test_one_server_mode_step_with_two_ranks(server, tmp_path: Path) -> None:  #
     assert "reward" in summary["last_log"] and "turns/mean" in summary["last_log"]
     assert "environment service and generation server ready" in done.stdout
     pids = json.loads((tmp_path / "logs" / "pids.json").read_text())
-    for name, pid in pids.items():  # every process the launcher started is gone
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pid, 0)
-            raise AssertionError(f"{name} still running")
+    deadline = time.monotonic() + 30  # exited children may stay zombies until reaped
+    while (alive := _alive_in_groups(pids.values())) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not alive, f"processes left behind: {alive}"
     assert not _leftovers(tmp_path), "processes left behind"
+
+
+def _alive_in_groups(groups: object) -> list[int]:
+    """Processes of these process groups that are running (not zombies)."""
+    wanted = set(groups)
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) in wanted:
+            found.append(int(entry.name))
+    return found
 
 
 def _leftovers(folder: Path) -> list[str]:
