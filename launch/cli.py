@@ -17,7 +17,9 @@ from kernelrl.launch import (
     openai_serve_cli,
     sft_cli,
     synth_cli,
+    topology_cli,
     train_cli,
+    versions,
 )
 from kernelrl.launch.errors import UserError, check_parent_folder
 
@@ -136,11 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     synth_cli.add_subcommand(commands)
     sft_cli.add_subcommand(commands)
     train_cli.add_subcommand(commands)
+    topology_cli.add_subcommand(commands)
     openai_serve_cli.add_subcommand(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    versions.quiet_trl_vllm_warning()
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

