@@ -136,11 +136,16 @@ def write_sft_data(synth_dir: Path, folder: Path) -> int:
 
 
 # ---------------------------------------------------------------------------------- running
-def available_gb() -> float:
+def meminfo_gb(field: str, missing: float = math.inf) -> float:
+    """One field of /proc/meminfo (MemAvailable, MemTotal) in GB."""
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 2**20
-    return math.inf
+    return missing
+
+
+def available_gb() -> float:
+    return meminfo_gb("MemAvailable")
 
 
 def wait_for_memory(min_gb: float, log: Any) -> None:
@@ -210,19 +215,8 @@ def adopt_from_log(log_path: Path) -> dict[str, Any] | None:
     }
 
 
-def regex_of(ids: list[str]) -> str:
-    return "^(" + "|".join(re.escape(i) for i in ids) + ")$"
-
-
 def checkpoints(folder: Path) -> list[Path]:
     return sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-
-
-def _total_gb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) / 2**20
-    return math.nan
 
 
 def _recipe_value(recipe: Path, key: str) -> Any:
@@ -373,7 +367,10 @@ class Benchmark:
         }
         heldout = self.stages["synth"]["heldout_tasks"]
         table = estimate(runs, heldout, self.args.samples, self.args.resamples, self.args.seed)
-        table["machine"] = {"cpu_count": os.cpu_count(), "memory_gb": round(_total_gb(), 1)}
+        table["machine"] = {
+            "cpu_count": os.cpu_count(),
+            "memory_gb": round(meminfo_gb("MemTotal", math.nan), 1),
+        }
         table["stage_runs"] = self.stages
         table["settings"] = {k: str(v) for k, v in vars(self.args).items()}
         results = (ROOT / self.args.results).resolve()
