@@ -436,7 +436,9 @@ class Load:
             task_id = self.tasks[self.random.randrange(len(self.tasks))]
             solution = self.solutions[task_id] + f"\n# gone {index} {next(self.ids)}\n"
             body = json.dumps({"task_id": task_id, "solution": solution}).encode()
-            after = self.random.uniform(0.05, 1.0)
+            # Long enough for the request to reach the service on a loaded box (the proxy,
+            # then the actor): a hang-up before that cancels nothing because nothing started.
+            after = self.random.uniform(0.5, 4.0)
             reply = await http(self.port, "POST", "/evaluate", body, disconnect_after_s=after)
             if reply.error != "disconnected":  # refused while the service restarts: not one
                 await asyncio.sleep(0.5)
@@ -463,7 +465,8 @@ class Load:
             "rss_mb": _service_rss_mb(stats, self.service.process.pid if self.service.process else 0),
             **{k: stats.get(k) for k in ("queued", "in_flight", "completed", "cancelled",
                                          "http_in_flight", "worker_deaths", "retried",
-                                         "store_results", "cache_hits", "cache_misses")},
+                                         "store_results", "cache_hits", "cache_misses",
+                                         "http_answered")},
         }  # fmt: skip
         row["worker_pids"] = [w["pid"] for w in stats["workers"] if w["kind"] == "gpu"]
         self.samples.append(row)
