@@ -130,6 +130,7 @@ class Service:
         self.port = config.port or _free_port()
         self.process: subprocess.Popen | None = None
         self.starts: list[float] = []
+        self.ready = False  # between the ready banner and the next stop
         self.env = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
 
     def start(self, ready_timeout_s: float = 600.0) -> float:
@@ -160,10 +161,12 @@ class Service:
             if time.monotonic() - started > ready_timeout_s:
                 raise RuntimeError("serve did not come up in time")
         self.starts.append(time.monotonic() - started)
+        self.ready = True
         return self.starts[-1]
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 120.0) -> None:
         """SIGINT/SIGTERM: the graceful stop; SIGKILL: a crash (the reaper ends its Ray)."""
+        self.ready = False
         if self.process is None or self.process.poll() is not None:
             return
         self.process.send_signal(sig)
@@ -325,6 +328,7 @@ class Load:
         self.final: dict[str, Any] | None = None
         self.stopped = float("inf")
         self.phase_spans: dict[str, tuple[float, float]] = {}
+        self.route_missing_after_ready = 0  # Ray Serve's 404 after the ready banner
 
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 2)
@@ -349,9 +353,12 @@ class Load:
         body = json.dumps({"task_id": task_id, "solution": solution}).encode()
         delay = 0.5
         while True:
+            sent_while_ready = self.service.ready
             reply = await http(
                 self.port, "POST", "/evaluate", body, timeout_s=self.config.request_timeout_s
             )
+            if sent_while_ready and reply.code == 404 and _serve_starting(reply):
+                self.route_missing_after_ready += 1
             why = self._retryable(reply)
             if why is None:
                 break
@@ -657,6 +664,7 @@ def report(load: Load) -> dict[str, Any]:
         },
         "after_drain": load.final,
         "store_duplicates": store_duplicates(load.service.store_path),
+        "route_missing_after_ready": load.route_missing_after_ready,
         "memory_long_phase": memory,
         "load_avg_1m": {"min": min(loads, default=None), "max": max(loads, default=None),
                         "mean": round(statistics.mean(loads), 2) if loads else None},
@@ -728,6 +736,11 @@ def check(summary: dict[str, Any]) -> list[str]:
     for key in ("queued", "in_flight", "http_in_flight"):
         if final.get(key):
             failures.append(f"after the clients left the service still has {key}={final[key]}")
+    if summary["route_missing_after_ready"]:
+        failures.append(
+            f"{summary['route_missing_after_ready']} requests sent after the ready banner got"
+            " Ray Serve's 404: the service announced itself before its route was up"
+        )
     d = summary["disconnects"]
     if d["sent"] >= 10 and d["evaluated_anyway"] >= d["sent"]:
         failures.append("no disconnected client's work was cancelled")

@@ -369,7 +369,36 @@ def start_http(
 
     serve.start(http_options={"host": host, "port": port})
     serve.run(EnvHTTP.bind(name, namespace), name=HTTP_APP_NAME, route_prefix="/")
-    return f"http://{host}:{port}"
+    url = f"http://{host}:{port}"
+    wait_for_route(url)
+    return url
+
+
+def wait_for_route(url: str, timeout_s: float = 120.0) -> None:
+    """Return once ``GET /status`` is answered by our app, not by the proxy alone.
+
+    Ray Serve's proxy listens before its route table holds the app that ``serve.run`` just
+    deployed, and answers ``404 Path not found`` meanwhile; a service announced ready then would
+    refuse its first clients. Raises TimeoutError naming the last answer."""
+    import urllib.error
+    import urllib.request
+
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    if host in ("0.0.0.0", "::", ""):  # listening everywhere: ask on loopback
+        host = "127.0.0.1"
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=10) as answer:
+                json.loads(answer.read())
+                return
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.2)
+    raise TimeoutError(f"the HTTP endpoint {url} did not serve /status in {timeout_s:g} s ({last})")
 
 
 async def read_json_body(request: Any, max_bytes: int, timeout_s: float) -> Any:
