@@ -312,6 +312,8 @@ class Benchmark:
         argv = ["sft", "--config", str(recipe), "--dataset_path", str(self.out / "sft_data")]
         argv += ["--num_train_epochs", str(self.args.sft_epochs), "--output_dir", str(self.sft_dir)]
         argv += ["--save_strategy", "steps", "--save_steps", str(math.ceil(steps / 2))]
+        if checkpoints(self.sft_dir):  # an interrupted run goes on from its last checkpoint
+            argv += ["--resume_from_checkpoint", "true"]
         self.run("sft", argv)
 
     def select(self, stage: str, candidates: list[Path]) -> str:
