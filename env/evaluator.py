@@ -317,7 +317,11 @@ class Evaluator:
             return
 
         result.timing_meaningful = self.device_kind == "cuda"
-        if self.device_kind == "cuda":
+        if self.device_kind != "cuda":
+            violations = dynamic_checks.check_cpu_profile(timing["profile"])
+            if violations:
+                self._violate(result, violations)
+        else:
             summary = dynamic_checks.summarize_profile(timing["profile"], own_names)
             result.kernels = summary["kernels"]
             result.own_kernel_share = summary["own_share"]

@@ -354,12 +354,54 @@ def module_rule(qualified: str) -> tuple[str | None, str | None]:
 
 def _torch_ops_rule(qualified: str, parts: list[str]) -> tuple[str | None, str | None]:
     """``torch.ops.<namespace>.<op>[.<overload>]``: ops registered by the solution itself or
-    aten ops (whether those are compute is ``torch_fallback``'s to judge). Nothing private."""
+    aten ops (whether those are compute is ``torch_fallback``'s to judge). Nothing private, and
+    none of ``torch.ops``' own methods (``load_library`` loads native code, ``import_module``
+    any module)."""
+    import torch
+
     if any(part.startswith("_") for part in parts[2:]):
         return qualified, "private names are not on the allow-list"
+    if len(parts) > 2 and _is_ops_member(torch.ops, parts[2]):
+        return ".".join(parts[:3]), "torch.ops' own members are not on the allow-list"
     if len(parts) > 5:
         return qualified, "only torch.ops.<namespace>.<op>.<overload> is on the allow-list"
     return None, None
+
+
+@functools.cache
+def hook_parameters(qualified: str) -> tuple[tuple[str, int], ...]:
+    """The hook parameters (``HOOK_KEYWORDS``) of the callable ``qualified`` names, with their
+    positions, read off its real signature (``triton.Config``'s ``pre_hook`` is its sixth
+    positional parameter)."""
+    import importlib
+    import inspect
+
+    if module_rule(qualified) != (None, None):
+        return ()  # not reachable at all: ``unlisted_reference`` says so
+    parts = qualified.split(".")
+    try:
+        obj: Any = importlib.import_module(parts[0])
+        for part in parts[1:]:
+            obj = getattr(obj, part)
+        parameters = list(inspect.signature(obj).parameters.values())
+    except Exception:  # an object that cannot be read (a lazy driver) or has no signature
+        return ()
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return tuple(
+        (p.name, positional.index(p) if p in positional else 1 << 30)
+        for p in parameters
+        if p.name in HOOK_KEYWORDS
+    )
+
+
+def _is_ops_member(ops: Any, name: str) -> bool:
+    """A method or attribute of ``torch.ops`` itself rather than an op namespace."""
+    import torch
+
+    if hasattr(type(ops), name):
+        return True
+    value = vars(ops).get(name)
+    return value is not None and not isinstance(value, torch._ops._OpNamespace)
 
 
 def is_module_path(qualified: str) -> bool:

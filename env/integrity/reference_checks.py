@@ -62,6 +62,8 @@ class _ReferenceChecker:
                 self._check_import(node)
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
+                if isinstance(node.ctx, ast.Store | ast.Del):
+                    self._check_attribute_write(node)
             elif isinstance(node, ast.Name):
                 self._check_name_use(node)
             elif isinstance(node, ast.ClassDef):
@@ -195,11 +197,49 @@ class _ReferenceChecker:
             and (receiver.func.id in self.analysis.loader_functions)
         )
 
+    def _check_attribute_write(self, node: ast.Attribute) -> None:
+        """Attributes are written only on the solution's own objects: its instances (``self``,
+        ``ctx``, a name bound to one of its classes) and its classes, or the chains rooted at
+        them (``self.conv.weight = ...``). Writing an attribute of anything else (a kernel's
+        ``fn``, a Triton autotuner, a torch object) changes code that the harness or a library
+        runs, which no check of the solution's own code can see."""
+        owner: ast.AST = node.value
+        while isinstance(owner, ast.Attribute | ast.Subscript):
+            if self.analysis.resolve(owner):
+                return  # torch, triton or another module: ``monkeypatch`` says so
+            owner = owner.value
+        if self.analysis.resolve(owner):
+            return
+        if isinstance(owner, ast.Name) and (
+            owner.id in self.receivers
+            or owner.id in self.analysis.classes
+            or owner.id in self.analysis.instances
+        ):
+            return
+        if node.attr in WRITABLE_TENSOR_ATTRIBUTES and self.analysis.receiver(owner) == "unknown":
+            return
+        self.fail(
+            node,
+            f"the attribute {node.attr!r} is written on {ast.unparse(node.value)}, which is not "
+            "the solution's own object",
+        )
+
     # ------------------------------------------------------------------ calls and classes
     def _check_call(self, node: ast.Call) -> None:
         for keyword in node.keywords:
             if keyword.arg in allowed.HOOK_KEYWORDS:
                 self.fail(keyword.value, f"the keyword {keyword.arg!r} hands over a hook")
+        qualified = self.analysis.resolve(node.func)
+        hooks = allowed.hook_parameters(qualified) if qualified else ()
+        if hooks:
+            # A hook handed over by position or through ``*``/``**`` unpacking is still a hook.
+            if any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords
+            ):
+                self.fail(node, f"{qualified} takes hooks; its arguments may not be unpacked")
+            for hook, position in hooks:
+                if position < len(node.args):
+                    self.fail(node.args[position], f"the argument {hook!r} hands over a hook")
         func = node.func
         if isinstance(func, ast.Name) and func.id in allowed.NAME_TAKING_BUILTINS:
             name = self.analysis.names.const(node.args[1]) if len(node.args) >= 2 else None
@@ -256,6 +296,10 @@ class _ReferenceChecker:
                     names.add(item.args.args[0].arg)
         return names
 
+
+# Attributes of a tensor that torch lets code set (``p.requires_grad = False`` in a loop over
+# parameters); set on a value whose type is unknown, they are allowed.
+WRITABLE_TENSOR_ATTRIBUTES = frozenset(["requires_grad", "data", "grad"])
 
 _ROOTS = frozenset(name.split(".")[0] for name in allowed.MODULE_MEMBERS)
 

@@ -82,10 +82,8 @@ GLUE_ATEN_OPS = frozenset(
         "pad",
         "cat",
         "stack",
-        # scalars and metadata
-        "item",
-        "_local_scalar_dense",
-        "is_nonzero",
+        # metadata (reading a tensor's values into Python, ``item``/``float()``/``bool()``, is
+        # not: what is computed from them in plain Python no audit can see)
         "size",
         "stride",
         "sym_size",
@@ -136,10 +134,10 @@ def is_solution_op(qualname: str) -> bool:
     solution runs).
 
     Such an op is the solution's own wrapper around its kernels (PyTorch's documented way to
-    register a Triton kernel), not torch compute. Its launches are counted by the launch counter
-    and its body is on the static forward path, where torch compute in it is ``torch_fallback``;
-    on a GPU the profiler also sees the aten ops the body dispatches. An op registered by torch
-    or from any other module (``custom_op("x::y", torch.add)``) stays compute.
+    register a Triton kernel), not torch compute: the op itself is glue, and the audit runs its
+    body under the same dispatch mode (``AtenAudit``), so the ops the body dispatches are judged
+    one by one. An op registered by torch or from any other module
+    (``custom_op("x::y", torch.add)``) stays compute.
     """
     try:
         from torch._library.custom_ops import OPDEFS

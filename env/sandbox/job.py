@@ -16,7 +16,7 @@ import time
 import types
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -47,6 +47,8 @@ SPOT_AUDIT_PROBABILITY = 0.5
 # Timing input sets whose kept output (one of its timed calls, drawn after the fact) the
 # trusted side compares with the reference.
 TIMED_OUTPUTS_CHECKED = 2
+
+T = TypeVar("T")
 
 
 def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[int, int]:
@@ -247,6 +249,13 @@ class Job:
         try:
             return harness.make_inputs(self.task, seed, self.device)
         except torch.OutOfMemoryError as exc:
+            admitted = self.job.get("gpu_bytes_admitted")
+            if admitted is not None and isinstance(
+                solution_failure(exc, admitted), SolutionFailure
+            ):
+                # The share admitted for this evaluation (inputs included) is still there, so
+                # what the solution allocated in it left the inputs no room.
+                raise SolutionFailure("runtime", exc) from exc
             raise HarnessFailure(
                 "the task's inputs did not fit in the memory left to the sandbox "
                 f"({str(exc).splitlines()[0]})",
@@ -276,17 +285,12 @@ class Job:
         if self.calls == 1:  # the first call compiles the kernels (JIT) and runs them once
             self.phase["first_call"] = time.perf_counter() - call_start
         tensors = harness.tensors_in(outputs)
-        flags = []
-        if any(fingerprint(t) != b for t, b in zip(input_tensors, before, strict=True)):
-            flags.append("input_mutated")
-        if any(harness.storages_overlap(o, i) for o in tensors for i in input_tensors):
-            flags.append("output_aliases_input")
-        if self.previous is not None:
-            earlier, prints = self.previous
-            if any(harness.storages_overlap(o, e) for o in tensors for e in earlier) or any(
-                fingerprint(e) != p for e, p in zip(earlier, prints, strict=True)
-            ):
-                flags.append("output_reused")
+        try:
+            flags = self._call_flags(input_tensors, before, tensors)
+        except Exception as exc:
+            # These tensors were read before the call; only the solution can have broken them
+            # since (an input's storage resized to nothing, a kept output freed).
+            raise SolutionFailure("runtime", exc) from exc
         tampered = self.guard.verify() + audit.tampered()
         if not alone:
             tampered.append("the audit's dispatch mode was removed or covered")
@@ -315,6 +319,23 @@ class Job:
         # Held until the next call: an output handed out again, or changed by that call, shows.
         self.previous = (tensors, [fingerprint(t) for t in tensors])
         del inputs, input_tensors
+
+    def _call_flags(
+        self, inputs: list[torch.Tensor], before: list[Any], outputs: list[torch.Tensor]
+    ) -> list[str]:
+        """What a call did to its inputs and to the outputs of the call before it."""
+        flags = []
+        if any(fingerprint(t) != b for t, b in zip(inputs, before, strict=True)):
+            flags.append("input_mutated")
+        if any(harness.storages_overlap(o, i) for o in outputs for i in inputs):
+            flags.append("output_aliases_input")
+        if self.previous is not None:
+            earlier, prints = self.previous
+            if any(harness.storages_overlap(o, e) for o in outputs for e in earlier) or any(
+                fingerprint(e) != p for e, p in zip(earlier, prints, strict=True)
+            ):
+                flags.append("output_reused")
+        return flags
 
     def send_values(self, outputs: list[Any]) -> None:
         for value in outputs:
@@ -362,15 +383,19 @@ class Job:
         calls = [timed_call(index) for index in range(len(input_sets))]
         counter.counts.clear()
         start = time.perf_counter()
-        stats = time_fn(calls, self.device, config, between_batches=spot_audit)
+        if self.device.type == "cuda":
+            stats = time_fn(calls, self.device, config, between_batches=spot_audit)
+        else:  # interpreter timings mean nothing, so every timed call can be watched
+            stats, profile = profile_cpu_ops(
+                lambda: time_fn(calls, self.device, config, between_batches=spot_audit)
+            )
         self.phase["timing"] = time.perf_counter() - start
         launches, calls_made = counter.total(), made[0]
         start = time.perf_counter()
-        profile = (
-            profile_kernels(calls[0], self.device, self.job["profile_calls"], counter)
-            if self.device.type == "cuda"
-            else {}
-        )
+        if self.device.type == "cuda":
+            # Timed calls on input sets drawn at random: no pattern marks them as profiled.
+            profiled = [self.rng.choice(calls) for _ in range(self.job["profile_calls"])]
+            profile = profile_kernels(profiled, self.device, counter)
         self.phase["profile"] = time.perf_counter() - start
         tampered = self.guard.verify() + spot.tampered()
         if not alone[0]:
@@ -400,7 +425,7 @@ class Job:
 
 
 def profile_kernels(
-    call: Callable[[], None], device: torch.device, calls: int, counter: LaunchCounter
+    calls: list[Callable[[], None]], device: torch.device, counter: LaunchCounter
 ) -> dict[str, Any]:
     """GPU kernels of ``calls`` forward calls under CUPTI: names, time, stream; and the aten ops
     that are not glue, from the profiler's CPU events.
@@ -416,18 +441,15 @@ def profile_kernels(
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         marker.fill_(1.0)  # not a compute op: it must not count as the solution's aten work
         torch.cuda.synchronize()
-        for _ in range(calls):
+        for call in calls:
             call()
         torch.cuda.synchronize()
     kernels = []
     marker_stream = None
-    aten_ops: Counter[str] = Counter()
-    for event in prof.profiler.kineto_results.events():
+    events = prof.profiler.kineto_results.events()
+    aten_ops = aten_compute(events)
+    for event in events:
         name = event.name()
-        if event.device_type() == torch.autograd.DeviceType.CPU:
-            if name.startswith("aten::") and not vocabulary.is_glue_aten(name):
-                aten_ops[name] += 1
-            continue
         if event.device_type() != torch.autograd.DeviceType.CUDA or event.is_user_annotation():
             continue
         if name.startswith(("Memcpy", "Memset", "cudaMemcpy")):
@@ -437,11 +459,37 @@ def profile_kernels(
             marker_stream = stream  # the first kernel is the marker
             continue
         kernels.append({"name": name, "us": event.duration_ns() / 1e3, "stream": stream})
-    aten_ops.pop("aten::fill_", None)
     return {
         "kernels": kernels,
         "current_stream": marker_stream,
-        "calls": calls,
-        "aten_ops": dict(aten_ops),
+        "calls": len(calls),
+        "aten_ops": aten_ops,
         "triton_launches": dict(counter.counts),
     }
+
+
+def profile_cpu_ops(run: Callable[[], T]) -> tuple[T, dict[str, Any]]:
+    """``run`` (the whole timed phase on CPU) under the profiler, with the aten ops it recorded.
+
+    The profiler's C++ op events leave nothing in the solution's interpreter, unlike the
+    dispatch-mode audit, whose Python frames inside every op a solution can probe (how deep it
+    may recurse before an op fails): a solution cannot tell which of these calls are watched,
+    and here all of them are, the untimed first one included. On a GPU, where profiling would
+    disturb the timings, ``profile_kernels`` watches calls drawn at random after timing.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        value = run()
+    return value, {"aten_ops": aten_compute(prof.profiler.kineto_results.events())}
+
+
+def aten_compute(events: list[Any]) -> dict[str, int]:
+    """The aten ops among a profile's CPU events that are not glue."""
+    aten_ops: Counter[str] = Counter()
+    for event in events:
+        name = event.name()
+        on_cpu = event.device_type() == torch.autograd.DeviceType.CPU
+        if on_cpu and name.startswith("aten::") and not vocabulary.is_glue_aten(name):
+            aten_ops[name] += 1
+    return dict(aten_ops)
