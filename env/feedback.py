@@ -14,7 +14,7 @@ _HEADLINES = {
     Status.TIMEOUT: "Your solution exceeded the time limit.",
     Status.INCORRECT: "Your kernel ran but its output is wrong.",
     Status.CORRECT: "Your kernel is correct.",
-    Status.NOT_RUN: "Your CUDA code compiled, but it could not be run here.",
+    Status.NOT_RUN: "Your code compiled, but this machine cannot run it (it needs a GPU).",
     Status.HARNESS_ERROR: (
         "The evaluation harness failed; this says nothing about your kernel and is not scored."
     ),

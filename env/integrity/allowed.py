@@ -216,6 +216,7 @@ DENIED_MEMBERS = frozenset(
         "from_file",
         "format_map",
         "with_traceback",
+        "register_torch_dispatch",
     ]
 ) | {name for name in INTROSPECTION_ATTRIBUTES if not name.startswith("_")}  # frames, code
 
@@ -258,6 +259,12 @@ def value_attributes() -> frozenset[str]:
     properties = getattr(torch._C, "_CudaDeviceProperties", None)
     if properties is not None:
         classes.append(properties)
+    try:  # what torch.library.custom_op / triton_op return (``@op.register_fake``)
+        from torch._library.custom_ops import CustomOpDef
+
+        classes.append(CustomOpDef)
+    except ImportError:  # pragma: no cover - torch without custom ops
+        pass
     names = {name for cls in classes for name in dir(cls) if not name.startswith("_")}
     names |= _layer_fields() | INSTANCE_ATTRIBUTES
     return frozenset(names - DENIED_MEMBERS)

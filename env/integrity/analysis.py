@@ -92,6 +92,14 @@ class SolutionAnalysis:
         for target, value in bindings(self.tree):
             if isinstance(target, ast.Name) and isinstance(value, ast.Lambda):
                 self.functions.setdefault(target.id, value)
+        # Names and ``self.`` attributes bound to another name or attribute
+        # (``layer_norm = LayerNormFn.apply``, ``self.fn = _impl``): what they reference is
+        # reached through them.
+        self.callable_aliases: dict[str, list[ast.AST]] = {}
+        for target, value in bindings(self.tree):
+            key = holder_key(target) if isinstance(target, ast.Name | ast.Attribute) else None
+            if key and isinstance(value, ast.Name | ast.Attribute):
+                self.callable_aliases.setdefault(key, []).append(value)
         self.registered_ops = self._registered_ops()
         self.attribute_types = self._attribute_types()
         self.layer_attrs, self.layer_names = self._layers()
@@ -489,7 +497,13 @@ class SolutionAnalysis:
             yield found
             yield from self.op_impls.get(id(found), [])
 
-    def _referenced_directly(self, node: ast.AST) -> Iterator[ast.AST]:
+    def _referenced_directly(
+        self, node: ast.AST, through: frozenset[str] = frozenset()
+    ) -> Iterator[ast.AST]:
+        key = holder_key(node) if isinstance(node, ast.Name | ast.Attribute) else None
+        if key and key not in through:
+            for value in self.callable_aliases.get(key, []):
+                yield from self._referenced_directly(value, through | {key})
         if isinstance(node, ast.Name):
             if node.id in self.functions:
                 yield self.functions[node.id]

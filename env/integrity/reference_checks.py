@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from kernelrl.env.integrity import allowed
 from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.failure import CheckFailure, dedup
+from kernelrl.env.integrity.names import bindings, holder_key
 
 NAME = "unlisted_reference"
 # A public attribute name that no value a solution works with has, and that the solution does
@@ -40,6 +41,7 @@ class _ReferenceChecker:
         self.failures: list[CheckFailure] = []
         self.own_public, self.own_private = self._own_attribute_names()
         self.receivers = self._self_names()
+        self.library_objects = self._library_objects()
         self.attribute_bases = {
             id(node.value) for node in ast.walk(self.tree) if isinstance(node, ast.Attribute)
         }
@@ -198,31 +200,42 @@ class _ReferenceChecker:
         )
 
     def _check_attribute_write(self, node: ast.Attribute) -> None:
-        """Attributes are written only on the solution's own objects: its instances (``self``,
-        ``ctx``, a name bound to one of its classes) and its classes, or the chains rooted at
-        them (``self.conv.weight = ...``). Writing an attribute of anything else (a kernel's
-        ``fn``, a Triton autotuner, a torch object) changes code that the harness or a library
-        runs, which no check of the solution's own code can see."""
+        """No attribute is written on a library object whose attributes are code that Triton
+        or torch runs: a kernel (``kernel.fn = ...``: under the CPU interpreter a launch runs
+        whatever it holds), an autotuner or a Config, an op object of ``torch.library``, however
+        reached (``self.kernel.fn``, ``kernels[0].fn``). Writes on modules and torch classes are
+        ``monkeypatch``'s; the solution's own objects, layers and tensors are its business."""
         owner: ast.AST = node.value
-        while isinstance(owner, ast.Attribute | ast.Subscript):
+        while True:
             if self.analysis.resolve(owner):
                 return  # torch, triton or another module: ``monkeypatch`` says so
+            key = holder_key(owner)
+            if key is not None and key in self.library_objects:
+                self.fail(
+                    node,
+                    f"the attribute {node.attr!r} is written on {ast.unparse(node.value)}, "
+                    "a Triton or torch.library object whose attributes are code it runs",
+                )
+                return
+            if not isinstance(owner, ast.Attribute | ast.Subscript):
+                return
             owner = owner.value
-        if self.analysis.resolve(owner):
-            return
-        if isinstance(owner, ast.Name) and (
-            owner.id in self.receivers
-            or owner.id in self.analysis.classes
-            or owner.id in self.analysis.instances
-        ):
-            return
-        if node.attr in WRITABLE_TENSOR_ATTRIBUTES and self.analysis.receiver(owner) == "unknown":
-            return
-        self.fail(
-            node,
-            f"the attribute {node.attr!r} is written on {ast.unparse(node.value)}, which is not "
-            "the solution's own object",
-        )
+
+    def _library_objects(self) -> set[str]:
+        """Names and ``self.`` attributes bound to kernels, or to what a call into ``triton`` or
+        ``torch.library`` made (an autotuner, a Config, a custom op)."""
+        names = set(self.analysis.kernel_holders)
+        for target, value in bindings(self.tree):
+            if not isinstance(value, ast.Call):
+                continue
+            func = value.func
+            while isinstance(func, ast.Call):  # custom_op("ns::op", ...)(body)
+                func = func.func
+            qualified = self.analysis.resolve(func) or ""
+            key = holder_key(target)
+            if key and qualified.startswith(("triton.", "torch.library.")):
+                names.add(key)
+        return names
 
     # ------------------------------------------------------------------ calls and classes
     def _check_call(self, node: ast.Call) -> None:
@@ -233,8 +246,9 @@ class _ReferenceChecker:
         hooks = allowed.hook_parameters(qualified) if qualified else ()
         if hooks:
             # A hook handed over by position or through ``*``/``**`` unpacking is still a hook.
+            unpacked = [k.value for k in node.keywords if k.arg is None]
             if any(isinstance(a, ast.Starred) for a in node.args) or any(
-                k.arg is None for k in node.keywords
+                not self._known_options(value) for value in unpacked
             ):
                 self.fail(node, f"{qualified} takes hooks; its arguments may not be unpacked")
             for hook, position in hooks:
@@ -249,6 +263,19 @@ class _ReferenceChecker:
                 self._check_attribute(
                     ast.Attribute(value=node.args[0], attr=name, lineno=node.lineno)
                 )
+
+    def _known_options(self, value: ast.AST) -> bool:
+        """``**options`` whose keys are known and none a hook: a dict literal with constant
+        keys, or a name bound once to one (``LAUNCH = {"num_warps": 4}``)."""
+        if isinstance(value, ast.Name):
+            bound = [
+                v for t, v in bindings(self.tree) if isinstance(t, ast.Name) and t.id == value.id
+            ]
+            value = bound[0] if len(bound) == 1 else value
+        if not isinstance(value, ast.Dict):
+            return False
+        keys = [k.value if isinstance(k, ast.Constant) else None for k in value.keys]
+        return all(isinstance(k, str) and k not in allowed.HOOK_KEYWORDS for k in keys)
 
     def _check_class(self, node: ast.ClassDef) -> None:
         if node.keywords:
@@ -296,10 +323,6 @@ class _ReferenceChecker:
                     names.add(item.args.args[0].arg)
         return names
 
-
-# Attributes of a tensor that torch lets code set (``p.requires_grad = False`` in a loop over
-# parameters); set on a value whose type is unknown, they are allowed.
-WRITABLE_TENSOR_ATTRIBUTES = frozenset(["requires_grad", "data", "grad"])
 
 _ROOTS = frozenset(name.split(".")[0] for name in allowed.MODULE_MEMBERS)
 

@@ -58,7 +58,7 @@ def check_output_caching(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
             fn.lineno,  # type: ignore[attr-defined]
         )
     for fn in analysis.forward_path:
-        tainted = flow.tainted_names(fn)
+        tainted = flow.tainted_names(fn, flow.data_parameters(fn))
         written = flow.written_after(fn, tainted)
         declared_global = {
             name
@@ -215,6 +215,7 @@ class _DataFlow:
     def __init__(self, analysis: SolutionAnalysis) -> None:
         self.analysis = analysis
         self._returns: dict[int, bool] = {}
+        self._data_parameters: dict[int, set[str] | None] = {}
 
     def callees(self, call: ast.Call) -> list[ast.AST]:
         """The solution functions or methods a call runs (``helper(x)``, ``self._helper(x)``)."""
@@ -243,8 +244,9 @@ class _DataFlow:
             self._returns[key] = any(self.carries(v, tainted) for v in values)
         return self._returns[key]
 
-    def tainted_names(self, fn: ast.AST) -> set[str]:
-        """Parameters (except ``self``) and every local assigned from their data."""
+    def tainted_names(self, fn: ast.AST, parameters: set[str] | None = None) -> set[str]:
+        """Parameters (except ``self``; only ``parameters`` when given) and every local assigned
+        from their data."""
         arguments = fn.args  # type: ignore[attr-defined]
         tainted = {
             a.arg
@@ -252,6 +254,8 @@ class _DataFlow:
             if a.arg not in ("self", "cls")
         }
         tainted |= {a.arg for a in (arguments.vararg, arguments.kwarg) if a is not None}
+        if parameters is not None:
+            tainted &= parameters
         for _ in range(3):  # assignments out of order (loops) converge in a few passes
             for node in ast.walk(fn):
                 if not isinstance(
@@ -280,6 +284,51 @@ class _DataFlow:
                 if value is not None and self.carries(value, tainted):
                     tainted |= {t.id for t in flatten_targets(targets) if isinstance(t, ast.Name)}
         return tainted
+
+    def data_parameters(self, fn: ast.AST) -> set[str] | None:
+        """The parameters of a helper that some call on the forward path passes data (a
+        ``_config(self, M, N)`` called with shapes gets none); ``None`` when a call is not seen
+        or cannot be read (the helper is reached through a table, ``*args``), and every
+        parameter then counts as data."""
+        if fn is self.analysis.forward or isinstance(fn, ast.Lambda):
+            return None
+        key = id(fn)
+        if key not in self._data_parameters:
+            self._data_parameters[key] = None  # recursion: every parameter until known
+            self._data_parameters[key] = self._parameters_given_data(fn)
+        return self._data_parameters[key]
+
+    def _parameters_given_data(self, fn: ast.AST) -> set[str] | None:
+        arguments = fn.args  # type: ignore[attr-defined]
+        positional = [a.arg for a in arguments.posonlyargs + arguments.args]
+        if positional and positional[0] in ("self", "cls"):
+            positional = positional[1:]
+        data: set[str] = set()
+        seen_call = False
+        for caller in self.analysis.forward_path:
+            calls = [
+                node
+                for node in walk_skipping(caller, self.analysis.kernel_defs)
+                if isinstance(node, ast.Call) and fn in self.callees(node)
+            ]
+            if not calls:
+                continue
+            caller_tainted = self.tainted_names(caller, self.data_parameters(caller))
+            for call in calls:
+                seen_call = True
+                if any(isinstance(a, ast.Starred) for a in call.args) or any(
+                    k.arg is None for k in call.keywords
+                ):
+                    return None
+                for index, argument in enumerate(call.args):
+                    if self.carries(argument, caller_tainted):
+                        if index >= len(positional):
+                            return None
+                        data.add(positional[index])
+                for keyword in call.keywords:
+                    if self.carries(keyword.value, caller_tainted):
+                        data.add(str(keyword.arg))
+        return data if seen_call else None
 
     def written_after(self, fn: ast.AST, tainted: set[str]) -> dict[str, int]:
         """Names of buffers a launch given data writes into (``kernel[grid](x, out)``,

@@ -79,15 +79,21 @@ class NotRunHere(RuntimeError):
 
 
 def interpreter_cannot_run(exc: BaseException) -> str | None:
-    """Why Triton's CPU interpreter could not run a kernel, when it says so itself: a
-    ``NotImplementedError`` raised in Triton's own code (not the solution's)."""
-    cause = exc.__cause__ if type(exc).__name__ == "InterpreterError" else None
-    if type(cause) is not NotImplementedError:
-        return None
-    frames = traceback.extract_tb(cause.__traceback__)
-    if not frames or "/triton/" not in frames[-1].filename:
-        return None
-    return f"Triton's CPU interpreter cannot run this kernel ({cause}); it needs a GPU"
+    """Why Triton's CPU interpreter could not run a kernel, when Triton says so itself: a
+    ``NotImplementedError`` raised in Triton's own code (not the solution's), or Triton asking
+    for a GPU driver (the autotuner benchmarks its configs on one)."""
+    if type(exc).__name__ == "InterpreterError" and type(exc.__cause__) is NotImplementedError:
+        cause = exc.__cause__
+        if _raised_in_triton(cause, "/triton/"):
+            return f"Triton's CPU interpreter cannot run this kernel ({cause}); it needs a GPU"
+    if type(exc) is RuntimeError and _raised_in_triton(exc, "/triton/runtime/driver.py"):
+        return f"Triton needs a GPU driver here ({exc}): autotuning benchmarks on a GPU"
+    return None
+
+
+def _raised_in_triton(exc: BaseException, path: str) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and path in frames[-1].filename
 
 
 def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exception:
