@@ -3,11 +3,11 @@ vLLM's server module, the gloo weight-transfer backend), the environment service
 and ``accelerate launch --num_processes 2`` trainers (DDP on gloo), all started by
 ``kernelrl topology``.
 
-The first two tests share one server: the server samples from the weights the trainer pushed
-after a step (as the colocated test does), and one server-mode step with two ranks through the
-whole topology; the others (3 steps, checkpoint and resume of the whole topology, the three
-faults) start a full topology each. All of them run with ``KERNELRL_TOPOLOGY_TESTS=1``: the
-first two alone take 11 minutes on 2 cores, more than CI's budget leaves (docs/decisions.md).
+The first two tests share one server and run in CI: the server samples from the weights the
+trainer pushed after a step (as the colocated test does), and one server-mode step with two
+ranks through the whole topology. The others (3 steps, checkpoint and resume of the whole
+topology, the three faults) start a full topology each and run with
+``KERNELRL_TOPOLOGY_TESTS=1`` (docs/decisions.md, "The CI budget").
 """
 
 from __future__ import annotations
@@ -114,7 +114,6 @@ def _hf_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tenso
     return logits.log_softmax(-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
-@LONG
 def test_server_samples_from_the_new_weights_after_a_step(server, tmp_path: Path) -> None:  # noqa: ANN001
     """The trainer's own path (TRL's server-mode sync through the gloo client, once per step):
     before a step the server samples from the old weights, after it from the new ones."""
@@ -229,7 +228,6 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "train_summary.json").read_text())
 
 
-@LONG
 def test_one_server_mode_step_with_two_ranks(server, tmp_path: Path) -> None:  # noqa: ANN001
     """CI's end-to-end run: Ray head, environment service, two trainer ranks (DDP on gloo)
     reaching the server and the service over loopback; one multi-turn TRLOO step whose

@@ -278,6 +278,51 @@ INSTANCE_ATTRIBUTES = frozenset(
 )
 
 
+@functools.cache
+def library_object_attributes() -> frozenset[str]:
+    """Public attribute names of the objects whose attributes are code that Triton or torch
+    runs: Triton's kernels, autotuners and heuristics (``fn``, ``run``, ``cache``, ``configs``,
+    ``src``...), read off the installed classes and the attributes their methods set on
+    ``self``, and ``torch.library``'s op objects. Writing one of these anywhere but on the
+    solution's own ``self`` changes what a launch runs (``reference_checks``)."""
+    import ast
+    import inspect
+
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.jit import JITFunction
+
+    classes: list[Any] = [JITFunction, Autotuner, Heuristics]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:  # pragma: no cover - Triton without the interpreter
+        pass
+    try:
+        from torch._library.custom_ops import CustomOpDef
+
+        classes.append(CustomOpDef)
+    except ImportError:  # pragma: no cover - torch without custom ops
+        pass
+    names: set[str] = set()
+    for cls in {base for owner in classes for base in owner.__mro__ if base is not object}:
+        names.update(name for name in dir(cls) if not name.startswith("_"))
+        try:
+            tree = ast.parse(inspect.getsource(cls).lstrip())
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "self"
+                and not node.attr.startswith("_")
+            ):
+                names.add(node.attr)
+    return frozenset(names)
+
+
 def _layer_fields() -> set[str]:
     """The public fields that ``torch.nn``'s layers declare (``Conv2d.padding``,
     ``Linear.out_features``): their ``__constants__`` and annotations."""

@@ -92,14 +92,25 @@ class SolutionAnalysis:
         for target, value in bindings(self.tree):
             if isinstance(target, ast.Name) and isinstance(value, ast.Lambda):
                 self.functions.setdefault(target.id, value)
-        # Names and ``self.`` attributes bound to another name or attribute
+        # Module-level names and ``self.`` attributes bound to another name or attribute
         # (``layer_norm = LayerNormFn.apply``, ``self.fn = _impl``): what they reference is
-        # reached through them.
-        self.callable_aliases: dict[str, list[ast.AST]] = {}
+        # reached through them. A function's own locals are not followed (another function's
+        # local of the same name would bring its value onto the wrong path).
+        module_level = {
+            id(t)
+            for node in self.tree.body
+            if isinstance(node, ast.Assign | ast.AnnAssign)
+            for t, _ in bindings(node)
+        }
+        aliases: dict[str, list[ast.AST]] = {}
         for target, value in bindings(self.tree):
-            key = holder_key(target) if isinstance(target, ast.Name | ast.Attribute) else None
-            if key and isinstance(value, ast.Name | ast.Attribute):
-                self.callable_aliases.setdefault(key, []).append(value)
+            if not isinstance(value, ast.Name | ast.Attribute):
+                continue
+            if is_self_attribute(target) or (
+                isinstance(target, ast.Name) and id(target) in module_level
+            ):
+                aliases.setdefault(holder_key(target) or "", []).append(value)
+        self.callable_aliases = _alias_closure(aliases)
         self.registered_ops = self._registered_ops()
         self.attribute_types = self._attribute_types()
         self.layer_attrs, self.layer_names = self._layers()
@@ -490,6 +501,10 @@ class SolutionAnalysis:
                         hooks.append(argument)
         return hooks
 
+    def referenced(self, node: ast.AST) -> list[ast.AST]:
+        """The solution's functions and methods that ``node`` names (aliases followed)."""
+        return list(self._referenced(node))
+
     def _referenced(self, node: ast.AST) -> Iterator[ast.AST]:
         """Solution functions/methods an expression names (calls, callbacks, tables); an op
         the solution registered brings every implementation registered for it."""
@@ -497,13 +512,11 @@ class SolutionAnalysis:
             yield found
             yield from self.op_impls.get(id(found), [])
 
-    def _referenced_directly(
-        self, node: ast.AST, through: frozenset[str] = frozenset()
-    ) -> Iterator[ast.AST]:
+    def _referenced_directly(self, node: ast.AST, follow_aliases: bool = True) -> Iterator[ast.AST]:
         key = holder_key(node) if isinstance(node, ast.Name | ast.Attribute) else None
-        if key and key not in through:
+        if follow_aliases and key:
             for value in self.callable_aliases.get(key, []):
-                yield from self._referenced_directly(value, through | {key})
+                yield from self._referenced_directly(value, follow_aliases=False)
         if isinstance(node, ast.Name):
             if node.id in self.functions:
                 yield self.functions[node.id]
@@ -587,3 +600,25 @@ class SolutionAnalysis:
                 if id(node) not in seen:
                     seen.add(id(node))
                     yield node
+
+
+def _alias_closure(aliases: dict[str, list[ast.AST]]) -> dict[str, list[ast.AST]]:
+    """For every alias, the values it stands for at the end of its chains (``a = b``, ``b = f``
+    gives ``a -> f``), each found once: following chains per reference instead would take
+    time exponential in a submission's length."""
+    closure: dict[str, list[ast.AST]] = {}
+    for start in aliases:
+        seen, queue, ends = {start}, list(aliases[start]), []
+        while queue:
+            value = queue.pop()
+            key = holder_key(value) if isinstance(value, ast.Name | ast.Attribute) else None
+            if key in aliases:
+                if key not in seen:
+                    seen.add(key)
+                    queue.extend(aliases[key])
+            else:
+                ends.append(value)
+            if key in aliases and not isinstance(value, ast.Name):
+                ends.append(value)  # an attribute alias (Fn.apply) is itself a reference
+        closure[start] = ends
+    return closure

@@ -21,9 +21,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 
 from kernelrl.env.integrity import vocabulary
 
-# The dispatch key of the kernel a registered op runs on each device.
-_BACKEND_KEYS = {"cpu": torch._C.DispatchKey.CPU, "cuda": torch._C.DispatchKey.CUDA}
-
 
 class AtenAudit(TorchDispatchMode):
     """Every aten op a solution's call dispatches, judged by the vocabulary's allow-list.
@@ -78,13 +75,20 @@ class AtenAudit(TorchDispatchMode):
         """An op the solution registered (``custom_op``, ``triton_op``) is its own code, so its
         body runs under this audit like the forward that called it: calling ``func`` here would
         run the body with the mode switched off, where torch compute would go unseen. The op is
-        redispatched straight to its backend kernel (the body) with the audit pushed again."""
-        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        device = tensors[0].device.type if tensors else "cpu"
-        key = _BACKEND_KEYS.get(device)
-        if key is None:
-            raise RuntimeError(f"the solution's op {func} runs on {device}, which is not audited")
-        with self:
+        redispatched straight to its backend kernel (the body) with the audit pushed again, on
+        the device the dispatcher would pick (CUDA if any argument is there). ``wrap_triton``
+        launches its kernel directly meanwhile, as inside a ``triton_op``: under a dispatch mode
+        it would go through a higher-order op that this mode has no rule for."""
+        from torch._library.triton import set_wrap_triton_enabled
+
+        leaves = pytree.tree_leaves((args, kwargs))
+        on_cuda = any(
+            (isinstance(a, torch.Tensor) and a.is_cuda)
+            or (isinstance(a, torch.device) and a.type == "cuda")
+            for a in leaves
+        )
+        key = torch._C.DispatchKey.CUDA if on_cuda else torch._C.DispatchKey.CPU
+        with self, set_wrap_triton_enabled(False):
             return func.redispatch(torch._C.DispatchKeySet(key), *args, **kwargs)
 
     def on_top(self) -> bool:

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from kernelrl.env.integrity import allowed
 from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.failure import CheckFailure, dedup
-from kernelrl.env.integrity.names import bindings, holder_key
 
 NAME = "unlisted_reference"
 # A public attribute name that no value a solution works with has, and that the solution does
@@ -41,11 +40,17 @@ class _ReferenceChecker:
         self.failures: list[CheckFailure] = []
         self.own_public, self.own_private = self._own_attribute_names()
         self.receivers = self._self_names()
-        self.library_objects = self._library_objects()
+        self.own_typed = self._own_typed_names()
         self.attribute_bases = {
             id(node.value) for node in ast.walk(self.tree) if isinstance(node, ast.Attribute)
         }
         self.called = {id(node.func) for node in ast.walk(self.tree) if isinstance(node, ast.Call)}
+        self.decorators = {
+            id(decorator)
+            for node in ast.walk(self.tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            for decorator in node.decorator_list
+        }
 
     def fail(self, node: ast.AST, message: str, name: str = NAME) -> None:
         self.failures.append(
@@ -64,7 +69,7 @@ class _ReferenceChecker:
                 self._check_import(node)
             elif isinstance(node, ast.Attribute):
                 self._check_attribute(node)
-                if isinstance(node.ctx, ast.Store | ast.Del):
+                if isinstance(getattr(node, "ctx", None), ast.Store | ast.Del):
                     self._check_attribute_write(node)
             elif isinstance(node, ast.Name):
                 self._check_name_use(node)
@@ -103,9 +108,24 @@ class _ReferenceChecker:
                 return node
         return self.tree
 
+    def _check_hook_taker_as_value(self, node: ast.expr) -> None:
+        """A callable with hook parameters is only called directly (or used as a decorator):
+        handed to ``functools.partial`` or ``map`` its positional arguments would be read
+        against another signature."""
+        if (
+            id(node) in self.called
+            or id(node) in self.attribute_bases
+            or id(node) in self.decorators
+        ):
+            return
+        qualified = self.analysis.resolve(node)
+        if qualified and allowed.hook_parameters(qualified):
+            self.fail(node, f"{qualified} takes hooks; it may only be called directly")
+
     def _check_name_use(self, node: ast.Name) -> None:
         if not isinstance(node.ctx, ast.Load):
             return
+        self._check_hook_taker_as_value(node)
         if node.id in allowed.NAME_TAKING_BUILTINS and id(node) not in self.called:
             self.fail(node, f"{node.id} may only be called with a constant name")
             return
@@ -137,6 +157,8 @@ class _ReferenceChecker:
 
     # ------------------------------------------------------------------ attributes
     def _check_attribute(self, node: ast.Attribute) -> None:
+        if isinstance(getattr(node, "ctx", None), ast.Load):
+            self._check_hook_taker_as_value(node)
         qualified = self.analysis.resolve(node.value)
         if qualified is not None and allowed.is_module_path(qualified):
             what, why = allowed.module_rule(f"{qualified}.{node.attr}")
@@ -200,41 +222,40 @@ class _ReferenceChecker:
         )
 
     def _check_attribute_write(self, node: ast.Attribute) -> None:
-        """No attribute is written on a library object whose attributes are code that Triton
-        or torch runs: a kernel (``kernel.fn = ...``: under the CPU interpreter a launch runs
-        whatever it holds), an autotuner or a Config, an op object of ``torch.library``, however
-        reached (``self.kernel.fn``, ``kernels[0].fn``). Writes on modules and torch classes are
-        ``monkeypatch``'s; the solution's own objects, layers and tensors are its business."""
-        owner: ast.AST = node.value
-        while True:
-            if self.analysis.resolve(owner):
-                return  # torch, triton or another module: ``monkeypatch`` says so
-            key = holder_key(owner)
-            if key is not None and key in self.library_objects:
-                self.fail(
-                    node,
-                    f"the attribute {node.attr!r} is written on {ast.unparse(node.value)}, "
-                    "a Triton or torch.library object whose attributes are code it runs",
-                )
-                return
-            if not isinstance(owner, ast.Attribute | ast.Subscript):
-                return
-            owner = owner.value
+        """No attribute that Triton's kernel objects or torch.library's ops hold code in
+        (``fn``, ``run``, ``cache``, ``configs``...: ``allowed.library_object_attributes``) is
+        written on anything but the solution's own object: ``kernel.fn = body`` makes a launch
+        run ``body`` (under the CPU interpreter, as Python), however the kernel was reached (a
+        parameter, a loop variable, ``self.kernel``). Writes on modules and torch classes are
+        ``monkeypatch``'s; other attributes are the solution's business."""
+        if node.attr not in allowed.library_object_attributes():
+            return
+        owner = node.value
+        if isinstance(owner, ast.Name) and (
+            owner.id in self.receivers
+            or owner.id in self.own_typed
+            or owner.id in self.analysis.classes
+        ):
+            return
+        if self.analysis.resolve(owner):
+            return  # torch, triton or another module: ``monkeypatch`` says so
+        self.fail(
+            node,
+            f"the attribute {node.attr!r} is written on {ast.unparse(owner)}: Triton's kernels "
+            "and torch.library's ops hold code in it",
+        )
 
-    def _library_objects(self) -> set[str]:
-        """Names and ``self.`` attributes bound to kernels, or to what a call into ``triton`` or
-        ``torch.library`` made (an autotuner, a Config, a custom op)."""
-        names = set(self.analysis.kernel_holders)
-        for target, value in bindings(self.tree):
-            if not isinstance(value, ast.Call):
-                continue
-            func = value.func
-            while isinstance(func, ast.Call):  # custom_op("ns::op", ...)(body)
-                func = func.func
-            qualified = self.analysis.resolve(func) or ""
-            key = holder_key(target)
-            if key and qualified.startswith(("triton.", "torch.library.")):
-                names.add(key)
+    def _own_typed_names(self) -> set[str]:
+        """Names bound to instances of the solution's classes: ``plan = Plan()``, or a
+        parameter annotated with one of them (``def tune(cfg: KernelCfg)``)."""
+        names = set(self.analysis.instances)
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                arguments = node.args
+                for arg in arguments.posonlyargs + arguments.args + arguments.kwonlyargs:
+                    annotation = getattr(arg, "annotation", None)
+                    if isinstance(annotation, ast.Name) and annotation.id in self.analysis.classes:
+                        names.add(arg.arg)
         return names
 
     # ------------------------------------------------------------------ calls and classes
@@ -266,16 +287,49 @@ class _ReferenceChecker:
 
     def _known_options(self, value: ast.AST) -> bool:
         """``**options`` whose keys are known and none a hook: a dict literal with constant
-        keys, or a name bound once to one (``LAUNCH = {"num_warps": 4}``)."""
+        keys, or a module-level name bound once to one and used nowhere else (no item set, no
+        method called, no parameter of that name: nothing can change it)."""
         if isinstance(value, ast.Name):
-            bound = [
-                v for t, v in bindings(self.tree) if isinstance(t, ast.Name) and t.id == value.id
-            ]
-            value = bound[0] if len(bound) == 1 else value
+            value = self._constant_dict(value.id) or value
         if not isinstance(value, ast.Dict):
             return False
         keys = [k.value if isinstance(k, ast.Constant) else None for k in value.keys]
         return all(isinstance(k, str) and k not in allowed.HOOK_KEYWORDS for k in keys)
+
+    def _constant_dict(self, name: str) -> ast.Dict | None:
+        bound = [
+            node.value
+            for node in self.tree.body
+            if isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == name
+        ]
+        if len(bound) != 1 or not isinstance(bound[0], ast.Dict):
+            return None
+        unpacked = {
+            id(k.value) for n in ast.walk(self.tree) if isinstance(n, ast.Call) for k in n.keywords
+        }
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.arg) and node.arg == name:
+                return None
+            if isinstance(node, ast.Name) and node.id == name:
+                stored = not isinstance(node.ctx, ast.Load)
+                if (stored and node is not self._module_target(name)) or (
+                    not stored and id(node) not in unpacked
+                ):
+                    return None
+        return bound[0]
+
+    def _module_target(self, name: str) -> ast.AST | None:
+        for node in self.tree.body:
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == name
+            ):
+                return node.targets[0]
+        return None
 
     def _check_class(self, node: ast.ClassDef) -> None:
         if node.keywords:

@@ -306,11 +306,17 @@ class _DataFlow:
         data: set[str] = set()
         seen_call = False
         for caller in self.analysis.forward_path:
-            calls = [
-                node
-                for node in walk_skipping(caller, self.analysis.kernel_defs)
-                if isinstance(node, ast.Call) and fn in self.callees(node)
-            ]
+            nodes = list(walk_skipping(caller, self.analysis.kernel_defs))
+            calls = [n for n in nodes if isinstance(n, ast.Call) and fn in self.callees(n)]
+            callee_nodes = {id(call.func) for call in calls}
+            for node in nodes:  # reached as a value too (an alias, a table, partial): unknown
+                if (
+                    isinstance(node, ast.Name | ast.Attribute)
+                    and isinstance(node.ctx, ast.Load)
+                    and id(node) not in callee_nodes
+                    and fn in self.analysis.referenced(node)
+                ):
+                    return None
             if not calls:
                 continue
             caller_tainted = self.tainted_names(caller, self.data_parameters(caller))

@@ -249,13 +249,6 @@ class Job:
         try:
             return harness.make_inputs(self.task, seed, self.device)
         except torch.OutOfMemoryError as exc:
-            admitted = self.job.get("gpu_bytes_admitted")
-            if admitted is not None and isinstance(
-                solution_failure(exc, admitted), SolutionFailure
-            ):
-                # The share admitted for this evaluation (inputs included) is still there, so
-                # what the solution allocated in it left the inputs no room.
-                raise SolutionFailure("runtime", exc) from exc
             raise HarnessFailure(
                 "the task's inputs did not fit in the memory left to the sandbox "
                 f"({str(exc).splitlines()[0]})",
@@ -289,8 +282,9 @@ class Job:
             flags = self._call_flags(input_tensors, before, tensors)
         except Exception as exc:
             # These tensors were read before the call; only the solution can have broken them
-            # since (an input's storage resized to nothing, a kept output freed).
-            raise SolutionFailure("runtime", exc) from exc
+            # since (an input's storage resized to nothing, a kept output freed), unless the GPU
+            # memory admitted for this evaluation was taken by other work.
+            raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
         tampered = self.guard.verify() + audit.tampered()
         if not alone:
             tampered.append("the audit's dispatch mode was removed or covered")
