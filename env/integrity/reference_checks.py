@@ -308,7 +308,11 @@ class _ReferenceChecker:
         if len(bound) != 1 or not isinstance(bound[0], ast.Dict):
             return None
         unpacked = {
-            id(k.value) for n in ast.walk(self.tree) if isinstance(n, ast.Call) for k in n.keywords
+            id(k.value)
+            for n in ast.walk(self.tree)
+            if isinstance(n, ast.Call)
+            for k in n.keywords
+            if k.arg is None
         }
         for node in ast.walk(self.tree):
             if isinstance(node, ast.arg) and node.arg == name:
