@@ -207,7 +207,6 @@ DENIED_MEMBERS = frozenset(
         "post_hook",
         "tolist",
         "numpy",
-        "item",
         "apply_",
         "map_",
         "map2_",

@@ -13,6 +13,7 @@ import math
 import sys
 import types
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +21,30 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from kernelrl.env.integrity import vocabulary
+
+SCALAR_READ = "aten::_local_scalar_dense"  # float(t), int(t), t.item(): a value into Python
+# Reads of each one-element parameter or buffer allowed per call (a scalar may be read in a
+# few places of a forward).
+READS_PER_SCALAR = 4
+
+
+@dataclass(frozen=True)
+class ScalarParameters:
+    """The model's one-element parameters and buffers (KernelBench's
+    ``self.constant = nn.Parameter(torch.tensor(c))``). Reading a tensor's values into Python is
+    compute (what is computed from them no audit sees), except a few reads of these per call:
+    that is how a solution hands a kernel a scalar, and a few values per call compute nothing."""
+
+    pointers: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ScalarParameters:
+        tensors = list(model.parameters()) + list(model.buffers())
+        return cls(frozenset(t.data_ptr() for t in tensors if t.numel() == 1))
+
+    @property
+    def reads_per_call(self) -> int:
+        return READS_PER_SCALAR * len(self.pointers)
 
 
 class AtenAudit(TorchDispatchMode):
@@ -32,9 +57,11 @@ class AtenAudit(TorchDispatchMode):
     was reset.
     """
 
-    def __init__(self, launches: LaunchCounter) -> None:
+    def __init__(self, launches: LaunchCounter, scalars: ScalarParameters | None = None) -> None:
         super().__init__()
         self.launches = launches
+        self.scalars = scalars or ScalarParameters()
+        self.scalar_reads_left = self.scalars.reads_per_call
         self.compute: Counter[str] = Counter()
         self.glue_calls = 0
         self.copied_bytes = 0
@@ -63,13 +90,26 @@ class AtenAudit(TorchDispatchMode):
             out = self._run_solution_op(func, args, kwargs)
         else:
             out = func(*args, **kwargs)
-        if vocabulary.is_glue_aten(name):
+        if vocabulary.is_glue_aten(name) or self._reads_own_scalar(name, args):
             self.glue_calls += 1
             if name in vocabulary.COPYING_ATEN_OPS and not self.launches.depth:
                 self.copied_bytes += nbytes(out)
         else:
             self.compute[name] += 1
         return out
+
+    def new_call(self) -> None:
+        """One audit watching several calls (spot audits): each call gets its scalar reads."""
+        self.scalar_reads_left = self.scalars.reads_per_call
+
+    def _reads_own_scalar(self, name: str, args: tuple) -> bool:
+        if name != SCALAR_READ or self.scalar_reads_left <= 0 or not args:
+            return False
+        tensor = args[0]
+        if not isinstance(tensor, torch.Tensor) or tensor.data_ptr() not in self.scalars.pointers:
+            return False
+        self.scalar_reads_left -= 1
+        return True
 
     def _run_solution_op(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """An op the solution registered (``custom_op``, ``triton_op``) is its own code, so its

@@ -22,7 +22,13 @@ import torch
 
 from kernelrl.env import compare, sizes
 from kernelrl.env.integrity import vocabulary
-from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, nbytes
+from kernelrl.env.integrity.audit import (
+    SCALAR_READ,
+    AtenAudit,
+    LaunchCounter,
+    ScalarParameters,
+    nbytes,
+)
 from kernelrl.env.sandbox import compile_only, failures, harness
 from kernelrl.env.sandbox.compile_only import stub_load_inline_for_cpu
 from kernelrl.env.sandbox.failures import (
@@ -202,6 +208,7 @@ class Job:
                 )
         except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
             raise SolutionFailure(compile_error_stage(exc), exc) from exc
+        self.scalars = ScalarParameters.of(self.model)
         self.send(
             {
                 "type": "loaded",
@@ -263,7 +270,7 @@ class Job:
         input_tensors = harness.tensors_in(inputs)
         before = [fingerprint(t) for t in input_tensors]
         self.counter.counts.clear()
-        audit = AtenAudit(self.counter)
+        audit = AtenAudit(self.counter, self.scalars)
         call_start = time.perf_counter()
         try:
             with torch.no_grad(), audit:
@@ -344,7 +351,7 @@ class Job:
         )
         model, counter = self.model, self.counter
         made = [0]
-        spot = AtenAudit(counter)
+        spot = AtenAudit(counter, self.scalars)
         spot_calls = [0]
         alone = [True]
         wanted = TIMED_OUTPUTS_CHECKED if self.job.get("check_timed_outputs") else 0
@@ -367,6 +374,7 @@ class Job:
             inputs = self.rng.choice(input_sets)
             made[0] += 1
             spot_calls[0] += 1
+            spot.new_call()
             try:
                 with torch.no_grad(), spot:
                     model(*inputs)
@@ -380,16 +388,19 @@ class Job:
         if self.device.type == "cuda":
             stats = time_fn(calls, self.device, config, between_batches=spot_audit)
         else:  # interpreter timings mean nothing, so every timed call can be watched
-            stats, profile = profile_cpu_ops(
+            stats, events = profile_cpu_ops(
                 lambda: time_fn(calls, self.device, config, between_batches=spot_audit)
             )
+            reads = made[0] * self.scalars.reads_per_call
+            profile = {"aten_ops": aten_compute(events, allowed_scalar_reads=reads)}
         self.phase["timing"] = time.perf_counter() - start
         launches, calls_made = counter.total(), made[0]
         start = time.perf_counter()
         if self.device.type == "cuda":
             # Timed calls on input sets drawn at random: no pattern marks them as profiled.
             profiled = [self.rng.choice(calls) for _ in range(self.job["profile_calls"])]
-            profile = profile_kernels(profiled, self.device, counter)
+            reads = len(profiled) * self.scalars.reads_per_call
+            profile = profile_kernels(profiled, self.device, counter, allowed_scalar_reads=reads)
         self.phase["profile"] = time.perf_counter() - start
         tampered = self.guard.verify() + spot.tampered()
         if not alone[0]:
@@ -419,7 +430,10 @@ class Job:
 
 
 def profile_kernels(
-    calls: list[Callable[[], None]], device: torch.device, counter: LaunchCounter
+    calls: list[Callable[[], None]],
+    device: torch.device,
+    counter: LaunchCounter,
+    allowed_scalar_reads: int = 0,
 ) -> dict[str, Any]:
     """GPU kernels of ``calls`` forward calls under CUPTI: names, time, stream; and the aten ops
     that are not glue, from the profiler's CPU events.
@@ -441,7 +455,7 @@ def profile_kernels(
     kernels = []
     marker_stream = None
     events = prof.profiler.kineto_results.events()
-    aten_ops = aten_compute(events)
+    aten_ops = aten_compute(events, allowed_scalar_reads)
     for event in events:
         name = event.name()
         if event.device_type() != torch.autograd.DeviceType.CUDA or event.is_user_annotation():
@@ -462,8 +476,8 @@ def profile_kernels(
     }
 
 
-def profile_cpu_ops(run: Callable[[], T]) -> tuple[T, dict[str, Any]]:
-    """``run`` (the whole timed phase on CPU) under the profiler, with the aten ops it recorded.
+def profile_cpu_ops(run: Callable[[], T]) -> tuple[T, list[Any]]:
+    """``run`` (the whole timed phase on CPU) under the profiler, with the events it recorded.
 
     The profiler's C++ op events leave nothing in the solution's interpreter, unlike the
     dispatch-mode audit, whose Python frames inside every op a solution can probe (how deep it
@@ -475,15 +489,19 @@ def profile_cpu_ops(run: Callable[[], T]) -> tuple[T, dict[str, Any]]:
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         value = run()
-    return value, {"aten_ops": aten_compute(prof.profiler.kineto_results.events())}
+    return value, prof.profiler.kineto_results.events()
 
 
-def aten_compute(events: list[Any]) -> dict[str, int]:
-    """The aten ops among a profile's CPU events that are not glue."""
+def aten_compute(events: list[Any], allowed_scalar_reads: int = 0) -> dict[str, int]:
+    """The aten ops among a profile's CPU events that are not glue, less the reads of the
+    model's scalar parameters the calls were allowed (``ScalarParameters``; events carry no
+    tensor identity, so they are counted)."""
     aten_ops: Counter[str] = Counter()
     for event in events:
         name = event.name()
         on_cpu = event.device_type() == torch.autograd.DeviceType.CPU
         if on_cpu and name.startswith("aten::") and not vocabulary.is_glue_aten(name):
             aten_ops[name] += 1
-    return dict(aten_ops)
+    for name in (SCALAR_READ, "aten::item"):  # the profiler records item() above the read
+        aten_ops[name] -= allowed_scalar_reads
+    return {name: count for name, count in aten_ops.items() if count > 0}
