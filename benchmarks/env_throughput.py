@@ -29,6 +29,7 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.pools.sizing import AUTO
 from kernelrl.env.result import EvalResult
+from kernelrl.env.timing import TimingConfig
 
 # (phase key, where it runs, what it is) in the order of an evaluation.
 PHASES = (
@@ -187,13 +188,22 @@ def main() -> None:
         action="store_true",
         help="skip pass 1 (reference timings already cached under $KERNELRL_CACHE)",
     )
+    parser.add_argument(
+        "--stale-inputs",
+        action="store_true",
+        help="time every call on the same input contents (TimingConfig.fresh_inputs off)",
+    )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
     args = parser.parse_args()
 
     pairs = [(t, s) for t, s in bundled_pairs("triton") if not args.tasks or t.id in args.tasks]
-    config = EvalConfig(device=args.device, run_importing_during_measurement=args.run_importing)
+    config = EvalConfig(
+        device=args.device,
+        run_importing_during_measurement=args.run_importing,
+        timing=TimingConfig(fresh_inputs=not args.stale_inputs),
+    )
     started = time.perf_counter()
     with LocalPool(config, workers=args.workers, per_gpu=args.per_gpu, spares=args.spares) as pool:
         print(

@@ -131,7 +131,9 @@ def measure(
                 if sets > 1:  # each set timed on its own: the mean of K placements
                     each = []
                     for one in inputs:
-                        each.append(time_cuda(harness.forward_call(model, one), config).median_ms)
+                        each.append(
+                            time_cuda(harness.forward_call(model, [one], 0), config).median_ms
+                        )
                     medians[task_id][f"{name}@{sets}p"] = sum(each) / len(each)
             del inputs
         del kept

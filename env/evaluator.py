@@ -31,6 +31,7 @@ from kernelrl.env.reference import (
     library_versions,
 )
 from kernelrl.env.result import EvalResult, Status, TimingStats
+from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.processes import ChildDied, ChildPool
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.task import Task, TaskError
@@ -226,6 +227,7 @@ class Evaluator:
                 "profile_calls": config.profile_calls,
                 "gpu_bytes_admitted": plan.child_bytes if plan else None,
                 "check_timed_outputs": True,
+                "stop_at_compute": True,
                 "limits": {
                     "file_bytes": config.file_bytes,
                     "cpu_seconds": int(config.timeout_s * 2) + 30,
@@ -309,18 +311,15 @@ class Evaluator:
             if self.device_kind == "cuda" and config.time_reference_compile:
                 result.ref_compile = self._reference_timing(task, True, timing_config)
             result.phase_seconds["reference_timing"] = time.perf_counter() - started
-        if not self._timed_outputs_correct(task, session, timing, reference, timing_seed, result):
-            return
+        # How the timed calls computed is judged before what they answered: a broken rule (work
+        # on a side stream, say) also makes kept outputs wrong, and the rule is the finding.
         violations = dynamic_checks.check_timing_report(timing, task.backend, timing_wall)
         if violations:
             self._violate(result, violations)
             return
-
         result.timing_meaningful = self.device_kind == "cuda"
         if self.device_kind != "cuda":
             violations = dynamic_checks.check_cpu_profile(timing["profile"])
-            if violations:
-                self._violate(result, violations)
         else:
             summary = dynamic_checks.summarize_profile(timing["profile"], own_names)
             result.kernels = summary["kernels"]
@@ -329,9 +328,12 @@ class Evaluator:
             violations = dynamic_checks.check_gpu_profile(
                 timing["profile"], summary, result.runtime.median_ms, glue_is_task=glue_is_task
             )
-            if violations:
-                self._violate(result, violations)
-                return
+        if violations:
+            self._violate(result, violations)
+            return
+        if not self._timed_outputs_correct(task, session, timing, reference, timing_seed, result):
+            return
+        if self.device_kind == "cuda":
             result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
             result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
 
@@ -345,12 +347,15 @@ class Evaluator:
         result: EvalResult,
     ) -> bool:
         """The outputs the child kept of its timed calls (one call per input set, drawn after
-        the call returned), compared here with the reference on the same input set: timed
-        calls are held to the same answer as the checked ones."""
+        the call returned), compared here with the reference on the same input contents, remade
+        from their seed: timed calls are held to the same answer as the checked ones."""
         for entry in timing.get("checked_outputs", []):
             index = int(entry["input_set"])
+            seed = harness.timed_input_seed(
+                timing_seed, index, int(entry["version"]), int(timing["placements_asked"])
+            )
             with self._trusted_gpu_work():
-                expected = self.references.output(task, reference, timing_seed + index)
+                expected = self.references.output(task, reference, seed)
             comparison = self._compare(task, session, entry, expected, index)
             del expected
             if not comparison.correct:
@@ -439,6 +444,9 @@ class Evaluator:
         if kind == "not_run":
             result.status = Status.NOT_RUN
             result.error = str(message.get("reason", ""))
+            return True
+        if kind == "compute_seen":
+            self._violate(result, dynamic_checks.check_stopped_call(message))
             return True
         return False
 

@@ -12,6 +12,7 @@ import os
 import platform
 import threading
 import types
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -121,16 +122,22 @@ class ReferenceRunner:
         module = self.module(task)
         model = harness.build_model(module.Model, module, 0, self.device)
         count = placements(self.device, config)  # as the solution is timed
-        input_sets = harness.timing_input_sets(module, 1, self.device, count)
+        timed = harness.TimedInputs(
+            lambda seed: harness.make_inputs(module, seed, self.device), 1, count
+        )
         if compiled:
             try:
                 model = torch.compile(model)
                 with torch.no_grad():
-                    model(*input_sets[0])
+                    model(*timed.sets[0])
             except Exception:
                 return None  # the reference does not compile: no torch.compile baseline
-        calls = [harness.forward_call(model, inputs) for inputs in input_sets]
-        return time_fn(calls, self.device, config)
+        placed = range(len(timed.sets))
+        calls = [harness.forward_call(model, timed.sets, index) for index in placed]
+        prepares = [partial(timed.refresh, index) for index in placed]
+        return time_fn(
+            calls, self.device, config, prepares=prepares if config.fresh_inputs else None
+        )
 
 
 class ReferenceTimingCache:

@@ -4,12 +4,16 @@ GPU: warm-up, L2 flush before every repetition, CUDA events around each call, re
 until the median's relative standard error reaches a target or the time budget runs out; all
 of it on each of several input sets, allocated side by side and timed one after another, and
 their medians averaged: a memory-bound kernel's time depends on where in physical GPU memory
-its buffers land (measurements: docs/decisions.md).
+its buffers land (measurements: docs/decisions.md). Before every timed call its input set gets
+fresh contents (``harness.TimedInputs``): a result a kernel stored and keyed on its inputs'
+values never answers a timed call.
 CPU (Triton interpreter): wall-clock repetitions, reported but flagged as not meaningful.
 """
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import json
 import math
@@ -35,6 +39,7 @@ class TimingConfig:
     flush_l2: bool = True
     batch: int = 10  # repetitions recorded between two host synchronisations
     placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
+    fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
 
@@ -63,27 +68,80 @@ def summarize(samples_ms: list[float]) -> TimingStats:
     )
 
 
+# Fresh inputs cost the host more per call than many kernels take on the GPU, which would then
+# wait for each launch with the start event already recorded, and time the host's latency.
+# A spin on the GPU, queued before the refresh and longer than the host's time for one call,
+# keeps the GPU behind the host, so each call's kernels are queued before its start event runs.
+HOLD_FACTOR = 1.5
+HOLD_MARGIN_US = 20.0
+HOLD_MAX_US = 5000.0
+
+
+def _nothing() -> None:
+    pass
+
+
+@functools.cache
+def _sleep_cycles_per_us() -> float:
+    """GPU clock cycles per microsecond of ``torch.cuda._sleep``, measured once per process."""
+    torch.cuda._sleep(1000)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    return 1_000_000 / max(begin.elapsed_time(end) * 1e3, 1.0)
+
+
 def time_cuda(
     fn: Callable[[], object],
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> TimingStats:
-    """``between_batches`` runs after each batch's synchronisation, outside every timed span."""
+    """``between_batches`` runs after each batch's synchronisation and ``prepare`` before every
+    call, warm-up included, both outside every timed span (the L2 flush comes after
+    ``prepare``): no call can tell a warm-up from a measured one by its inputs."""
+    collecting = gc.isenabled()
+    gc.disable()  # a collection while the GPU waits for the next launch would be timed
+    try:
+        return _time_cuda(fn, config, between_batches, prepare or _nothing)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _time_cuda(
+    fn: Callable[[], object],
+    config: TimingConfig,
+    between_batches: Callable[[], None] | None,
+    prepare: Callable[[], None],
+) -> TimingStats:
     flush = (
         torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
         if config.flush_l2
         else None
     )
+    prepare()
     fn()
+    prepare()
     torch.cuda.synchronize()
     # Warm-up for warmup_ms, sized from a first estimate of one call.
     start = time.perf_counter()
     fn()
     torch.cuda.synchronize()
     estimate_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
+    host_s = []
     for _ in range(min(max(int(config.warmup_ms / estimate_ms), 1), 100)):
+        start = time.perf_counter()
+        prepare()
         fn()
+        host_s.append(time.perf_counter() - start)
     torch.cuda.synchronize()
+    hold_cycles = 0
+    if prepare is not _nothing:
+        hold_us = min(HOLD_FACTOR * statistics.median(host_s) * 1e6 + HOLD_MARGIN_US, HOLD_MAX_US)
+        hold_cycles = int(hold_us * _sleep_cycles_per_us())
 
     samples: list[float] = []
     deadline = time.perf_counter() + config.budget_s
@@ -91,6 +149,9 @@ def time_cuda(
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
         for begin, end in zip(starts, ends, strict=True):
+            if hold_cycles:
+                torch.cuda._sleep(hold_cycles)
+            prepare()
             if flush is not None:
                 flush.zero_()
             begin.record()
@@ -112,14 +173,19 @@ def time_cpu(
     fn: Callable[[], object],
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
+    prepare: Callable[[], None] | None = None,
 ) -> TimingStats:
-    """``between_batches`` runs between repetitions, outside the timed spans."""
+    """``between_batches`` runs between repetitions and ``prepare`` before every call, the
+    untimed first one included, outside the timed spans."""
+    prepare = prepare or _nothing
+    prepare()
     fn()
     samples: list[float] = []
     deadline = time.perf_counter() + config.cpu_budget_s
     while len(samples) < config.cpu_min_reps or (
         time.perf_counter() < deadline and len(samples) < config.max_reps
     ):
+        prepare()
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
@@ -138,12 +204,20 @@ def time_fn(
     device: torch.device,
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
+    prepares: Sequence[Callable[[], None]] | None = None,
 ) -> TimingStats:
-    """Time each call (one per input set, ``placements`` of them) and average their medians."""
+    """Time each call (one per input set, ``placements`` of them) and average their medians;
+    ``prepares[i]`` (if given) runs before each timed call of ``calls[i]``."""
+    prepares = prepares or [None] * len(calls)
     if device.type != "cuda":
-        return time_cpu(calls[0], config, between_batches)
+        return time_cpu(calls[0], config, between_batches, prepares[0])
     share = replace(config, budget_s=config.budget_s / len(calls))
-    return average([time_cuda(call, share, between_batches) for call in calls])
+    return average(
+        [
+            time_cuda(call, share, between_batches, prepare)
+            for call, prepare in zip(calls, prepares, strict=True)
+        ]
+    )
 
 
 def average(runs: Sequence[TimingStats]) -> TimingStats:

@@ -163,6 +163,28 @@ def get_init_inputs():
 """
 
 
+def test_plain_python_compute_at_a_published_size_is_stopped_at_its_first_read() -> None:
+    """8M values read one by one into Python would run until the timeout; the audit stops the
+    checked call at its first read and the verdict comes at once."""
+    source = RELU_TASK.source.replace(
+        '"cpu": {"batch_size": 16, "dim": 256}', '"cpu": {"batch_size": 1024, "dim": 8192}'
+    )
+    assert source != RELU_TASK.source
+    task = task_from_source(source, "relu_published_size")
+    hack = (SOLUTIONS[0].parent / "torch_fallback_runtime__python_scalars.py").read_text()
+    by_index = "[max(float(x.reshape(-1)[i]), 0.0) for i in range(x.numel())]"
+    hack = hack.replace("[max(float(v), 0.0) for v in x.reshape(-1)]", by_index)
+    assert by_index in hack
+    evaluator = Evaluator(EvalConfig(device="cpu", timeout_s=20, host_memory_bytes=4 * 2**30))
+    try:
+        result = evaluator.evaluate(task, hack)
+    finally:
+        evaluator.close()
+    assert result.status is Status.INTEGRITY_VIOLATION, result.feedback
+    assert result.checks_failed == ["torch_fallback_runtime"]
+    assert "_local_scalar_dense" in result.error
+
+
 def test_a_limit_of_ours_is_a_harness_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KERNELRL_CPU_BUDGET_MIB", "16384")  # let the task keep its size on CPU
     task = task_from_source(_LARGE_INPUT_TASK, "large_input")

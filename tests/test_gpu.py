@@ -10,12 +10,23 @@ from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import Status
-from kernelrl.env.task import load_task
+from kernelrl.env.task import load_task, task_from_source
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 RELU = load_task(ROOT / "data" / "tasks" / "01_relu.py")
+# Iterating a tensor of the GPU size (33M values) makes 33M views before the first value is
+# read into Python, where the audit would stop the call: it runs out of host memory instead
+# (runtime_error). The profile's evidence for that spelling is tested at the CPU size; the
+# scalar-parameter hack, read by index, is stopped at the GPU size.
+SMALL_RELU = task_from_source(
+    RELU.source.replace(
+        '"sizes": {"cpu":', '"sizes": {"cuda": {"batch_size": 16, "dim": 256}, "cpu":'
+    ),
+    "01_relu_small",
+)
+PLAIN_PYTHON = {"torch_fallback_runtime__python_scalars.py"}
 DYNAMIC = Path(__file__).parent / "solutions" / "dynamic"
 # GPU-only hacks and faults, plus the device-independent integrity cases: on a GPU the aten-op
 # evidence comes from the CUPTI profile instead of the CPU dispatch recorder.
@@ -23,7 +34,7 @@ GPU_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "gpu").glob("*.py"
     DYNAMIC / name
     for name in (
         "torch_fallback_runtime__obfuscated.py",
-        "no_kernel_executed__dead_launch.py",
+        "torch_fallback_runtime__dead_launch.py",
         "output_reused__shared_buffer.py",
         "input_mutated__in_place.py",
         "incorrect__prints_fake_verdict.py",
@@ -42,6 +53,15 @@ GPU_SOLUTIONS = sorted((Path(__file__).parent / "solutions" / "gpu").glob("*.py"
         "no_kernel_executed__empty_grid.py",
         "runtime_error__system_exit_in_forward.py",
         "runtime_error__tensor_subclass_output.py",
+        "runtime_error__input_storage_freed.py",
+        "torch_fallback_runtime__python_scalars.py",
+        "torch_fallback_runtime__custom_op_body.py",
+        "torch_fallback_runtime__custom_op_bound_method.py",
+        "torch_fallback_runtime__audit_probe_recursion.py",
+        "torch_fallback_runtime__values_through_a_scalar_parameter.py",
+        "correct__view_glue_spellings.py",
+        "correct__scalar_parameter_read.py",
+        "correct__fresh_contents_every_timed_call.py",
     )
 ]
 
@@ -79,7 +99,8 @@ def test_bundled_cuda_solutions_run() -> None:
 
 @pytest.mark.parametrize("path", GPU_SOLUTIONS, ids=lambda p: p.stem)
 def test_gpu_faults_and_hacks(path: Path, gpu_pool: LocalPool) -> None:
-    (result,) = gpu_pool.evaluate([RELU], [path.read_text()])
+    task = SMALL_RELU if path.name in PLAIN_PYTHON else RELU
+    (result,) = gpu_pool.evaluate([task], [path.read_text()])
     expected = path.name.split("__")[0]
     if expected in {s.value for s in Status}:
         assert result.status == expected, result.feedback
@@ -141,3 +162,9 @@ def test_a_measurement_has_the_gpu_to_itself() -> None:
         assert result.status is Status.CORRECT, result.feedback
     for result in beside:
         assert result.runtime.median_ms < 1.1 * baseline, (result.runtime, baseline)
+
+
+def test_libdevice_which_the_cpu_cannot_run_is_correct_on_the_gpu(gpu_pool: LocalPool) -> None:
+    solution = (DYNAMIC / "not_run__libdevice.py").read_text()
+    (result,) = gpu_pool.evaluate([RELU], [solution])
+    assert result.status is Status.CORRECT, result.feedback

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 
@@ -73,5 +74,85 @@ def test_a_task_too_large_for_more_placements_is_timed_on_fewer() -> None:
         return [made[-1]]
 
     module.get_inputs = get_inputs
-    input_sets = harness.timing_input_sets(module, 7, torch.device("cpu"), 4)
-    assert [s[0] for s in input_sets] == made and len(made) == 2
+    cpu = torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 7, 4)
+    assert [s[0] for s in timed.sets] == made and len(made) == 2
+
+
+def _random_task() -> types.ModuleType:
+    module = types.ModuleType("random_task")
+    module.get_inputs = lambda: [torch.randn(8, 16), 3]
+    return module
+
+
+def test_every_timed_call_gets_fresh_contents_the_trusted_side_can_remake() -> None:
+    module, cpu = _random_task(), torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 100, 4)
+    seen = []
+
+    def call() -> None:
+        placement = 2
+        x = timed.sets[placement][0]
+        seen.append(x.clone())
+        version = timed.versions[placement]
+        seed = harness.timed_input_seed(100, placement, version, 4)
+        assert torch.equal(x, harness.make_inputs(module, seed, cpu)[0])
+
+    config = TimingConfig(cpu_min_reps=5)
+    time_fn([call], cpu, config, prepares=[lambda: timed.refresh(2)])
+    assert len(seen) == 1 + 5  # the untimed first call and the timed ones, all fresh
+    assert all(not torch.equal(a, b) for a, b in itertools.pairwise(seen))
+    assert [t.shape for t in seen] == [torch.Size([8, 16])] * 6
+    assert timed.versions[2] == 6
+
+
+def test_seeds_of_timed_contents_never_collide_across_placements() -> None:
+    seeds = {harness.timed_input_seed(5, p, v, 4) for p in range(4) for v in range(100)}
+    assert len(seeds) == 400
+
+
+def test_fresh_contents_keep_their_placement_s_memory() -> None:
+    module, cpu = _random_task(), torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 1, 1)
+    before = timed.sets[0][0]
+    pointer, contents = before.data_ptr(), before.clone()
+    timed.refresh(0)
+    assert timed.sets[0][0] is before and before.data_ptr() == pointer
+    assert not torch.equal(before, contents)
+    assert torch.equal(before, harness.make_inputs(module, timed.seed(0, 1), cpu)[0])
+
+
+def test_without_room_for_a_second_copy_the_old_contents_go_first() -> None:
+    module, cpu = _random_task(), torch.device("cpu")
+    full = [False]
+
+    def make(seed: int) -> list:
+        if full[0]:
+            full[0] = False  # once the old contents are dropped, the new ones fit
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return harness.make_inputs(module, seed, cpu)
+
+    timed = harness.TimedInputs(make, 1, 1)
+    full[0] = True
+    timed.refresh(0)
+    assert not timed.dropped_held()
+    kept_by_the_model = timed.sets[0][0]
+    full[0] = True
+    timed.refresh(0)
+    assert timed.sets[0][0] is not kept_by_the_model
+    assert timed.dropped_held()  # the model holds what the harness dropped
+    del kept_by_the_model
+    assert not timed.dropped_held()
+
+
+def test_the_harness_s_input_generation_is_not_the_solution_s_compute() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernelrl.env.sandbox.job import aten_compute
+
+    module, cpu = _random_task(), torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 1, 1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        timed.refresh(0)  # randn: compute, but the harness's
+        torch.sin(timed.sets[0][0])  # the solution's
+    assert aten_compute(prof.profiler.kineto_results.events()) == {"aten::sin": 1}

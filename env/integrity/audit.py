@@ -47,6 +47,13 @@ class ScalarParameters:
         return READS_PER_SCALAR * len(self.pointers)
 
 
+class ComputeSeen(BaseException):  # noqa: N818 - a signal, not an error of the solution's
+    """Raised by an audit told to stop at the first compute op of a checked call: the verdict is
+    already ``torch_fallback_runtime``, and a forward computing in plain Python over millions of
+    values would otherwise run on until the timeout. A ``BaseException``, so that a solution's
+    ``except Exception`` does not swallow it."""
+
+
 class AtenAudit(TorchDispatchMode):
     """Every aten op a solution's call dispatches, judged by the vocabulary's allow-list.
 
@@ -57,9 +64,15 @@ class AtenAudit(TorchDispatchMode):
     was reset.
     """
 
-    def __init__(self, launches: LaunchCounter, scalars: ScalarParameters | None = None) -> None:
+    def __init__(
+        self,
+        launches: LaunchCounter,
+        scalars: ScalarParameters | None = None,
+        stop_at_compute: bool = False,
+    ) -> None:
         super().__init__()
         self.launches = launches
+        self.stop_at_compute = stop_at_compute
         self.scalars = scalars or ScalarParameters()
         self.scalar_reads_left = self.scalars.reads_per_call
         self.compute: Counter[str] = Counter()
@@ -96,6 +109,8 @@ class AtenAudit(TorchDispatchMode):
                 self.copied_bytes += nbytes(out)
         else:
             self.compute[name] += 1
+            if self.stop_at_compute:
+                raise ComputeSeen(name)
         return out
 
     def new_call(self) -> None:

@@ -133,6 +133,12 @@ def _glue_bytes(evidence: CallEvidence, glue_is_task: bool) -> list[tuple[str, s
     return []
 
 
+def check_stopped_call(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """A checked call the audit stopped at its first torch compute op (``ComputeSeen``)."""
+    violations = check_tampering([str(t) for t in report["tampered"]])
+    return violations + _aten_fallback({str(k): int(v) for k, v in report["compute_ops"].items()})
+
+
 def check_timing_report(
     report: dict[str, Any], backend: str, wall_s: float
 ) -> list[tuple[str, str]]:

@@ -1,12 +1,45 @@
-"""CUDA C++ solutions on a machine without a GPU: compiled with nvcc, never loaded or run."""
+"""Solutions on a machine without a GPU: CUDA C++ compiled with nvcc, never loaded or run;
+Triton's libdevice functions made to say that they need a GPU."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 
 class CompiledOnly(RuntimeError):
     """CUDA C++ that could be compiled here but not run: the child answers ``not_run``."""
+
+
+class GpuOnly(NotImplementedError):
+    """A Triton function only a GPU compile provides, called under the CPU interpreter."""
+
+
+def refuse_libdevice_in_interpreter() -> None:
+    """Under Triton's CPU interpreter, libdevice's functions are the empty stubs a GPU compile
+    replaces (they return None, and the kernel then fails elsewhere, as if its own code were
+    wrong) or externs the interpreter cannot call. Each is made to raise ``GpuOnly``, which the
+    sandbox reports as ``not_run``, as it does inline PTX."""
+    import triton.language.extra.libdevice as generic
+
+    modules = [generic]
+    try:
+        import triton.language.extra.cuda.libdevice as cuda
+
+        modules.append(cuda)
+    except ImportError:
+        pass
+    for module in modules:
+        for name, value in list(vars(module).items()):
+            if isinstance(value, types.FunctionType) and not name.startswith("_"):
+                setattr(module, name, _gpu_only(f"{module.__name__}.{name}"))
+
+
+def _gpu_only(qualified: str) -> Any:
+    def refuse(*_: Any, **__: Any) -> None:
+        raise GpuOnly(f"{qualified} exists only in a GPU compile")
+
+    return refuse
 
 
 def stub_load_inline_for_cpu(scratch: str) -> None:

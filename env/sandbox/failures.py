@@ -8,6 +8,7 @@ import traceback
 
 import torch
 
+from kernelrl.env.sandbox.compile_only import GpuOnly
 from kernelrl.env.sandbox.protocol import send_message
 
 
@@ -80,8 +81,11 @@ class NotRunHere(RuntimeError):
 
 def interpreter_cannot_run(exc: BaseException) -> str | None:
     """Why Triton's CPU interpreter could not run a kernel, when Triton says so itself: a
-    ``NotImplementedError`` raised in Triton's own code (not the solution's), or Triton asking
-    for a GPU driver (the autotuner benchmarks its configs on one)."""
+    ``NotImplementedError`` raised in Triton's own code (not the solution's), a libdevice
+    function (``compile_only.refuse_libdevice_in_interpreter``), or Triton asking for a GPU
+    driver (the autotuner benchmarks its configs on one)."""
+    if type(exc).__name__ == "InterpreterError" and type(exc.__cause__) is GpuOnly:
+        return f"Triton's CPU interpreter cannot run this kernel ({exc.__cause__}); it needs a GPU"
     if type(exc).__name__ == "InterpreterError" and type(exc.__cause__) is NotImplementedError:
         cause = exc.__cause__
         if _raised_in_triton(cause, "/triton/"):

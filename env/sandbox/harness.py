@@ -11,6 +11,7 @@ import linecache
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -74,32 +75,105 @@ def build_model(
 def make_inputs(module: types.ModuleType, seed: int, device: torch.device) -> list[Any]:
     """Fresh inputs for one check, created directly on ``device`` (no host round trip)."""
     with _RNG_LOCK, torch.device(device):
-        torch.manual_seed(seed)
+        seed_generators(seed, device)
         inputs = list(module.get_inputs())
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
-def timing_input_sets(
-    module: types.ModuleType, first_seed: int, device: torch.device, count: int
-) -> list[list[Any]]:
-    """Up to ``count`` input sets for timing, allocated side by side so that each lands on its
-    own memory; fewer when the GPU has no room for more: a large task is timed on fewer
-    placements rather than failed by the harness's own allocations."""
-    input_sets = [make_inputs(module, first_seed, device)]
-    for index in range(1, count):
-        try:
-            input_sets.append(make_inputs(module, first_seed + index, device))
-        except torch.cuda.OutOfMemoryError:
-            break
-    return input_sets
+# The profiler range around the harness's own input generation during timing: its ops are the
+# harness's, not the solution's (``job.aten_compute`` leaves them out).
+INPUTS_RANGE = "kernelrl::timed_inputs"
 
 
-def forward_call(model: torch.nn.Module, inputs: Sequence[Any]) -> Callable[[], None]:
-    """What timing repeats: one forward pass on ``inputs``, without autograd."""
+class TimedInputs:
+    """The input sets a timing run calls the model on, one per placement, each given fresh
+    contents before every timed call.
+
+    Were the contents repeated, a kernel could keep its last output with a few of its inputs'
+    values and replay it when they match: correct and fast on every timed call after the first.
+    Contents of version ``v`` of placement ``p`` come from ``seed(p, v)``, so the trusted side
+    can remake the inputs of any timed call whose output it checks. New contents are copied
+    into the set's own tensors, so a placement keeps its memory (a memory-bound kernel's time
+    depends on it); only when a second copy does not fit are the old tensors dropped first.
+    """
+
+    def __init__(self, make: Callable[[int], list[Any]], first_seed: int, count: int) -> None:
+        self.make = make
+        self.first_seed = first_seed
+        self.count = count
+        self.sets = [make(first_seed)]
+        for index in range(1, count):
+            try:  # side by side, each on its own memory; fewer when the GPU has no room for
+                # more: a large task is timed on fewer placements rather than failed
+                self.sets.append(make(self.seed(index, 0)))
+            except torch.cuda.OutOfMemoryError:
+                break
+        self.versions = [0] * len(self.sets)
+        self.dropped: list[weakref.ref] = []
+
+    def seed(self, placement: int, version: int) -> int:
+        return timed_input_seed(self.first_seed, placement, version, self.count)
+
+    def refresh(self, placement: int) -> None:
+        self.versions[placement] += 1
+        seed = self.seed(placement, self.versions[placement])
+        with torch.profiler.record_function(INPUTS_RANGE):
+            try:
+                fresh = self.make(seed)
+            except torch.cuda.OutOfMemoryError:
+                self.dropped = [weakref.ref(t) for t in tensors_in(self.sets[placement])]
+                self.sets[placement] = []
+                self.sets[placement] = self.make(seed)
+                return
+            self.sets[placement] = [
+                _copied_into(old, new) for old, new in zip(self.sets[placement], fresh, strict=True)
+            ]
+
+    def dropped_held(self) -> bool:
+        """Whether the model still holds contents a ``refresh`` without room for a second copy
+        dropped: its own memory, not the harness's, when new contents then do not fit."""
+        return any(ref() is not None for ref in self.dropped)
+
+
+def _copied_into(old: Any, new: Any) -> Any:
+    """``new``'s values in ``old``'s memory when both are tensors of one layout, else ``new``."""
+    same_layout = (
+        type(old) is torch.Tensor
+        and type(new) is torch.Tensor
+        and (old.shape, old.stride(), old.dtype, old.device)
+        == (new.shape, new.stride(), new.dtype, new.device)
+    )
+    if not same_layout:
+        return new
+    return old.copy_(new)
+
+
+def seed_generators(seed: int, device: torch.device) -> None:
+    """Seed the generators a task's ``get_inputs`` can draw from on ``device``: the CPU's and
+    that GPU's. ``torch.manual_seed`` does the same for every backend torch knows, at a cost
+    (~0.1 ms) that matters when every timed call gets fresh inputs."""
+    torch.random.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        torch.cuda.init()  # the generators exist once CUDA is initialised; a no-op after
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)
+
+
+def timed_input_seed(first_seed: int, placement: int, version: int, placements: int) -> int:
+    """The seed of placement ``placement``'s ``version``-th input contents in a timing run of
+    ``placements`` placements (the number asked for, whether or not all fitted)."""
+    return first_seed + placement + version * placements
+
+
+def forward_call(
+    model: torch.nn.Module, input_sets: Sequence[Sequence[Any]], index: int
+) -> Callable[[], None]:
+    """What timing repeats: one forward pass, without autograd, on whatever ``input_sets[index]``
+    holds when it runs (``TimedInputs.refresh`` replaces it between calls)."""
 
     def call() -> None:
         with torch.no_grad():
-            model(*inputs)
+            model(*input_sets[index])
 
     return call
 

@@ -16,6 +16,7 @@ import time
 import types
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
@@ -30,7 +31,10 @@ from kernelrl.env.integrity.audit import (
     nbytes,
 )
 from kernelrl.env.sandbox import compile_only, failures, harness
-from kernelrl.env.sandbox.compile_only import stub_load_inline_for_cpu
+from kernelrl.env.sandbox.compile_only import (
+    refuse_libdevice_in_interpreter,
+    stub_load_inline_for_cpu,
+)
 from kernelrl.env.sandbox.failures import (
     HarnessFailure,
     SolutionFailure,
@@ -79,6 +83,17 @@ def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[in
     return (plain, weighted)
 
 
+def inputs_failure(exc: Exception) -> HarnessFailure:
+    """The task's get_inputs failed in the sandbox: the harness's failure, never the kernel's."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        first_line = str(exc).splitlines()[0] if str(exc) else "out of memory"
+        return HarnessFailure(
+            f"the task's inputs did not fit in the memory left to the sandbox ({first_line})",
+            "inputs",
+        )
+    return HarnessFailure(f"the task's get_inputs failed: {exc!r}", "inputs")
+
+
 def plain_outputs(output: Any, device: torch.device) -> list[Any]:
     """The outputs of one call, accepted only as exactly ``torch.Tensor`` (type identity: a
     subclass would run its own code when the harness reads it), dense, on the job's device, or
@@ -102,23 +117,27 @@ class KeptOutputs:
     """For a few timing input sets drawn at random, one output drawn uniformly from that set's
     timed calls *after* each call returned (reservoir sampling), so no call can know whether
     its output will be compared: a solution that returns garbage or ``torch.empty`` on some
-    timed calls shows. Holding one output per drawn set is what the memory plan allows (the
-    current call's outputs and one more)."""
+    timed calls shows. Each output is kept with the version of its input contents
+    (``harness.TimedInputs``), from which the trusted side remakes them. Holding one output per
+    drawn set is what the memory plan allows (the current call's outputs and one more)."""
 
     def __init__(self, sets: int, count: int, rng: random.Random) -> None:
         self.rng = rng
         self.calls = dict.fromkeys(sorted(rng.sample(range(sets), min(count, sets))), 0)
-        self.outputs: dict[int, Any] = {}
+        self.outputs: dict[int, tuple[int, Any]] = {}
 
-    def offer(self, index: int, output: Any) -> None:
+    def offer(self, index: int, version: int, output: Any) -> None:
         if index in self.calls:
             self.calls[index] += 1
             if self.rng.randrange(self.calls[index]) == 0:
-                self.outputs[index] = output
+                self.outputs[index] = (version, output)
 
-    def plain(self, device: torch.device) -> list[tuple[int, list[Any]]]:
-        """The kept outputs, by input set, as plain outputs (``plain_outputs``)."""
-        return [(i, plain_outputs(self.outputs[i], device)) for i in sorted(self.outputs)]
+    def plain(self, device: torch.device) -> list[tuple[int, int, list[Any]]]:
+        """The kept outputs as (input set, version, plain outputs (``plain_outputs``))."""
+        return [
+            (index, version, plain_outputs(output, device))
+            for index, (version, output) in sorted(self.outputs.items())
+        ]
 
 
 def sampled_outputs(outputs: list[Any], size: int) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -187,6 +206,8 @@ class Job:
             self.await_admission(task)
         if job["backend"] == "cuda" and self.device.type == "cpu":
             stub_load_inline_for_cpu(os.getcwd())
+        if job["backend"] == "triton" and self.device.type == "cpu":
+            refuse_libdevice_in_interpreter()
         self.guard = harness_guard([self.entry, sys.modules[__name__], failures, compile_only])
 
         start = time.perf_counter()
@@ -255,14 +276,26 @@ class Job:
     def _inputs(self, seed: int) -> list[Any]:
         try:
             return harness.make_inputs(self.task, seed, self.device)
-        except torch.OutOfMemoryError as exc:
-            raise HarnessFailure(
-                "the task's inputs did not fit in the memory left to the sandbox "
-                f"({str(exc).splitlines()[0]})",
-                "inputs",
-            ) from exc
         except Exception as exc:
-            raise HarnessFailure(f"the task's get_inputs failed: {exc!r}", "inputs") from exc
+            raise inputs_failure(exc) from exc
+
+    def _timed_inputs(self, seed: int, count: int) -> harness.TimedInputs:
+        try:
+            return harness.TimedInputs(
+                lambda s: harness.make_inputs(self.task, s, self.device), seed, count
+            )
+        except Exception as exc:
+            raise inputs_failure(exc) from exc
+
+    def _refresh(self, timed: harness.TimedInputs, index: int) -> None:
+        try:
+            timed.refresh(index)
+        except torch.OutOfMemoryError as exc:
+            if timed.dropped_held():  # the model kept the inputs of its calls
+                raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
+            raise inputs_failure(exc) from exc
+        except Exception as exc:
+            raise inputs_failure(exc) from exc
 
     def call(self, seed: int) -> None:
         start = time.perf_counter()
@@ -270,7 +303,10 @@ class Job:
         input_tensors = harness.tensors_in(inputs)
         before = [fingerprint(t) for t in input_tensors]
         self.counter.counts.clear()
-        audit = AtenAudit(self.counter, self.scalars)
+        # Judging a solution, compute is a violation already at its first op; a reference run
+        # for curation computes by design and runs to the end.
+        stop = bool(self.job.get("stop_at_compute"))
+        audit = AtenAudit(self.counter, self.scalars, stop_at_compute=stop)
         call_start = time.perf_counter()
         try:
             with torch.no_grad(), audit:
@@ -280,6 +316,16 @@ class Job:
                 torch.cuda.synchronize()
             outputs = plain_outputs(output, self.device)
         except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
+            if audit.compute:  # stopped at its first compute op, or computed and then failed
+                tampered = self.guard.verify() + audit.tampered()
+                self.send(
+                    {
+                        "type": "compute_seen",
+                        "compute_ops": dict(audit.compute),
+                        "tampered": tampered,
+                    }
+                )
+                return
             raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
         self.calls += 1
         if self.calls == 1:  # the first call compiles the kernels (JIT) and runs them once
@@ -346,9 +392,8 @@ class Job:
     def time(self, seed: int) -> None:
         config = TimingConfig(**self.job["timing"])
         self.previous = None
-        input_sets = harness.timing_input_sets(
-            self.task, seed, self.device, placements(self.device, config)
-        )
+        timed = self._timed_inputs(seed, placements(self.device, config))
+        input_sets = timed.sets
         model, counter = self.model, self.counter
         made = [0]
         spot = AtenAudit(counter, self.scalars)
@@ -361,7 +406,8 @@ class Job:
             made[0] += 1
             try:
                 with torch.no_grad():
-                    kept.offer(index, model(*input_sets[index]))
+                    output = model(*input_sets[index])
+                kept.offer(index, timed.versions[index], output)
             except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
                 raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
 
@@ -383,13 +429,16 @@ class Job:
                 raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
 
         calls = [timed_call(index) for index in range(len(input_sets))]
+        prepares = None
+        if config.fresh_inputs:
+            prepares = [partial(self._refresh, timed, index) for index in range(len(input_sets))]
         counter.counts.clear()
         start = time.perf_counter()
         if self.device.type == "cuda":
-            stats = time_fn(calls, self.device, config, between_batches=spot_audit)
+            stats = time_fn(calls, self.device, config, spot_audit, prepares)
         else:  # interpreter timings mean nothing, so every timed call can be watched
             stats, events = profile_cpu_ops(
-                lambda: time_fn(calls, self.device, config, between_batches=spot_audit)
+                lambda: time_fn(calls, self.device, config, spot_audit, prepares)
             )
             reads = made[0] * self.scalars.reads_per_call
             profile = {"aten_ops": aten_compute(events, allowed_scalar_reads=reads)}
@@ -413,9 +462,14 @@ class Job:
             {
                 "type": "timing",
                 "checked_outputs": [
-                    {"input_set": index, "outputs": compare.describe_outputs(values)}
-                    for index, values in checked
+                    {
+                        "input_set": index,
+                        "version": version,
+                        "outputs": compare.describe_outputs(values),
+                    }
+                    for index, version, values in checked
                 ],
+                "placements_asked": timed.count,
                 "runtime": stats.__dict__,
                 "profile": profile,
                 "timed_calls": calls_made,
@@ -425,7 +479,7 @@ class Job:
                 "tampered": tampered,
             }
         )
-        for _, values in checked:
+        for _, _, values in checked:
             self.send_values(values)
 
 
@@ -495,12 +549,24 @@ def profile_cpu_ops(run: Callable[[], T]) -> tuple[T, list[Any]]:
 def aten_compute(events: list[Any], allowed_scalar_reads: int = 0) -> dict[str, int]:
     """The aten ops among a profile's CPU events that are not glue, less the reads of the
     model's scalar parameters the calls were allowed (``ScalarParameters``; events carry no
-    tensor identity, so they are counted)."""
+    tensor identity, so they are counted) and the harness's own input generation (ops inside
+    its ``harness.INPUTS_RANGE`` on the same thread)."""
+    harness_spans = [
+        (event.start_thread_id(), event.start_ns(), event.end_ns())
+        for event in events
+        if event.is_user_annotation() and event.name() == harness.INPUTS_RANGE
+    ]
+
+    def in_harness_span(event: Any) -> bool:
+        thread, start = event.start_thread_id(), event.start_ns()
+        return any(t == thread and lo <= start <= hi for t, lo, hi in harness_spans)
+
     aten_ops: Counter[str] = Counter()
     for event in events:
         name = event.name()
         on_cpu = event.device_type() == torch.autograd.DeviceType.CPU
-        if on_cpu and name.startswith("aten::") and not vocabulary.is_glue_aten(name):
+        compute = name.startswith("aten::") and not vocabulary.is_glue_aten(name)
+        if on_cpu and compute and not in_harness_span(event):
             aten_ops[name] += 1
     for name in (SCALAR_READ, "aten::item"):  # the profiler records item() above the read
         aten_ops[name] -= allowed_scalar_reads
