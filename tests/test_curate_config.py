@@ -65,10 +65,19 @@ def test_a_key_no_part_knows_is_refused() -> None:
         parse("--config", str(SMOKE), "--dedup_treshold", "0.5")
 
 
+def _key_before_fresh_inputs(config) -> str:
+    """The validate key as computed before timed calls got fresh input contents
+    (``TimingConfig.fresh_inputs``): the journals below were written then."""
+    settings = pipeline.validate_settings(config)
+    assert settings["config"]["timing"].pop("fresh_inputs") is True
+    return fingerprint("validate", settings)
+
+
 def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes() -> None:
     """The validate journal's key for the bundled recipes (and with flags), as curation computed
-    it when the step's keys were fields of one flat ``CurateConfig``: those journals resume.
-    A change of what a verdict depends on (``TimingConfig``'s defaults) changes it on purpose."""
+    it when the step's keys were fields of one flat ``CurateConfig``: nothing else a verdict
+    depends on has drifted since. A change of what a verdict depends on (``TimingConfig``: fresh
+    timed inputs) changes it on purpose, so those journals are not resumed now."""
     expected = {
         (SMOKE,): "6a7373e1cdbb4327",
         (SMOKE, "--seed", "3", "--validate_timeout_s", "7", "--validate_workers", "9"): (
@@ -78,16 +87,18 @@ def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes(
     }
     for (recipe, *flags), key in expected.items():
         config = parse("--config", str(recipe), *flags)
-        assert fingerprint("validate", pipeline.validate_settings(config)) == key
+        assert _key_before_fresh_inputs(config) == key
+        assert fingerprint("validate", pipeline.validate_settings(config)) != key
 
 
 def test_the_h100_journal_in_benchmarks_would_resume(monkeypatch) -> None:
     """The validate journal of levels 1-3 on an H100 (``benchmarks/results``), written by
-    ``kernelbench_gpu.yaml --validate_workers 8``, has the key this code computes for that
-    command (on this machine ``cuda`` is taken as given: no GPU to resolve it)."""
+    ``kernelbench_gpu.yaml --validate_workers 8`` before fresh timed inputs, has the key this
+    code computes for that command with the timing procedure of then (on this machine ``cuda``
+    is taken as given: no GPU to resolve it)."""
     journal = ROOT / "benchmarks" / "results" / "h100_curate_validate"
     lines = (journal / "validate_journal_final_250.jsonl").read_text().splitlines()
     written = {json.loads(line)["config"] for line in lines}
     monkeypatch.setattr(pipeline, "resolve_device", lambda device: device)
     config = parse("--config", str(RECIPES / "kernelbench_gpu.yaml"), "--validate_workers", "8")
-    assert written == {fingerprint("validate", pipeline.validate_settings(config))}
+    assert written == {_key_before_fresh_inputs(config)}
