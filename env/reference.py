@@ -135,9 +135,7 @@ class ReferenceRunner:
         placed = range(len(timed.sets))
         calls = [harness.forward_call(model, timed.sets, index) for index in placed]
         prepares = [partial(timed.refresh, index) for index in placed]
-        return time_fn(
-            calls, self.device, config, prepares=prepares if config.fresh_inputs else None
-        )
+        return time_fn(calls, self.device, config, prepares=prepares)
 
 
 class ReferenceTimingCache:

@@ -207,8 +207,10 @@ def time_fn(
     prepares: Sequence[Callable[[], None]] | None = None,
 ) -> TimingStats:
     """Time each call (one per input set, ``placements`` of them) and average their medians;
-    ``prepares[i]`` (if given) runs before each timed call of ``calls[i]``."""
-    prepares = prepares or [None] * len(calls)
+    ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before each call of
+    ``calls[i]``."""
+    if not (prepares and config.fresh_inputs):
+        prepares = [None] * len(calls)
     if device.type != "cuda":
         return time_cpu(calls[0], config, between_batches, prepares[0])
     share = replace(config, budget_s=config.budget_s / len(calls))

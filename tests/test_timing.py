@@ -156,3 +156,17 @@ def test_the_harness_s_input_generation_is_not_the_solution_s_compute() -> None:
         timed.refresh(0)  # randn: compute, but the harness's
         torch.sin(timed.sets[0][0])  # the solution's
     assert aten_compute(prof.profiler.kineto_results.events()) == {"aten::sin": 1}
+
+
+def test_timing_without_fresh_inputs_never_prepares() -> None:
+    prepared = []
+    config = TimingConfig(cpu_min_reps=3, fresh_inputs=False)
+    time_fn([lambda: None], torch.device("cpu"), config, prepares=[lambda: prepared.append(1)])
+    assert prepared == []
+    time_fn(
+        [lambda: None],
+        torch.device("cpu"),
+        TimingConfig(cpu_min_reps=3),
+        prepares=[lambda: prepared.append(1)],
+    )
+    assert len(prepared) == 4  # the untimed first call and three timed ones

@@ -429,9 +429,7 @@ class Job:
                 raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
 
         calls = [timed_call(index) for index in range(len(input_sets))]
-        prepares = None
-        if config.fresh_inputs:
-            prepares = [partial(self._refresh, timed, index) for index in range(len(input_sets))]
+        prepares = [partial(self._refresh, timed, index) for index in range(len(input_sets))]
         counter.counts.clear()
         start = time.perf_counter()
         if self.device.type == "cuda":
