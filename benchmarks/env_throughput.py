@@ -29,6 +29,7 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.pools.sizing import AUTO
 from kernelrl.env.result import EvalResult
+from kernelrl.env.sandbox.spawn import SPAWN_ENV
 from kernelrl.env.timing import TimingConfig
 
 # (phase key, where it runs, what it is) in the order of an evaluation.
@@ -193,10 +194,17 @@ def main() -> None:
         action="store_true",
         help="time every call on the same input contents (TimingConfig.fresh_inputs off)",
     )
+    parser.add_argument(
+        "--spawn",
+        choices=("fork_server", "exec"),
+        default="fork_server",
+        help="how sandbox children start: forked from one that imported torch, or each its own",
+    )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
     args = parser.parse_args()
+    os.environ[SPAWN_ENV] = args.spawn
 
     pairs = [(t, s) for t, s in bundled_pairs("triton") if not args.tasks or t.id in args.tasks]
     config = EvalConfig(

@@ -32,7 +32,8 @@ from kernelrl.env.reference import (
 )
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.sandbox import harness
-from kernelrl.env.sandbox.processes import ChildDied, ChildPool
+from kernelrl.env.sandbox.child_process import ChildDied
+from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig
@@ -181,6 +182,9 @@ class Evaluator:
         try:
             self._run_in_child(task, source, own_names, session, result, plan)
         except ChildDied as exc:
+            if exc.ours:
+                harness_error(result, f"the sandbox child {exc}")
+                return
             result.status = Status.TIMEOUT if exc.timed_out else Status.RUNTIME_ERROR
             result.error = f"the solution's process {exc}"
             tail = child.output_tail(600).strip()

@@ -19,6 +19,8 @@ import re
 import textwrap
 from collections.abc import Iterator
 
+from kernelrl.env.python_syntax import parse_python
+
 
 class FormatError(ValueError):
     """The completion holds no usable solution; the message is written for the model."""
@@ -85,7 +87,7 @@ def _validated(code: str) -> str:
     if not code.strip():
         raise FormatError("The code block is empty. " + _FORMAT_HINT)
     try:
-        tree = ast.parse(code)
+        tree = parse_python(code)
     except SyntaxError as exc:
         lineno = exc.lineno or 0
         lines = code.splitlines()
@@ -150,7 +152,7 @@ def extract_solution(completion: str) -> str:
         )
     if _MODELNEW_TEXT.search(text):
         try:
-            ast.parse(textwrap.dedent(text))
+            parse_python(textwrap.dedent(text))
         except (SyntaxError, ValueError):
             pass
         else:
@@ -369,7 +371,7 @@ def solution_kernel_names(source: str, backend: str) -> list[str]:
     profiler rows, so a superset does no harm). Unparseable source gives ``[]``.
     """
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except (SyntaxError, ValueError):
         return []
     aliases = import_aliases(tree)

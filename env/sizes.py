@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from kernelrl.env.python_syntax import parse_python
 from kernelrl.env.sandbox import harness
 from kernelrl.env.task import Task, TaskError, init_args
 
@@ -221,7 +222,7 @@ def _knobs(source: str, module: types.ModuleType) -> dict[Where, Knob]:
     a tuple unpacking (``D, H, W = 16, 32, 32``); the names of a chained assignment
     (``height = width = 256``) are one knob."""
     knobs: dict[Where, Knob] = {}
-    for index, node in enumerate(ast.parse(source).body):
+    for index, node in enumerate(parse_python(source).body):
         if not isinstance(node, ast.Assign):
             continue
         if all(isinstance(t, ast.Name) for t in node.targets):
@@ -289,7 +290,7 @@ def _plain_globals(module: types.ModuleType) -> dict[str, Any]:
 
 
 def _with_values(source: str, values: Mapping[Where, Knob]) -> str:
-    tree = ast.parse(source)
+    tree = parse_python(source)
     for (index, position), value in values.items():
         node = tree.body[index]
         old = node.value if position < 0 else node.value.elts[position]

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.env.python_syntax import parse_python
+
 BACKENDS = ("triton", "cuda")
 
 # Default tolerances by output dtype (name as torch prints it without the "torch." prefix).
@@ -135,7 +137,7 @@ def strip_metadata(source: str) -> str:
     (blank lines inside a string are part of the program); where the literal stood, the blank
     lines around it close up to one. A source that does not parse is returned unchanged."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return source
     lines = source.splitlines(keepends=True)
@@ -153,7 +155,7 @@ def strip_metadata(source: str) -> str:
 def _read_metadata(source: str, origin: str) -> dict[str, Any]:
     """Validate the KernelBench contract on the AST and read the KERNELRL literal."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError as exc:
         raise TaskError(
             f"{origin}: task source does not parse: line {exc.lineno}: {exc.msg}"

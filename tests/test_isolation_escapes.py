@@ -30,7 +30,8 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.sandbox import cgroups
-from kernelrl.env.sandbox.processes import Child, ChildPool
+from kernelrl.env.sandbox.child_process import Child
+from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.task import load_task
 from kernelrl.env.timing import TimingConfig

@@ -99,8 +99,16 @@ def test_broken_task_fails_its_future_only(pool: LocalPool) -> None:
     assert futures[1].result().status is Status.CORRECT
 
 
-def test_submit_blocks_when_queue_is_full() -> None:
+def test_submit_blocks_when_queue_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
     with LocalPool(EvalConfig(device="cpu", timeout_s=60), workers=1, max_pending=1) as small:
+        (evaluator,) = small.evaluators
+        evaluate, released = evaluator.evaluate, threading.Event()
+
+        def held_evaluate(*args, **kwargs):  # an evaluation lasts until the test says so
+            released.wait(120)
+            return evaluate(*args, **kwargs)
+
+        monkeypatch.setattr(evaluator, "evaluate", held_evaluate)
         submitted = threading.Event()
 
         def flood() -> None:
@@ -110,6 +118,7 @@ def test_submit_blocks_when_queue_is_full() -> None:
         thread = threading.Thread(target=flood)
         thread.start()
         assert not submitted.wait(0.5), "submit of 4 returned at once with max_pending=1"
+        released.set()
         thread.join(timeout=120)
         assert submitted.is_set()
 

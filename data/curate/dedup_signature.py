@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelrl.env.python_syntax import parse_python
 from kernelrl.env.task import strip_metadata
 
 CONTRACT = {"Model", "ModelNew", "forward", "__init__", "get_inputs", "get_init_inputs"}
@@ -274,7 +275,7 @@ def _hash(text: str) -> str:
 def signature(source: str) -> Signature:
     """The dedup signals of a task's source; a source that does not parse is its own text."""
     try:
-        tree = ast.parse(strip_metadata(source))
+        tree = parse_python(strip_metadata(source))
     except SyntaxError:
         text = " ".join(source.split())
         digest = _hash(text)

@@ -13,6 +13,7 @@ import ast
 from collections.abc import Sequence
 
 from kernelrl.env.integrity.vocabulary import ALLOCATION_OPS
+from kernelrl.env.python_syntax import parse_python
 
 _CATEGORY_OPS: dict[str, tuple[str, ...]] = {
     "matmul": (
@@ -320,7 +321,7 @@ def _call_name(func: ast.expr) -> str | None:
 def task_ops(source: str) -> list[str]:
     """Operator names the task's computation uses (sorted, distinct), from its AST."""
     try:
-        tree = ast.parse(source)
+        tree = parse_python(source)
     except SyntaxError:
         return []
     ops: set[str] = set()

@@ -30,7 +30,8 @@ import torch
 from kernelrl.env.admission import GpuMemoryBudget, plan_for
 from kernelrl.env.evaluator import resolve_device
 from kernelrl.env.reference import device_name
-from kernelrl.env.sandbox.processes import Child, ChildDied, ChildPool
+from kernelrl.env.sandbox.child_process import Child, ChildDied
+from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandbox.session import SandboxSession, reference_as_solution
 from kernelrl.env.task import Task
 

@@ -23,6 +23,7 @@ from kernelrl.env.integrity.names import (
 )
 from kernelrl.env.integrity.vocabulary import is_passive_layer
 from kernelrl.env.parse import is_cpp_extension_call, triton_kernels
+from kernelrl.env.python_syntax import parse_python
 
 _CONTAINER_CALLS = frozenset(
     {"dict", "list", "set", "tuple", "sorted", "frozenset", "str", "defaultdict", "OrderedDict"}
@@ -61,7 +62,7 @@ class SolutionAnalysis:
     """Everything the checks share, computed once: names, kernels, classes, forward path."""
 
     def __init__(self, source: str, backend: str) -> None:
-        self.tree = ast.parse(source)
+        self.tree = parse_python(source)
         self.backend = backend
         self.names = Names(self.tree)
         self.aliases = self.names.aliases

@@ -14,7 +14,7 @@ The worker makes the cgroup under its own and names it to the child in ``CGROUP_
 joins it itself (``join``) before it forks anything (``isolation``), so every process it ever
 starts is inside. Where no cgroup v2 hierarchy is writable (a container without cgroup
 delegation, a kernel older than 5.14 without ``cgroup.kill``) the worker passes the reason in
-``UNAVAILABLE_ENV`` instead and ``processes.Child`` reaches the processes by signals.
+``UNAVAILABLE_ENV`` instead and ``child_process.Child`` reaches the processes by signals.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The sandboxed child: the only process that ever executes a generated solution.
 
-Started by the worker ahead of time (``python -m kernelrl.env.sandbox.child stdin PARENT_PID``,
-its protocol socket as standard input) so that interpreter start, ``import torch``, the CUDA
-context and CUPTI are paid while another evaluation runs. It then waits for exactly one job,
+Forked by the worker's fork server (``sandbox.zygote``, which has imported this module) or
+started on its own (``python -m kernelrl.env.sandbox.child stdin PARENT_PID``), its protocol
+socket as standard input, ahead of time, so that ``import torch``, the CUDA context and CUPTI
+are paid while another evaluation runs. It then waits for exactly one job,
 serves it call by call as the worker asks (``job``), and exits: no state survives from one
 solution to the next. Everything it reports goes through the socket; the worker decides every
 verdict itself and believes none of the child's claims that it can check on its own side.
@@ -169,6 +170,18 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def run_forked(parent_pid: int) -> None:
+    """Entry of a child forked by the fork server, which imported all of the above: the same
+    isolation, at the same point (before any thread or solution), then ``main``."""
+    global NETWORK, ISOLATION, _IMPORT_STARTED
+    from kernelrl.env.sandbox.isolation import isolate
+
+    _IMPORT_STARTED = time.perf_counter()
+    isolation = isolate(parent_pid)
+    NETWORK, ISOLATION = isolation.network, isolation.describe()
+    main()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kernelrl.env.compare import DTYPES
-from kernelrl.env.sandbox.processes import Child
+from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.protocol import CHUNK_BYTES, TASK_MODULE
 
 

@@ -1,0 +1,287 @@
+"""A sandboxed child seen from the worker: feeding it, watching its clock and memory, pausing
+and killing every process it has, and saying how it ended."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernelrl.env.sandbox import cgroups
+from kernelrl.env.sandbox.fork_server import ForkedProcess
+from kernelrl.env.sandbox.protocol import (
+    ProtocolError,
+    recv_exactly_into,
+    recv_message,
+    send_message,
+)
+
+
+def _run_state(pid: int) -> tuple[str, int] | None:
+    """State of ``pid`` and how many times it has been switched out (voluntary and not); None
+    if it is gone. The count moves whenever the process runs, however briefly."""
+    state, switches = "", 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                    switches += int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (state, switches) if state else None
+
+
+def _wait_gone(pids: list[int], wait_s: float) -> None:
+    """Until none of ``pids`` runs any more (gone, or a zombie that holds nothing)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        states = [_run_state(pid) for pid in pids]
+        if all(state is None or state[0] in "ZX" for state in states):
+            return
+        time.sleep(0.005)
+
+
+class ChildDied(RuntimeError):
+    """The child ended without answering; ``describe`` says how. ``ours``: it was killed by a
+    failure on our side (its fork server died), not by anything the solution did."""
+
+    def __init__(self, description: str, timed_out: bool = False, ours: bool = False) -> None:
+        super().__init__(description)
+        self.timed_out = timed_out
+        self.ours = ours
+
+
+@dataclass(eq=False)  # a process handle: equal only to itself, hashable
+class Child:
+    process: ForkedProcess | subprocess.Popen
+    sock: socket.socket
+    scratch: Path
+    started: float
+    ready_info: dict[str, Any] = field(default_factory=dict)
+    killed_for: str = ""
+    cgroup: cgroups.Cgroup | None = None  # where the host allows one (sandbox.cgroups)
+    _stopped_by_signals: bool = field(default=False, init=False, repr=False)
+
+    def send(self, message: dict[str, Any]) -> None:
+        send_message(self.sock, message)
+
+    def receive(self, deadline: float, max_rss_bytes: int | None = None) -> dict[str, Any]:
+        """Next message, watching the clock and the child's memory while waiting."""
+        self._wait_readable(deadline, max_rss_bytes)
+        try:
+            return recv_message(self.sock)
+        except (EOFError, ConnectionError):
+            raise self.died() from None
+        except ProtocolError as exc:
+            self.kill("protocol")
+            raise ChildDied(f"sent a malformed message ({exc})") from None
+
+    def receive_into(
+        self, buffer: memoryview, deadline: float, max_rss_bytes: int | None = None
+    ) -> None:
+        """Raw bytes that follow a message (a tensor's chunk), under the same watch."""
+        self._wait_readable(deadline, max_rss_bytes)
+        self.sock.settimeout(max(deadline - time.monotonic(), 0.05))
+        try:
+            recv_exactly_into(self.sock, buffer)
+        except TimeoutError:
+            self.kill("timeout")
+            raise ChildDied("exceeded the time limit and was killed", timed_out=True) from None
+        except (EOFError, ConnectionError):
+            raise self.died() from None
+        finally:
+            self.sock.settimeout(None)
+
+    def _wait_readable(self, deadline: float, max_rss_bytes: int | None) -> None:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill("timeout")
+                raise ChildDied("exceeded the time limit and was killed", timed_out=True)
+            readable, _, _ = select.select([self.sock], [], [], min(remaining, 0.2))
+            if readable:
+                return
+            if self.process.poll() is not None:
+                raise self.died()
+            if max_rss_bytes and self.rss_bytes() > max_rss_bytes:
+                self.kill("memory")
+                raise ChildDied(
+                    f"exceeded the host memory limit of {max_rss_bytes / 2**30:.1f} GiB"
+                )
+
+    def _tree(self) -> list[int]:
+        """The child's process and all its descendants: with a PID namespace the process we
+        started is a thin waiter and the solution runs two levels below it
+        (sandbox.isolation)."""
+        found, pending = [], [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            if pid in found:
+                continue
+            found.append(pid)
+            with contextlib.suppress(OSError, ValueError):
+                for tasks in os.scandir(f"/proc/{pid}/task"):
+                    with open(f"{tasks.path}/children") as children:
+                        pending.extend(int(c) for c in children.read().split())
+        return found
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the child's processes together, whatever the solution forked."""
+        total = 0
+        for pid in self._tree():
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+        return total
+
+    def died(self) -> ChildDied:
+        description = self.describe_exit()
+        return ChildDied(description, ours=getattr(self.process, "lost_with_server", False))
+
+    def describe_exit(self) -> str:
+        try:
+            code = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill("hung after closing its channel")
+            return "closed its channel and hung; killed"
+        if self.killed_for == "memory":
+            return "exceeded the memory limit and was killed"
+        if self.killed_for == "start timeout":
+            return "did not finish its start in time and was killed"
+        if getattr(self.process, "lost_with_server", False):
+            return "was killed because its fork server died (a failure of the sandbox)"
+        if code < 0:
+            name = signal.Signals(-code).name
+            meaning = {
+                "SIGSEGV": "segmentation fault",
+                "SIGBUS": "bus error",
+                "SIGABRT": "aborted",
+                "SIGKILL": "killed (out of memory?)",
+                "SIGXCPU": "CPU time limit exceeded",
+                "SIGXFSZ": "file size limit exceeded",
+                "SIGFPE": "arithmetic fault",
+                "SIGILL": "illegal instruction",
+            }.get(name, "terminated by a signal")
+            return f"crashed with {name} ({meaning})"
+        return f"exited with code {code} before reporting a result"
+
+    def output_tail(self, limit: int = 1500) -> str:
+        try:
+            text = (self.scratch / "child.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[-limit:]
+
+    def _contained(self) -> bool:
+        """Whether the child's cgroup holds it, and so everything it started."""
+        return self.cgroup is not None and self.cgroup.holds(self.process.pid)
+
+    def pause(self, wait_s: float = 1.0) -> None:
+        """Stop every process of the child, whatever it did to its session or group, so that
+        it launches no GPU work while another evaluation is measured; returns once all are
+        stopped, or after ``wait_s``.
+
+        Its cgroup is frozen where the host allows one: the kernel stops all members at once.
+        Otherwise (or before the child has joined its cgroup, while it runs only our code)
+        each process of the child's tree gets SIGSTOP: with a PID namespace that tree is the
+        whole namespace, since the namespace's init inherits every orphan (double fork)."""
+        if self.process.poll() is not None:
+            return
+        if self._contained():
+            assert self.cgroup is not None
+            with contextlib.suppress(OSError):
+                self.cgroup.freeze(wait_s)
+                return
+        self._stopped_by_signals = True
+        self._stop_all(wait_s)
+
+    def _stop_all(self, wait_s: float) -> None:
+        """SIGSTOP to every process of the tree until two walks in a row find the same
+        processes, all stopped, none of which ran in between: a process forked or woken
+        (SIGCONT from a sibling) during a walk shows in the next one and is stopped again."""
+        deadline = time.monotonic() + wait_s
+        previous: dict[int, tuple[str, int]] | None = None
+        while self.process.poll() is None:
+            seen: dict[int, tuple[str, int]] = {}
+            for pid in self._tree():
+                state = _run_state(pid)
+                if state is None:
+                    continue
+                if state[0] not in "TtZX":
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGSTOP)
+                seen[pid] = state
+            stopped = all(state in "TtZX" for state, _ in seen.values())
+            if (stopped and seen == previous) or time.monotonic() >= deadline:
+                return
+            previous = seen if stopped else None
+            time.sleep(0.002)
+
+    def resume(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.thaw()
+        if self._stopped_by_signals:
+            self._stopped_by_signals = False
+            self._signal_all(signal.SIGCONT)
+
+    def _signal_all(self, sig: signal.Signals) -> None:
+        """``sig`` to the child's process group and to every process of its tree, the child's
+        own process included: a forked child is nobody's group leader until its first step
+        (setsid) has run, and one stopped before that would never be continued."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                self.process.send_signal(sig)
+        for pid in self._tree()[1:]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def paused(self) -> bool:
+        """Whether every process of the child is stopped now (frozen, or in state T)."""
+        if self._contained():
+            assert self.cgroup is not None
+            return self.cgroup.frozen()
+        states = [_run_state(pid) for pid in self._tree()]
+        return all(state[0] in "TtZX" for state in states if state)
+
+    def kill(self, reason: str = "") -> None:
+        """SIGKILL to every process of the child: its cgroup (all of it at once), its process
+        group and its tree (the PID namespace's init among them, whose death ends the rest).
+        The process we started dies by SIGKILL, which ``describe_exit`` reports as today."""
+        self.killed_for = self.killed_for or reason
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.kill()
+        if self.process.poll() is None:
+            members = self._tree()[1:]
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+            for pid in members:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            _wait_gone(members, 10)  # the namespace's teardown outlasts the waiter's death
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def close(self) -> None:
+        """Kill what is left of the child and remove all it had: its cgroup (once every
+        member is gone) and its scratch directory."""
+        self.kill()
+        if self.cgroup is not None:
+            cgroups.release(self.cgroup)
+        self.sock.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,0 +1,149 @@
+"""Starting sandbox children: forked by this worker's fork server (``fork_server``, ``zygote``),
+or each on its own interpreter with ``KERNELRL_SANDBOX_SPAWN=exec``; always with an environment
+of their own and nothing of the worker's."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kernelrl.env.sandbox import cgroups
+from kernelrl.env.sandbox.child_process import Child
+from kernelrl.env.sandbox.fork_server import ForkServer
+
+# Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
+_PASSED_ENV = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "LD_LIBRARY_PATH",
+    "TRITON_PTXAS_PATH",
+)
+
+
+def _scratch_root() -> str | None:
+    """tmpfs when it has room: outputs travel through files there."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and shutil.disk_usage(shm).free > 8 * 1024**3:
+            return str(shm)
+    except OSError:
+        pass
+    return None
+
+
+_spawner: tuple[int, ThreadPoolExecutor] | None = None
+_spawner_lock = threading.Lock()
+
+
+def spawn_child(device: str, gpu_index: int | None) -> Child:
+    """A new child, forked by this process's one spawner thread.
+
+    The child asks the kernel for SIGKILL when the thread that forked it ends
+    (``PR_SET_PDEATHSIG`` is per thread, not per process): forked by an evaluation's thread, a
+    child would die with that thread. The spawner thread lives until the process exits."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # a forked process starts its own
+            _spawner = (os.getpid(), ThreadPoolExecutor(1, "kernelrl-sandbox-spawner"))
+        spawner = _spawner[1]
+    return spawner.submit(_spawn_child, device, gpu_index).result()
+
+
+def _child_env(device: str, gpu_index: int | None, home: Path) -> dict[str, str]:
+    env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
+    env.update(
+        HOME=str(home),
+        TMPDIR=str(home),
+        TRITON_CACHE_DIR=str(home / "triton"),
+        TORCH_EXTENSIONS_DIR=str(home / "torch_extensions"),
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONUNBUFFERED="1",
+        KERNELRL_DEVICE=device,
+        OMP_NUM_THREADS="1",
+    )
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu_index if gpu_index is not None else 0)
+    return env
+
+
+SPAWN_ENV = "KERNELRL_SANDBOX_SPAWN"
+_fork_servers: dict[tuple[int, str, int | None], ForkServer] = {}
+
+
+def _fork_server(device: str, gpu_index: int | None) -> ForkServer:
+    """This process's fork server for the device, started (again) when there is none alive.
+    It has the children's environment, its own scratch directory as their home."""
+    key = (os.getpid(), device, gpu_index)
+    server = _fork_servers.get(key)
+    if server is None or not server.alive():
+        if server is not None:
+            server.close()
+        home = Path(tempfile.mkdtemp(prefix="kernelrl-zygote-", dir=_scratch_root()))
+        atexit.register(shutil.rmtree, home, True)
+        server = _fork_servers[key] = ForkServer(_child_env(device, gpu_index, home), home)
+    return server
+
+
+def _exec_child(scratch: Path, env: dict[str, str], channel: socket.socket, log: int) -> Any:
+    """A child started on its own interpreter: what the fork server saves (its imports), kept
+    to measure that saving side by side and as the way round a host where forking fails."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kernelrl.env.sandbox.child", "stdin", str(os.getpid())],
+        cwd=scratch,
+        env=env,
+        stdin=channel,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: a kill takes all it spawned
+    )
+
+
+def _spawn_child(device: str, gpu_index: int | None) -> Child:
+    """Children come from the fork server unless ``KERNELRL_SANDBOX_SPAWN=exec``."""
+    start = (
+        _exec_child if os.environ.get(SPAWN_ENV) == "exec" else _fork_server(device, gpu_index).fork
+    )
+    scratch = Path(tempfile.mkdtemp(prefix="kernelrl-sbx-", dir=_scratch_root()))
+    parent_sock, child_sock = socket.socketpair()
+    env = _child_env(device, gpu_index, scratch)
+    cgroup, why_not = cgroups.make()
+    if cgroup is not None:
+        env[cgroups.CGROUP_ENV] = str(cgroup.path)
+    else:
+        env[cgroups.UNAVAILABLE_ENV] = why_not
+    log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
+    try:
+        process = start(scratch, env, child_sock, log.fileno())
+    except BaseException:
+        if cgroup is not None:
+            cgroups.release(cgroup)
+        parent_sock.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    finally:
+        log.close()
+        child_sock.close()
+    return Child(
+        process=process,
+        sock=parent_sock,
+        scratch=scratch,
+        started=time.monotonic(),
+        cgroup=cgroup,
+    )
