@@ -37,6 +37,12 @@ GOOD = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
 HANG = (DYNAMIC / "timeout__infinite_loop.py").read_text()
 SEGFAULT = (DYNAMIC / "runtime_error__segfault.py").read_text()
 OS_EXIT = (DYNAMIC / "runtime_error__os_exit.py").read_text()
+# The same kernel, slow to build: keeps its slot busy for seconds, so that a test can see work
+# in flight or queued (forked sandbox children evaluate GOOD in a fraction of a second).
+SLOW_GOOD = "import time\n" + GOOD.replace(
+    "        super().__init__()\n", "        super().__init__()\n        time.sleep(3)\n", 1
+)
+assert SLOW_GOOD.count("time.sleep(3)") == 1
 # Kills the process that started its sandbox child: the worker actor itself.
 KILLER = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n" + GOOD
 # A task whose module refuses to load inside the sandbox (where KERNELRL_DEVICE is set) but
@@ -166,7 +172,7 @@ def test_a_harness_error_is_evaluated_once_more_and_never_cached(
 
 
 def test_hanging_and_crashing_solutions_do_not_stall_the_batch(pool: RayPool) -> None:
-    goods = [variant(GOOD, f"mixed {i}") for i in range(3)]
+    goods = [variant(SLOW_GOOD, f"mixed {i}") for i in range(3)]
     solutions = [HANG, goods[0], SEGFAULT, goods[1], OS_EXIT, goods[2]]
     started = time.monotonic()
     futures = pool.submit([RELU] * len(solutions), solutions)
@@ -215,7 +221,7 @@ def test_killed_workers_lose_no_evaluation_and_count_none_twice(
     rows_before = store.count()
     stats_before = pool.stats()
     pids_before = [w["pid"] for w in worker_states(pool)]
-    solutions = [variant(GOOD, f"kill {i}") for i in range(6)]
+    solutions = [variant(SLOW_GOOD, f"kill {i}") for i in range(6)]
     futures = cached.submit([RELU] * len(solutions), solutions)
 
     # Mid-batch, while both have work: worker 0 is killed and restarted by Ray, worker 1 is
@@ -270,7 +276,7 @@ def test_results_store_serves_repeats_and_shares_reference_timings(
     store = ResultsStore(store_path)
     cached = CachedPool(pool, store)
     submitted = pool.stats()["submitted"]
-    repeat = variant(GOOD, "kill 0")  # evaluated in the kill test
+    repeat = variant(SLOW_GOOD, "kill 0")  # evaluated in the kill test
     fresh = variant(GOOD, "cache fresh")
     results = cached.evaluate([RELU] * 4, [repeat, fresh, fresh, repeat])
     assert [r.status for r in results] == [Status.CORRECT] * 4
@@ -297,7 +303,7 @@ def test_status_snapshot_and_close(pool: RayPool) -> None:
     assert stats["queued"] == 0 and stats["in_flight"] == 0
     assert stats["completed"] == stats["submitted"]
     assert stats["throughput_per_s"] > 0 and stats["device_name"] == pool.device_name
-    goods = pool.submit([RELU] * 2, [variant(GOOD, f"close {i}") for i in range(2)])
+    goods = pool.submit([RELU] * 2, [variant(SLOW_GOOD, f"close {i}") for i in range(2)])
     (hung,) = pool.submit([RELU], [variant(HANG, "close")])
     wait_until(lambda: pool.stats()["in_flight"] == 3, pool=pool)
     started = time.monotonic()

@@ -19,7 +19,7 @@ import types
 from typing import Any
 
 from kernelrl.env.integrity.forbidden import INTROSPECTION_ATTRIBUTES
-from kernelrl.env.python_syntax import parse_python
+from kernelrl.env.python_syntax import parse_source_of
 
 # Modules a solution may import or reach, each with the members it may use: ``None`` means any
 # public member (pure compute or type namespaces), a set lists the members one by one.
@@ -286,7 +286,6 @@ def library_object_attributes() -> frozenset[str]:
     ``self``, and ``torch.library``'s op objects. Writing one of these anywhere but on the
     solution's own ``self`` changes what a launch runs (``reference_checks``)."""
     import ast
-    import inspect
 
     from triton.runtime.autotuner import Autotuner, Heuristics
     from triton.runtime.jit import JITFunction
@@ -308,7 +307,7 @@ def library_object_attributes() -> frozenset[str]:
     for cls in {base for owner in classes for base in owner.__mro__ if base is not object}:
         names.update(name for name in dir(cls) if not name.startswith("_"))
         try:
-            tree = parse_python(inspect.getsource(cls).lstrip())
+            tree = parse_source_of(cls)
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
         for node in ast.walk(tree):
