@@ -28,10 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernelrl.env.backends import BACKENDS, get_backend
 from kernelrl.env.parse import FormatError, strip_reasoning
 from kernelrl.env.task import Task, strip_metadata
-
-BACKEND_NAMES = {"triton": "Triton", "cuda": "CUDA"}
 
 # The system message of RL task rows (``kernelrl train``, ``kernelrl curate``).
 SYSTEM = (
@@ -147,6 +146,8 @@ class ModelNew(nn.Module):
 ''',
 }
 
+# Per registered backend (``env/backends.py``): how its kernels are written, and the one-shot
+# solution above.
 _HOW = {
     "triton": "Triton kernels (``@triton.jit`` functions launched from ``forward``)",
     "cuda": "CUDA kernels embedded inline with ``torch.utils.cpp_extension.load_inline``",
@@ -228,7 +229,7 @@ class PromptBuilder:
         return builder
 
     def _values(self, source: str) -> dict[str, str]:
-        name = BACKEND_NAMES[self.backend]
+        name = get_backend(self.backend).display_name
         example_solution = EXAMPLE_SOLUTIONS[self.backend].strip()
         values = {
             "backend_name": name,
@@ -288,5 +289,5 @@ def prompt_builders(
         backend: PromptBuilder.from_file(
             template_path, backend=backend, one_shot=one_shot, system_prompt=system or ""
         )
-        for backend in BACKEND_NAMES
+        for backend in BACKENDS
     }

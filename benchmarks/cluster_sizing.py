@@ -3,7 +3,7 @@ environment GPUs to give it.
 
     python benchmarks/cluster_sizing.py --recipe recipes/qwen3-14b/trloo/drkernel_14b.yaml \
         --train-gpus 16 --gen-gpus 8 --env-gpus 1 2 4 8 16
-    python benchmarks/cluster_sizing.py --validate benchmarks/results/h100_throughput_v3/throughput.jsonl
+    python benchmarks/cluster_sizing.py --validate benchmarks/results/h100_fork_server/suite_5_repeats.jsonl.gz
 
 Why a model: a step of Dr. Kernel's recipe makes hundreds of evaluations per turn, and whether
 generation, the environment or the update sets the step time decides how a cluster is split.
@@ -21,6 +21,7 @@ and KernelBench-sized ones (inputs of GiBs) are measured separately.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -29,10 +30,10 @@ from pathlib import Path
 
 import yaml
 
-# Measured on one H100 80GB HBM3 host (16 cores), issue 27, benchmarks/results/h100_throughput_v3:
-SMALL_EVALS_PER_MIN = 55.1  # bundled suite, new kernels, reference timings cached
-SMALL_LATENCY_S = 7.64  # median end-to-end evaluation, same run
-LARGE_EVALS_PER_MIN = 7.9  # KernelBench published sizes, first repeat (12 of 16 in 91 s)
+# Measured on one H100 80GB HBM3 host (16 cores), issue 27, benchmarks/results/h100_fork_server:
+SMALL_EVALS_PER_MIN = 80.0  # bundled suite, new kernels, reference timings cached
+SMALL_LATENCY_S = 4.41  # median end-to-end evaluation, same run
+LARGE_EVALS_PER_MIN = 7.45  # KernelBench published sizes, first repeat (16 of 16, two calls)
 # Published: vLLM (baseline, no tuning) serving Qwen3-14B on H100, ShareGPT, total tokens/s,
 # GPUStack performance lab, https://docs.gpustack.ai/latest/performance-lab/qwen3-14b/h100
 VLLM_TOKENS_PER_S_PER_GPU = 6595.66
@@ -133,7 +134,8 @@ def recommend_env_gpus(recipe: Recipe, cluster: Cluster, mean_turn_tokens: float
 def validate(jsonl: str, calibrate_share: float = 0.4) -> dict:
     """The environment part against a measured run on one GPU: the rate calibrated on the
     first evaluations of the warm pass (by completion time) predicts how long the rest took."""
-    results = [json.loads(line) for line in Path(jsonl).read_text().splitlines() if line]
+    with (gzip.open if jsonl.endswith(".gz") else open)(jsonl, "rt") as f:
+        results = [json.loads(line) for line in f if line.strip()]
     tasks = len({r["task_id"] for r in results})
     warm = results[tasks:] if len(results) > tasks else results  # pass 1 is one per task
     done = sorted(r["timestamp"] + r["phase_seconds"]["total"] for r in warm)

@@ -106,6 +106,7 @@ def make_sft_data(target: Path, tasks: str = TASKS) -> int:
         task_backend="triton",
         task_filter=tasks,
         task_categories="",
+        task_difficulty="",
         max_tasks=None,
         system_prompt="default",
         prompt_template=None,

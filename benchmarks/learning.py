@@ -27,7 +27,9 @@ One command runs the whole experiment on the 2-core CPU box and writes its numbe
    ``learning.png``, ``summary.json`` and ``table.md``, copied to ``--results``.
 
 Every stage is skipped when its output is complete, so rerunning the command continues an
-interrupted run, across sessions (``--force STAGE`` redoes one). RL continues from its latest
+interrupted run, across sessions (``--force STAGE`` redoes one). ``--replay --force eval_``
+judges the held-out stages' stored completions again, on the environment as it is now (their
+first completions are kept under ``generated/``). RL continues from its latest
 checkpoint, so ``--rl-steps 30 --force rl select_rl eval_rl`` after a shorter run trains on.
 Before each heavy stage the script waits for ``--min-free-gb`` of memory; stage wall times,
 peak RSS and load averages are recorded.
@@ -358,7 +360,14 @@ class Benchmark:
 
     def evaluate(self, stage: str, model: str) -> None:
         folder = self.folders["heldout"]
-        self.run(stage, self.eval_argv(model, folder, self.args.samples, self.out / stage))
+        argv = self.eval_argv(model, folder, self.args.samples, self.out / stage)
+        if self.args.replay:  # the same completions, judged by today's environment
+            generated = self.out / "generated" / f"{stage}.jsonl"
+            if not generated.exists():
+                generated.parent.mkdir(exist_ok=True)
+                shutil.copyfile(self.out / stage / "samples.jsonl", generated)
+            argv += ["--client", "fixed", "--fixed_solutions", str(generated)]
+        self.run(stage, argv)
 
     # ------------------------------------------------------------------ report
     def report(self) -> None:
@@ -417,6 +426,12 @@ def main() -> int:
         "--force", nargs="*", default=[], help="redo the stages whose names start with these"
     )
     parser.add_argument("--stop-after", choices=STAGES, default="report")
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="held-out stages re-judge their stored completions (kernelrl eval --client fixed) "
+        "instead of generating: the same answers on the current environment",
+    )
     args = parser.parse_args()
 
     bench = Benchmark(args)

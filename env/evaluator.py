@@ -19,11 +19,12 @@ from typing import Any
 import torch
 
 from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan, memory_plan
+from kernelrl.env.backends import get_backend, solution_kernel_names
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
 from kernelrl.env.integrity import dynamic_checks
 from kernelrl.env.integrity.static_checks import NOT_HACKS, run_static_checks
-from kernelrl.env.parse import FormatError, extract_solution, solution_kernel_names
+from kernelrl.env.parse import FormatError, extract_solution
 from kernelrl.env.reference import (
     ReferenceRunner,
     ReferenceTimingCache,
@@ -295,7 +296,9 @@ class Evaluator:
                 return
         result.phase_seconds.update({f"child_{k}": v for k, v in report.get("phase", {}).items()})
         result.custom_kernel_launches = (
-            min(evidence.launches) if evidence.launches and task.backend == "triton" else None
+            min(evidence.launches)
+            if evidence.launches and get_backend(task.backend).counts_launches
+            else None
         )
 
         timing_seed = secrets.randbits(31)

@@ -6,10 +6,9 @@ model's final answer, never an earlier draft. When the answer cannot be found or
 the model gets a ``FormatError`` whose message says what was wrong and how to fix it, because
 that message is the feedback of the next turn.
 
-``solution_kernel_names`` tells the harness which GPU kernels are the solution's own, so the
-profiler trace can be split into "work done by the solution's kernels" and "anything else".
-The AST helpers it uses (import resolution, Triton decorator recognition, extraction of the CUDA
-sources handed to ``load_inline``) are shared with ``static_checks``.
+The AST helpers here (import resolution, Triton decorator recognition, extraction of the CUDA
+sources handed to ``load_inline``) find a solution's own kernels for ``backends`` (which the
+profiler trace is split by) and for the integrity checks.
 """
 
 from __future__ import annotations
@@ -359,33 +358,3 @@ def cuda_global_functions(source: str) -> list[str]:
     """Names of the ``__global__`` functions defined in CUDA C++ source (comments ignored)."""
     source = re.sub(r"__launch_bounds__\s*\([^)]*\)", " ", strip_c_comments(source))
     return list(dict.fromkeys(_GLOBAL_FUNCTION.findall(source)))
-
-
-def solution_kernel_names(source: str, backend: str) -> list[str]:
-    """Names of the kernels the solution defines, as the profiler will show them.
-
-    Triton: every function decorated with ``triton.jit`` (with or without autotune/heuristics
-    on top), including ``jit`` device helpers, plus ``fn`` of ``k = triton.jit(fn)``.
-    CUDA: the ``__global__`` functions in the strings passed to ``load_inline``; when none can
-    be followed, those in any string literal of the solution (names are only used to match
-    profiler rows, so a superset does no harm). Unparseable source gives ``[]``.
-    """
-    try:
-        tree = parse_python(source)
-    except (SyntaxError, ValueError):
-        return []
-    aliases = import_aliases(tree)
-    if backend == "triton":
-        return list(dict.fromkeys(triton_kernels(tree, aliases).values()))
-    if backend == "cuda":
-        names: list[str] = []
-        for _, sources in cpp_extension_sources(tree, aliases):
-            for fragments in sources.values():
-                for text, _ in fragments:
-                    names.extend(cuda_global_functions(text))
-        if not names:
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                    names.extend(cuda_global_functions(node.value))
-        return list(dict.fromkeys(names))
-    raise ValueError(f"backend must be 'triton' or 'cuda', got {backend!r}")

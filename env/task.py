@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.env.backends import get_backend
 from kernelrl.env.python_syntax import parse_python
-
-BACKENDS = ("triton", "cuda")
 
 # Default tolerances by output dtype (name as torch prints it without the "torch." prefix).
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
@@ -57,10 +56,10 @@ class Task:
     level: int | None = None
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise TaskError(
-                f"task {self.id}: backend must be one of {BACKENDS}, got {self.backend!r}"
-            )
+        try:
+            get_backend(self.backend)
+        except ValueError as exc:
+            raise TaskError(f"task {self.id}: {exc}") from None
 
     @property
     def hash(self) -> str:

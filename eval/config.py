@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelrl.env.backends import get_backend
 from kernelrl.env.pools import PoolChoice
 
 BENCHMARKS = ("bundled", "kernelbench", "folder", "hf")
@@ -173,8 +174,7 @@ class EvalSweepConfig(PoolChoice):
             raise ValueError(f"benchmark must be one of {BENCHMARKS}, got {self.benchmark!r}")
         if self.client not in CLIENTS:
             raise ValueError(f"client must be one of {CLIENTS}, got {self.client!r}")
-        if self.backend not in ("triton", "cuda"):
-            raise ValueError(f"backend must be triton or cuda, got {self.backend!r}")
+        get_backend(self.backend)
         if self.samples < 1 or self.turns < 1 or self.history_turns < 1:
             raise ValueError("samples, turns and history_turns must be at least 1")
         if self.client == "fixed" and not self.fixed_solutions:

@@ -37,6 +37,7 @@ from pathlib import Path
 from kernelrl.eval.clients import Generation, Request
 
 SOLUTION_SUFFIXES = {".py", ".txt", ".md", ".cu"}
+RECORDED = ("finish_reason", "prompt_tokens", "completion_tokens")
 
 
 class FixedSolutions:
@@ -46,6 +47,9 @@ class FixedSolutions:
         self.task_ids = set(task_ids)
         self.completions: dict[tuple[str, int, int], str] = {}
         self.origins: dict[tuple[str, int, int], str] = {}
+        # What a sweep recorded of how each completion ended (finish_reason, token counts):
+        # replayed, so that a token-limit answer is still one when judged again.
+        self.recorded: dict[tuple[str, int, int], dict] = {}
         self.unmatched: list[str] = []
         for source in sources:
             self._add_source(Path(source))
@@ -59,10 +63,11 @@ class FixedSolutions:
         else:
             raise ValueError(f"fixed solutions: {path} is neither a folder nor a JSONL file")
         offset = {task: self.samples_for(task) for task in {t for t, _, _ in found}}
-        for (task, sample, turn), (text, origin) in found.items():
+        for (task, sample, turn), (text, origin, recorded) in found.items():
             key = (task, offset[task] + sample, turn)
             self.completions[key] = text
             self.origins[key] = origin
+            self.recorded[key] = recorded
 
     def _task_of(self, relative: Path) -> str | None:
         """The task a solution file belongs to, or None; ValueError where two tasks fit."""
@@ -84,8 +89,8 @@ class FixedSolutions:
             )
         return candidates[0] if candidates else None
 
-    def _read_folder(self, folder: Path) -> dict[tuple[str, int, int], tuple[str, str]]:
-        found: dict[tuple[str, int, int], tuple[str, str]] = {}
+    def _read_folder(self, folder: Path) -> dict[tuple[str, int, int], tuple[str, str, dict]]:
+        found: dict[tuple[str, int, int], tuple[str, str, dict]] = {}
         counts: dict[str, int] = defaultdict(int)
         for file in sorted(folder.rglob("*")):
             if not file.is_file() or file.suffix not in SOLUTION_SUFFIXES:
@@ -95,12 +100,12 @@ class FixedSolutions:
             if task is None:
                 self.unmatched.append(str(file))
                 continue
-            found[(task, counts[task], 0)] = (file.read_text(), str(file))
+            found[(task, counts[task], 0)] = (file.read_text(), str(file), {})
             counts[task] += 1
         return found
 
-    def _read_jsonl(self, path: Path) -> dict[tuple[str, int, int], tuple[str, str]]:
-        found: dict[tuple[str, int, int], tuple[str, str]] = {}
+    def _read_jsonl(self, path: Path) -> dict[tuple[str, int, int], tuple[str, str, dict]]:
+        found: dict[tuple[str, int, int], tuple[str, str, dict]] = {}
         next_sample: dict[str, int] = defaultdict(int)
         with path.open() as handle:
             for number, line in enumerate(handle, 1):
@@ -121,7 +126,8 @@ class FixedSolutions:
                 turn = int(row.get("turn", base)) - base
                 sample = int(row["sample"]) if "sample" in row else next_sample[task]
                 next_sample[task] = max(next_sample[task], sample + 1)
-                found[(task, sample, turn)] = (text, f"{path}:{number}")
+                recorded = {k: row[k] for k in RECORDED if row.get(k) is not None}
+                found[(task, sample, turn)] = (text, f"{path}:{number}", recorded)
         return found
 
     # ------------------------------------------------------------------ client interface
@@ -136,8 +142,9 @@ class FixedSolutions:
         answers = []
         for r in requests:
             key = (r.task_id, r.sample, r.turn)
+            recorded = {"finish_reason": "fixed", **self.recorded[key]}
             answers.append(
-                Generation(self.completions[key], "fixed", extra={"origin": self.origins[key]})
+                Generation(self.completions[key], **recorded, extra={"origin": self.origins[key]})
             )
         return answers
 

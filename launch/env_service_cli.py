@@ -29,6 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kernelrl.env.backends import get_backend
 from kernelrl.env.pools import EVALS_PER_GPU
 from kernelrl.launch.recipe import add_recipe_command, parse_recipe
 
@@ -101,8 +102,7 @@ class EnvServiceConfig:
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
-        if self.backend not in ("triton", "cuda"):
-            raise ValueError(f"backend must be triton or cuda, got {self.backend!r}")
+        get_backend(self.backend)
         if self.detach and not self.address:
             raise ValueError(
                 "detach needs an address: a local Ray instance ends with `kernelrl env serve`"

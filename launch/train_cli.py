@@ -77,6 +77,9 @@ def _select(rows: list[dict[str, Any]], args: Any) -> list[dict[str, Any]]:
     if args.task_categories:
         wanted = {c.strip() for c in args.task_categories.split(",") if c.strip()}
         rows = [r for r in rows if r.get("category") in wanted]
+    if args.task_difficulty:
+        wanted = {d.strip() for d in args.task_difficulty.split(",") if d.strip()}
+        rows = [r for r in rows if r.get("difficulty") in wanted]
     if args.max_tasks is not None:
         rows = rows[: args.max_tasks]
     if not rows:

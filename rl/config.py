@@ -166,6 +166,12 @@ class KernelGRPOConfig(GRPOConfig):
     task_categories: str = field(
         default="", metadata={"help": "comma-separated categories to keep (default: all)"}
     )
+    task_difficulty: str = field(
+        default="",
+        metadata={
+            "help": "comma-separated difficulty tags to keep (easy, medium, hard; default: all)"
+        },
+    )
     max_tasks: int | None = field(default=None, metadata={"help": "keep the first N tasks"})
     task_backend: str = field(default="triton", metadata={"help": "triton or cuda"})
     prompt_template: str | None = field(

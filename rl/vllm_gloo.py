@@ -25,6 +25,7 @@ embedding layers' processing, as the colocated sync does.
 from __future__ import annotations
 
 import datetime
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +36,17 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-from vllm.logger import init_logger
 
-logger = init_logger(__name__)
+# Its own handler: the server runs vLLM's server module, not vLLM's CLI, and in that process no
+# logging is configured, so an INFO line through vLLM's or the root logger would be dropped. The
+# weight-update line is how a person (and the topology test) sees the server follow training.
+logger = logging.getLogger("kernelrl.vllm_gloo")
+if not logger.handlers:
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 BACKEND = "gloo"
 WORKER_EXTENSION = "kernelrl.rl.vllm_gloo.GlooWorkerExtension"

@@ -42,6 +42,7 @@ from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import Status
 from kernelrl.env.store import ResultsStore
 from kernelrl.env.task import task_from_source
+from kernelrl.eval.clients import Request
 from kernelrl.eval.config import EvalSweepConfig
 from kernelrl.eval.estimators import StatsConfig
 from kernelrl.eval.fixed import FixedSolutions
@@ -464,3 +465,27 @@ def test_kernelbench_levels_1_to_3_are_all_covered(tmp_path: Path) -> None:
     categories = summary["views"]["last"]["categories"]
     assert sum(v["tasks"] for v in categories.values()) == 250
     assert "uncategorized" not in categories
+
+
+def test_a_replayed_sweep_keeps_how_each_completion_ended(tmp_path: Path) -> None:
+    """Judged again, an answer cut at max_tokens is still a token-limit answer."""
+    rows = [
+        {"task_id": "a", "sample": 0, "turn": 1, "turn_base": 1, "completion": "x",
+         "finish_reason": "length", "prompt_tokens": 10, "completion_tokens": 768},
+        {"task_id": "a", "sample": 1, "turn": 1, "turn_base": 1, "completion": "y",
+         "finish_reason": "stop", "completion_tokens": None},
+    ]  # fmt: skip
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "folder" / "a").mkdir(parents=True)
+    (tmp_path / "folder" / "a" / "one.py").write_text("z")
+    fixed = FixedSolutions([tmp_path / "samples.jsonl", tmp_path / "folder"], ["a"])
+    requests = [Request(task_id="a", sample=s, turn=0, messages=[], seed=0) for s in range(3)]
+    cut, stopped, from_folder = fixed.generate(requests)
+    assert (cut.text, cut.finish_reason, cut.prompt_tokens, cut.completion_tokens) == (
+        "x",
+        "length",
+        10,
+        768,
+    )
+    assert (stopped.finish_reason, stopped.completion_tokens) == ("stop", None)
+    assert (from_folder.text, from_folder.finish_reason) == ("z", "fixed")

@@ -29,6 +29,7 @@ def test_sft_rows_use_the_rl_prompts_and_parse(tmp_path: Path) -> None:
         task_backend="triton",
         task_filter=bench.TASKS,
         task_categories="",
+        task_difficulty="",
         max_tasks=None,
         system_prompt="default",
         prompt_template=None,

@@ -97,3 +97,27 @@ def test_a_mistaken_api_is_a_compile_error_not_a_hack() -> None:
     finally:
         evaluator.close()
     assert result.status is Status.COMPILE_ERROR and "element_count" in result.error
+
+
+def test_an_undefined_name_is_a_compile_error_not_a_hack() -> None:
+    """A name neither bound nor a builtin fails as Python would (a NameError), and costs the
+    solution an honest failure's score, not a hack's; what could bind it dynamically still
+    makes the verdict a violation, and dunder names stay references to be judged."""
+    source = (CORPUS / "pass__constexpr_global.py").read_text()
+    mistaken = source.replace("tl.load(x_ptr + offs, mask=mask), 0.0)", "tl.load(x1 + offs), 0.0)")
+    assert mistaken != source
+    failures = run_static_checks(mistaken, "triton")
+    assert {f.name for f in failures} == {"undefined_name"} and "'x1'" in failures[0].message
+    bound_elsewhere = mistaken + "\nglobals()['x1'] = None\n"
+    assert "forbidden_builtin" in {f.name for f in run_static_checks(bound_elsewhere, "triton")}
+    dunder = source + "\nLOADER = __loader__\n"
+    assert "unlisted_reference" in {f.name for f in run_static_checks(dunder, "triton")}
+    evaluator = Evaluator(EvalConfig(device="cpu", spare_children=0))
+    try:
+        task = load_task(TASKS_DIR / "01_relu.py")
+        result = evaluator.evaluate(task, f"```python\n{mistaken}```\n")
+        hack = evaluator.evaluate(task, f"```python\n{bound_elsewhere}```\n")
+    finally:
+        evaluator.close()
+    assert result.status is Status.COMPILE_ERROR and "NameError" in result.error
+    assert hack.status is Status.INTEGRITY_VIOLATION

@@ -233,3 +233,24 @@ def test_serve_resolves_the_model_and_builds_trls_vllm_command() -> None:
         timeout=300,
     )
     assert bad.returncode == 2 and "error" in bad.stderr
+
+
+def test_task_difficulty_keeps_the_tagged_tasks_only(tmp_path: Path) -> None:
+    """A curriculum from the generator's difficulty tags: only the named tags reach training."""
+    from kernelrl.data.bundled import bundled_tasks
+    from kernelrl.data.schema import make_dataset, task_row
+    from kernelrl.launch.train_cli import build_task_dataset
+
+    rows = [task_row(t, origin="bundled") for t in bundled_tasks("triton")[:6]]
+    for index, row in enumerate(rows):
+        row["difficulty"] = ("easy", "medium", "hard")[index % 3]
+    make_dataset(rows, "tasks").to_parquet(str(tmp_path / "tasks.parquet"))
+    source = ["--tasks", f"parquet:{tmp_path / 'tasks.parquet'}", "--task_filter", ""]
+    flags = [*source, "--task_difficulty", "easy,hard"]
+    args, _ = parse_recipe(["--config", str(SMOKE), *flags])
+    kept = [r["id"] for r in build_task_dataset(args)]
+    assert kept == [r["id"] for r in rows if r["difficulty"] in ("easy", "hard")]
+    with pytest.raises(RecipeError, match="no task matches"):
+        build_task_dataset(
+            parse_recipe(["--config", str(SMOKE), *source, "--task_difficulty", "x"])[0]
+        )

@@ -14,7 +14,8 @@ from rich.console import Console
 
 from kernelrl.data.curate.report import StepReport, log_step, step_progress, timed
 from kernelrl.data.schema import make_dataset, task_row
-from kernelrl.env.task import BACKENDS, TaskError, task_from_source
+from kernelrl.env.backends import get_backend
+from kernelrl.env.task import TaskError, task_from_source
 from kernelrl.prompts import prompt_builders
 
 
@@ -50,10 +51,10 @@ def normalize_tasks(
                 continue
             source = normalize_source(source)
             task_backend = backend or row.get("backend") or "triton"
-            if task_backend not in BACKENDS:
-                report.remove(
-                    record_id, "bad_backend", f"backend {task_backend!r} is not one of {BACKENDS}"
-                )
+            try:
+                get_backend(task_backend)
+            except ValueError as exc:
+                report.remove(record_id, "bad_backend", str(exc))
                 continue
             try:
                 task = task_from_source(source, record_id, task_backend, row.get("level"))

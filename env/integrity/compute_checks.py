@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 
+from kernelrl.env.backends import get_backend
 from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.failure import CheckFailure
 from kernelrl.env.integrity.names import bindings, holder_key, module_of, parent_map
@@ -23,7 +24,6 @@ from kernelrl.env.integrity.vocabulary import (
     is_torch_value,
     torch_op_name,
 )
-from kernelrl.env.parse import cpp_extension_sources, cuda_global_functions
 
 # Methods of Python's own containers and strings: on an object of unknown type they are not
 # tensor compute. Four names are tensor ops too, so they count only on a known container.
@@ -167,54 +167,26 @@ def check_no_custom_kernel(analysis: SolutionAnalysis, ref_ops: set[str]) -> lis
                 "no_custom_kernel", "ModelNew has no forward method, so no kernel can run."
             )
         ]
-    if analysis.backend == "triton":
-        if not analysis.kernels:
-            return [
-                CheckFailure(
-                    "no_custom_kernel",
-                    "No @triton.jit kernel is defined: write the computation as a Triton kernel.",
-                )
-            ]
-        if any(
-            isinstance(node, ast.Call) and analysis.launches_kernel(node)
-            for node in analysis.forward_nodes()
-        ):
-            return []
-        return [
-            CheckFailure(
-                "no_custom_kernel",
-                f"Triton kernels are defined ({', '.join(sorted(set(analysis.kernels.values())))}) "
-                "but none is launched as kernel[grid](...) from ModelNew.forward.",
-                analysis.forward.lineno,
-            )
-        ]
-    kernels = [
-        name
-        for _, sources in cpp_extension_sources(analysis.tree, analysis.names.imports)
-        for fragments in sources.values()
-        for text, _ in fragments
-        for name in cuda_global_functions(text)
-    ]
+    backend = get_backend(analysis.backend)
+    kernels = backend.find_kernels(analysis.tree, analysis.names.imports)
     if not kernels:
         return [
             CheckFailure(
                 "no_custom_kernel",
-                "No __global__ CUDA kernel is passed to load_inline: write the computation as a "
-                "CUDA kernel.",
+                f"No {backend.kernel_form} is defined: write the computation as a "
+                f"{backend.display_name} kernel.",
             )
         ]
-    for node in analysis.forward_nodes():
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and analysis.is_extension(node.func.value)
-        ):
-            return []
+    if any(
+        isinstance(node, ast.Call) and backend.launches(analysis, node)
+        for node in analysis.forward_nodes()
+    ):
+        return []
     return [
         CheckFailure(
             "no_custom_kernel",
-            "CUDA kernels are compiled with load_inline but ModelNew.forward never calls the "
-            "extension.",
+            f"{backend.display_name} kernels are defined ({', '.join(sorted(kernels))}) but none "
+            f"is launched {backend.launch_form} from ModelNew.forward.",
             analysis.forward.lineno,
         )
     ]

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernelrl.env.backends import get_backend
 from kernelrl.env.integrity.vocabulary import is_trivial_gpu_kernel
 
 DYNAMIC_CHECKS: dict[str, str] = {
@@ -92,12 +93,14 @@ def check_calls(
     budget; left out, it is on, the strict side for a caller that does not know the task."""
     violations = check_tampering(evidence.tampered)
     violations += [(flag, DYNAMIC_CHECKS[flag]) for flag in sorted(evidence.flags)]
-    if backend == "triton" and any(n == 0 for n in evidence.launches):
+    spec = get_backend(backend)
+    if spec.counts_launches and any(n == 0 for n in evidence.launches):
         calls = ", ".join(str(n) for n in evidence.launches)
         violations.append(
             (
                 "no_kernel_executed",
-                f"own Triton kernel launches per forward call were [{calls}]; every call must launch one",
+                f"own {spec.display_name} kernel launches per forward call were [{calls}]; "
+                "every call must launch one",
             )
         )
     violations.extend(_aten_fallback(evidence.compute_ops))
@@ -153,7 +156,7 @@ def check_timing_report(
         violations.append(
             ("timing_unconfirmed", f"{reps} timed samples reported from {calls} calls")
         )
-    if backend == "triton" and launches < calls:
+    if get_backend(backend).counts_launches and launches < calls:
         violations.append(
             (
                 "no_kernel_executed",

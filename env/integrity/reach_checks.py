@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 
+from kernelrl.env.backends import BACKENDS, get_backend
 from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.failure import CheckFailure, dedup
 from kernelrl.env.integrity.forbidden import (
@@ -54,20 +55,15 @@ def check_other_compiler(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
                         lineno,
                     )
                 )
-    if analysis.backend == "triton" and cpp_extension_sources(analysis.tree, analysis.aliases):
+    asked = get_backend(analysis.backend)
+    for other in BACKENDS.values():
+        if other is asked or not other.used_by(analysis.tree, analysis.aliases):
+            continue
         failures.append(
             CheckFailure(
                 "other_compiler",
-                "this task asks for Triton kernels, but the solution compiles C++/CUDA with "
-                "torch.utils.cpp_extension.",
-            )
-        )
-    if analysis.backend == "cuda" and analysis.kernels:
-        failures.append(
-            CheckFailure(
-                "other_compiler",
-                "this task asks for CUDA C++ kernels (load_inline), but the solution defines "
-                "Triton kernels.",
+                f"this task asks for {asked.display_name} kernels ({asked.kernel_form}), but the "
+                f"solution uses {other.display_name} ({other.kernel_form}).",
             )
         )
     return dedup(failures)

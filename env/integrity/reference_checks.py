@@ -13,6 +13,7 @@ under the CPU interpreter they run as Python.
 from __future__ import annotations
 
 import ast
+import builtins
 import symtable
 from collections.abc import Iterator
 
@@ -25,6 +26,12 @@ NAME = "unlisted_reference"
 # not define: most likely a mistaken API (``x.stride_bytes``), so it is said as an error in the
 # solution, not as a hack; it never runs either way.
 UNKNOWN_API = "unknown_api"
+# A name looked up among the builtins that Python's builtins do not have and the solution never
+# binds (``r1`` for ``x1``): a NameError when it runs, an honest mistake, so also said as an
+# error in the solution; it never runs either way. Dunder names stay ``unlisted_reference``
+# (``__builtins__``, ``__loader__``: the module's own namespace, not a typo), and any other
+# failure beside it (a ``globals()`` that could bind it) keeps the verdict a violation.
+UNDEFINED_NAME = "undefined_name"
 
 
 def check_unlisted_reference(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
@@ -99,8 +106,19 @@ class _ReferenceChecker:
                 if not symbol.is_referenced() or name in allowed.BUILTINS:
                     continue
                 looked_up_globally = symbol.is_global() or scope.get_type() == "module"
-                if looked_up_globally and name not in module_bound:
+                if not looked_up_globally or name in module_bound:
+                    continue
+                if _is_dunder(name) or hasattr(builtins, name):
                     self.fail(self._first_use(name), f"the builtin {name!r} is not on the list")
+                else:
+                    self.failures.append(
+                        CheckFailure(
+                            UNDEFINED_NAME,
+                            f"name {name!r} is not defined (a NameError when the code runs): "
+                            "define it before use or use the name you meant.",
+                            getattr(self._first_use(name), "lineno", None),
+                        )
+                    )
 
     def _first_use(self, name: str) -> ast.AST:
         for node in ast.walk(self.tree):
@@ -383,6 +401,10 @@ class _ReferenceChecker:
 
 
 _ROOTS = frozenset(name.split(".")[0] for name in allowed.MODULE_MEMBERS)
+
+
+def _is_dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__")
 
 
 def _binds(symbol: symtable.Symbol) -> bool:

@@ -18,6 +18,7 @@ bodies excluded: they are device code).
 | check | rule |
 | --- | --- |
 | ``unknown_api`` | (not a hack: said as ``compile_error``) an attribute that no value a solution works with has and that the solution does not define, on a value whose type is not known |
+| ``undefined_name`` | (not a hack: said as ``compile_error``) a name that is neither bound by the solution nor a Python builtin (nor a dunder): a NameError if it ran |
 | ``unlisted_reference`` | anywhere in the module (kernels, ``__init__`` and module level included), a name, attribute chain, import, builtin, base class, dunder definition or hook keyword that is not on the allow-list (``allowed``): reflection, the harness and any module not listed are out of reach by every spelling |
 | ``no_custom_kernel`` | no kernel of the task's backend is defined, or none is launched on the forward path (directly, through a dispatch table, a variable holding a kernel, or ``wrap_triton(kernel)[grid]``; the body of an op the solution registers with ``torch.library.triton_op``/``custom_op`` is on the forward path, called by name or as ``torch.ops.ns.name``) |
 | ``torch_fallback`` | code that runs outside construction (every function, method and lambda not reached only from ``__init__``; module level, class bodies, decorators) calls or references torch compute (anything outside the glue vocabulary: ``torch.*``, ``F.*``, ``torch.ops.*`` except the solution's own registered ops, ``torch._C.*``, tensor methods), an ``nn`` layer, ``@``, the reference ``Model`` or numpy; or, when the reference only moves data (every op it runs is glue: a ``cat``, a broadcasting ``copy_``, ``permute`` + ``contiguous``), a copying glue op the reference itself uses. Elsewhere casts and layout copies around the solution's kernel are glue: they cost runtime, which is measured (the dynamic ``glue_budget`` limits torch copies by the same rule: only in a data-movement task, bytes copied per call and share of GPU time) |
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kernelrl.env.backends import get_backend
 from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.compute_checks import (
     check_no_custom_kernel,
@@ -50,13 +52,17 @@ from kernelrl.env.integrity.reach_checks import (
     check_other_compiler,
     check_side_stream,
 )
-from kernelrl.env.integrity.reference_checks import UNKNOWN_API, check_unlisted_reference
+from kernelrl.env.integrity.reference_checks import (
+    UNDEFINED_NAME,
+    UNKNOWN_API,
+    check_unlisted_reference,
+)
 from kernelrl.env.integrity.state_checks import check_jit_global, check_output_caching
 
 Check = Callable[[SolutionAnalysis, set[str]], list[CheckFailure]]
 
 # Failures that are mistakes rather than hacks: the evaluator says them as a compile error.
-NOT_HACKS = frozenset({UNKNOWN_API})
+NOT_HACKS = frozenset({UNKNOWN_API, UNDEFINED_NAME})
 
 STATIC_CHECKS: dict[str, Check] = {
     "unlisted_reference": check_unlisted_reference,
@@ -82,8 +88,7 @@ def run_static_checks(
     ops are the task's computation. Unparseable source is not judged here: the sandbox reports
     it as a compile error with Python's own message.
     """
-    if backend not in ("triton", "cuda"):
-        raise ValueError(f"backend must be 'triton' or 'cuda', got {backend!r}")
+    get_backend(backend)  # an unknown backend is the caller's error, not the solution's
     try:
         analysis = SolutionAnalysis(solution_source, backend)
     except (SyntaxError, ValueError):

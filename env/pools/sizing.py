@@ -64,10 +64,10 @@ class Sizing:
 def size_gpu_pool(host: HostResources, per_gpu: int = AUTO) -> Sizing:
     """Slots and spares for one GPU of ``host``.
 
-    Every core should hold a child doing CPU work: half a core's worth of slots per core
-    (a slot's child spends much of its time waiting, for the GPU or for the trusted side's
-    comparison) and one warming child per core (starting a child is pure CPU work for ~9 s,
-    and a slot takes one every ~3 s). Capped so that the children fit in half the host's memory
+    Half a core's worth of slots per core: every child is paused while another evaluation is
+    measured, so more slots lengthen every evaluation and starve the spares, and do not raise
+    throughput (docs/decisions.md, "Pool sizing"). One warming child per core, so that a slot
+    never waits for a ready child. Capped so that the children fit in half the host's memory
     and their CUDA contexts in ``GPU_SHARE`` of the device. An explicit ``per_gpu`` is kept and
     only the spares are sized."""
     cores = max(host.cores // host.gpus, 1)
