@@ -6,8 +6,9 @@ bad recipe gets the same one-line error everywhere, and every recipe command is 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -186,11 +187,45 @@ def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str)
     return parsed
 
 
-def resume_argument(value: str | bool | None) -> str | bool | None:
-    """``resume_from_checkpoint`` as ``Trainer.train`` takes it: a checkpoint folder, True for
-    the latest checkpoint in ``output_dir`` (``true`` / ``latest`` in a recipe), or None."""
-    if isinstance(value, str) and value.lower() in ("true", "latest"):
-        return True
-    if isinstance(value, str) and value.lower() in ("", "false", "none"):
+def resume_argument(
+    value: str | bool | None, output_dir: str, rank_files: Sequence[str] = ()
+) -> str | None:
+    """``resume_from_checkpoint`` as ``Trainer.train`` takes it: a checkpoint folder, or None.
+
+    ``true`` / ``latest`` is the newest *complete* checkpoint in ``output_dir``, not the
+    Trainer's newest folder: a run killed while saving (a rank lost mid-checkpoint) leaves a
+    folder that the Trainer would pick and then fail to read. ``rank_files`` are files every
+    rank writes last into a checkpoint (``{rank}`` in the name)."""
+    if value is True or (isinstance(value, str) and value.lower() in ("true", "latest")):
+        found = last_complete_checkpoint(output_dir, rank_files)
+        if found is None:
+            partial = sorted(p.name for p in Path(output_dir).glob("checkpoint-*"))
+            why = f" ({', '.join(partial)}: left incomplete by a run stopped while saving)"
+            raise RecipeError(
+                f"resume_from_checkpoint={value}: no complete checkpoint in {output_dir}"
+                f"{why if partial else ''}; start again without resume_from_checkpoint"
+            )
+        return found
+    if not value or (isinstance(value, str) and value.lower() in ("false", "none")):
         return None
-    return value or None
+    return str(value)
+
+
+def last_complete_checkpoint(
+    output_dir: str, rank_files: Sequence[str] = (), world_size: int | None = None
+) -> str | None:
+    """The highest-numbered ``checkpoint-N`` holding the Trainer's state (written after the
+    weights and optimizer) and, for every rank (``world_size``, default this run's
+    ``WORLD_SIZE``), its random state and each of ``rank_files``; None when there is none."""
+    world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    folders = [p for p in Path(output_dir).glob("checkpoint-*") if p.name[11:].isdigit()]
+    for folder in sorted(folders, key=lambda p: int(p.name[11:]), reverse=True):
+        names = {p.name for p in folder.iterdir()}
+        per_rank = list(rank_files)
+        if any(n.startswith("rng_state") for n in names):  # absent with save_only_model
+            per_rank.append("rng_state_{rank}.pth" if world > 1 else "rng_state.pth")
+        if "trainer_state.json" in names and all(
+            f.format(rank=r) in names for f in per_rank for r in range(world)
+        ):
+            return str(folder)
+    return None

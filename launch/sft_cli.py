@@ -117,7 +117,9 @@ def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> 
             f" ({training_args.max_length} tokens); raise max_length or shorten the prompts"
         )
     output = trainer.train(
-        resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint)
+        resume_from_checkpoint=resume_argument(
+            training_args.resume_from_checkpoint, training_args.output_dir
+        )
     )
     trainer.save_model(training_args.output_dir)
     summary = {

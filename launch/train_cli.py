@@ -129,7 +129,7 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
 
     from kernelrl.launch.models import resolve_model
     from kernelrl.launch.train_progress import train_callbacks
-    from kernelrl.rl.trainer import KernelGRPOTrainer
+    from kernelrl.rl.trainer import STATE_FILE, KernelGRPOTrainer
 
     _prepare_environment(training_args)
     if training_args.use_vllm:
@@ -164,7 +164,10 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
         peft_config=get_peft_config(model_args),
     )
     try:
-        trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
+        resume = resume_argument(
+            training_args.resume_from_checkpoint, training_args.output_dir, rank_files=[STATE_FILE]
+        )
+        trainer.train(resume_from_checkpoint=resume)
         if training_args.save_strategy != "no":
             trainer.save_model(training_args.output_dir)
     finally:

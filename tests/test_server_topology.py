@@ -291,6 +291,18 @@ def _wait_for(path: Path, process: subprocess.Popen, timeout: float) -> None:
         time.sleep(2)
 
 
+def _wait_for_complete_checkpoint(out: Path, process: subprocess.Popen, timeout: float) -> None:
+    """Until both ranks have finished writing a checkpoint (a folder appears before it is)."""
+    from kernelrl.launch.recipe import last_complete_checkpoint
+    from kernelrl.rl.trainer import STATE_FILE
+
+    deadline = time.monotonic() + timeout
+    while last_complete_checkpoint(str(out), [STATE_FILE], world_size=2) is None:
+        assert process.poll() is None, "the topology ended before a complete checkpoint"
+        assert time.monotonic() < deadline, f"no complete checkpoint in {timeout} s"
+        time.sleep(2)
+
+
 def _background(command: list[str], log: Path) -> subprocess.Popen:
     with open(log, "w") as out:
         return subprocess.Popen(
@@ -396,7 +408,7 @@ def test_generation_server_killed_mid_step_is_one_line_then_resumes(tmp_path: Pa
 def test_trainer_rank_killed_is_one_line_then_resumes(tmp_path: Path) -> None:
     command, out = _topology(tmp_path, server_port=None, train_args=STEPS)
     process = _background(command, tmp_path / "console.log")
-    _wait_for(out / "checkpoint-1", process, 1800)
+    _wait_for_complete_checkpoint(out, process, 1800)  # then rank 1 dies during step 2
     pids = json.loads((tmp_path / "logs" / "pids.json").read_text())
     os.kill(_process_with(pids["trainers"], b"\0RANK=1\0"), signal.SIGKILL)
     code = _finish(process, 600)

@@ -254,3 +254,42 @@ def test_task_difficulty_keeps_the_tagged_tasks_only(tmp_path: Path) -> None:
         build_task_dataset(
             parse_recipe(["--config", str(SMOKE), *source, "--task_difficulty", "x"])[0]
         )
+
+
+def test_latest_is_the_newest_complete_checkpoint(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A rank killed while a checkpoint was being written leaves a folder the Trainer would pick
+    and fail to read (seen in the topology fault test): ``latest`` skips it."""
+    from kernelrl.launch.recipe import resume_argument
+    from kernelrl.rl.trainer import STATE_FILE
+
+    def checkpoint(step: int, *names: str) -> None:
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        for name in ("model.safetensors", *names):
+            (folder / name).write_text("")
+
+    rank_files = [STATE_FILE]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RecipeError, match="no complete checkpoint"):
+        resume_argument("latest", str(tmp_path), rank_files)
+    checkpoint(1, "rng_state_1.pth", "kernelrl_state_1.pt")  # the only one, left mid-save
+    with pytest.raises(RecipeError, match=r"\(checkpoint-1: left incomplete .*start again without"):
+        resume_argument("latest", str(tmp_path), rank_files)
+    every_rank = [
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "kernelrl_state_0.pt",
+        "kernelrl_state_1.pt",
+    ]
+    checkpoint(9, "trainer_state.json", *every_rank)
+    checkpoint(10, "trainer_state.json", *every_rank)
+    checkpoint(11, "rng_state_1.pth", "kernelrl_state_1.pt")  # rank 0 still saving
+    checkpoint(12, "trainer_state.json", "rng_state_0.pth", "kernelrl_state_0.pt")  # rank 1 lost
+    assert resume_argument("latest", str(tmp_path), rank_files) == str(tmp_path / "checkpoint-10")
+    assert resume_argument(True, str(tmp_path), rank_files) == str(tmp_path / "checkpoint-10")
+    named = str(tmp_path / "checkpoint-11")
+    assert resume_argument(named, str(tmp_path), rank_files) == named  # an explicit folder is kept
+    assert resume_argument("false", str(tmp_path)) is None and resume_argument(None, "x") is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    checkpoint(13, "trainer_state.json", "rng_state.pth", "kernelrl_state_0.pt")
+    assert resume_argument("latest", str(tmp_path), rank_files) == str(tmp_path / "checkpoint-13")
