@@ -4,6 +4,7 @@ environment GPUs to give it.
     python benchmarks/cluster_sizing.py --recipe recipes/qwen3-14b/trloo/drkernel_14b.yaml \
         --train-gpus 16 --gen-gpus 8 --env-gpus 1 2 4 8 16
     python benchmarks/cluster_sizing.py --validate benchmarks/results/h100_fork_server/suite_5_repeats.jsonl.gz
+    python benchmarks/cluster_sizing.py --validate-pool ONE_GPU.json TWO_GPUS.json
 
 Why a model: a step of Dr. Kernel's recipe makes hundreds of evaluations per turn, and whether
 generation, the environment or the update sets the step time decides how a cluster is split.
@@ -30,9 +31,12 @@ from pathlib import Path
 
 import yaml
 
-# Measured on one H100 80GB HBM3 host (16 cores), issue 27, benchmarks/results/h100_fork_server:
-SMALL_EVALS_PER_MIN = 80.0  # bundled suite, new kernels, reference timings cached
-SMALL_LATENCY_S = 4.41  # median end-to-end evaluation, same run
+# Measured on one H100 80GB HBM3 host (16 cores), issue 27, benchmarks/results/h100_placement_warmup:
+SMALL_EVALS_PER_MIN = 90.2  # bundled suite, new kernels, reference timings cached
+SMALL_LATENCY_S = 3.84  # median end-to-end evaluation, same run
+# Per-GPU rate of several GPUs sharing one host relative to one GPU alone there (steady state,
+# RayPool, 2 H200s of one 32-core host, 16 cores each: benchmarks/results/ray_pool_gpus).
+MULTI_GPU_EFFICIENCY = 0.83
 LARGE_EVALS_PER_MIN = 7.45  # KernelBench published sizes, first repeat (16 of 16, two calls)
 # Published: vLLM (baseline, no tuning) serving Qwen3-14B on H100, ShareGPT, total tokens/s,
 # GPUStack performance lab, https://docs.gpustack.ai/latest/performance-lab/qwen3-14b/h100
@@ -77,6 +81,7 @@ class Cluster:
     large_evals_per_min: float = LARGE_EVALS_PER_MIN
     large_share: float = 0.0  # share of the tasks at KernelBench's sizes
     eval_latency_s: float = SMALL_LATENCY_S
+    multi_gpu_efficiency: float = MULTI_GPU_EFFICIENCY  # per GPU, when several share a host
     mfu: float = 0.35  # assumed model FLOPs utilisation of the update
 
 
@@ -85,7 +90,8 @@ def env_evals_per_s(cluster: Cluster) -> float:
     per_eval_min = (1 - cluster.large_share) / cluster.small_evals_per_min + (
         cluster.large_share / cluster.large_evals_per_min
     )
-    return cluster.env_gpus / per_eval_min / 60
+    efficiency = cluster.multi_gpu_efficiency if cluster.env_gpus > 1 else 1.0
+    return cluster.env_gpus * efficiency / per_eval_min / 60
 
 
 def predict(
@@ -128,7 +134,8 @@ def recommend_env_gpus(recipe: Recipe, cluster: Cluster, mean_turn_tokens: float
         / (cluster.gen_gpus * cluster.gen_tokens_per_s_per_gpu)
     )
     one = Cluster(**{**cluster.__dict__, "env_gpus": 1})
-    return max(1, math.ceil(recipe.trajectories / (env_evals_per_s(one) * gen_turn)))
+    alone = recipe.trajectories / (env_evals_per_s(one) * gen_turn)
+    return 1 if alone <= 1 else math.ceil(alone / cluster.multi_gpu_efficiency)
 
 
 def validate(jsonl: str, calibrate_share: float = 0.4) -> dict:
@@ -155,6 +162,48 @@ def validate(jsonl: str, calibrate_share: float = 0.4) -> dict:
     }
 
 
+def _warm_pass(summary_path: str) -> tuple[dict, list[float], list[float]]:
+    """A pool run of ``env_throughput.py``: its summary, and the completion times and latencies
+    of its warm pass, read from the ``.jsonl.gz`` beside it."""
+    summary = json.loads(Path(summary_path).read_text())
+    with gzip.open(summary_path.removesuffix(".json") + ".jsonl.gz", "rt") as f:
+        results = [json.loads(line) for line in f if line.strip()]
+    warm = results[summary["cold"]["evaluations"] if "cold" in summary else 0 :]
+    done = sorted(r["timestamp"] + r["phase_seconds"]["total"] for r in warm)
+    return summary, done, sorted(r["phase_seconds"]["total"] for r in warm)
+
+
+def steady_rate(done: list[float], low: float = 0.1, high: float = 0.8) -> float:
+    """Evaluations per second between the ``low`` and ``high`` shares of a batch's completions:
+    the pool full, before the tail of slow evaluations."""
+    a, b = int(len(done) * low), int(len(done) * high)
+    return (b - a) / (done[b] - done[a])
+
+
+def validate_pool(one_gpu: str, many_gpus: str) -> dict:
+    """The environment part of the model against a pool on several GPUs of one host: the
+    steady per-GPU rate of a run on one of them predicts the run on all of them (rate and
+    batch time, the last evaluation's tail taken as the one-GPU run's p90 latency)."""
+    _, done_one, latencies = _warm_pass(one_gpu)
+    many, done_many, _ = _warm_pass(many_gpus)
+    gpus = int(many["gpus"])
+    rate = steady_rate(done_one)
+    tail = latencies[int(len(latencies) * 0.9)]
+    n = len(done_many)
+    predicted_s = n / (gpus * rate) + tail
+    return {
+        "one_gpu_steady_evals_per_min": rate * 60,
+        "gpus": gpus,
+        "predicted_steady_evals_per_min": gpus * rate * 60,
+        "measured_steady_evals_per_min": steady_rate(done_many) * 60,
+        "per_gpu_efficiency": steady_rate(done_many) / (gpus * rate),
+        "evaluations": n,
+        "predicted_batch_s": predicted_s,
+        "measured_batch_s": many["warm"]["wall_s"],
+        "batch_error": predicted_s / many["warm"]["wall_s"] - 1,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--recipe", default="recipes/qwen3-14b/trloo/drkernel_14b.yaml")
@@ -168,9 +217,18 @@ def main() -> None:
     p.add_argument("--large-share", type=float, default=0.0)
     p.add_argument("--train-step-s", type=float, default=None, help="measured update time")
     p.add_argument("--validate", default="", help="an env_throughput.py --json-out file")
+    p.add_argument(
+        "--validate-pool",
+        nargs=2,
+        metavar=("ONE_GPU", "MANY_GPUS"),
+        help="two env_throughput.py --summary-out files of one host: 1 GPU, then all of them",
+    )
     args = p.parse_args()
     if args.validate:
         print(json.dumps(validate(args.validate), indent=1))
+        return
+    if args.validate_pool:
+        print(json.dumps(validate_pool(*args.validate_pool), indent=1))
         return
     recipe = Recipe.load(args.recipe, args.train_gpus)
     tokens = args.mean_turn_tokens or recipe.max_turn_tokens / 2

@@ -11,6 +11,10 @@ speedup over the repeats. Sandbox on and Triton compile included in every evalua
 child compiles afresh into its own empty cache). With ``--new-kernels`` every evaluation gets a
 distinct source (a comment naming the rollout inside each ``@triton.jit`` function, which is in
 Triton's cache key), as in training where no two rollouts are the same text.
+
+``--pool ray`` runs the same passes through ``RayPool`` (one evaluation actor per GPU of a local
+Ray, ``--workers`` GPUs), sized as ``LocalPool`` sizes itself on this host: what a training job's
+environment does, to check the cluster model's per-GPU rate (``cluster_sizing.py``).
 """
 
 from __future__ import annotations
@@ -23,14 +27,21 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
 
 from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pools.base import Pool
 from kernelrl.env.pools.local import LocalPool
-from kernelrl.env.pools.sizing import AUTO
+from kernelrl.env.pools.sizing import AUTO, HostResources, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
 from kernelrl.env.timing import TimingConfig
+
+if TYPE_CHECKING:
+    from kernelrl.env.pools.ray import RayPool
 
 # (phase key, where it runs, what it is) in the order of an evaluation.
 PHASES = (
@@ -86,7 +97,7 @@ def cpu_busy_seconds() -> tuple[float, float]:
 
 
 def run_pass(
-    pool: LocalPool, pairs: Sequence, repeats: int, new_kernels: bool, tag: str
+    pool: Pool, pairs: Sequence, repeats: int, new_kernels: bool, tag: str
 ) -> tuple[list[EvalResult], float, float]:
     """Results, wall seconds and the host's mean busy cores during the pass."""
     tasks, solutions = [], []
@@ -109,7 +120,19 @@ def median_of(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def report(results: list[EvalResult], wall: float, busy_cores: float, pool: LocalPool) -> dict:
+def open_pool(args: argparse.Namespace, config: EvalConfig) -> LocalPool | RayPool:
+    if args.pool == "local":
+        return LocalPool(config, workers=args.workers, per_gpu=args.per_gpu, spares=args.spares)
+    from kernelrl.env.pools.ray import RayPool
+
+    # LocalPool's own sizing for this host, so the two pools are compared like for like.
+    memory = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else 0
+    sizing = size_gpu_pool(HostResources.detect(args.workers, memory), args.per_gpu)
+    config.spare_children = sizing.spares if args.spares is None else args.spares
+    return RayPool(config, workers=args.workers, per_gpu=sizing.per_gpu)
+
+
+def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool) -> dict:
     """Prints the pass's figures and returns them."""
     n = len(results)
     rate = n / wall * 60
@@ -166,6 +189,7 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Loca
         "spreads": spreads,
         "slots": pool.num_slots,
         "spares": pool.config.spare_children,
+        "pool": type(pool).__name__,
     }
 
 
@@ -200,6 +224,24 @@ def main() -> None:
         default="fork_server",
         help="how sandbox children start: forked from one that imported torch, or each its own",
     )
+    parser.add_argument(
+        "--pool",
+        choices=("local", "ray"),
+        default="local",
+        help="LocalPool or RayPool (one actor per GPU)",
+    )
+    parser.add_argument(
+        "--placement-warmup-ms",
+        type=float,
+        default=TimingConfig.placement_warmup_ms,
+        help="warm-up before each placement after the first (TimingConfig)",
+    )
+    parser.add_argument(
+        "--placements",
+        type=int,
+        default=TimingConfig.placements,
+        help="input sets each timing is averaged over (TimingConfig)",
+    )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
@@ -210,18 +252,23 @@ def main() -> None:
     config = EvalConfig(
         device=args.device,
         run_importing_during_measurement=args.run_importing,
-        timing=TimingConfig(fresh_inputs=not args.stale_inputs),
+        timing=TimingConfig(
+            fresh_inputs=not args.stale_inputs,
+            placement_warmup_ms=args.placement_warmup_ms,
+            placements=args.placements,
+        ),
     )
     started = time.perf_counter()
-    with LocalPool(config, workers=args.workers, per_gpu=args.per_gpu, spares=args.spares) as pool:
+    with open_pool(args, config) as pool:
+        sizing = getattr(pool, "sizing", None)
         print(
-            f"pool: {pool.num_slots} slots, {pool.config.spare_children} spares per device"
-            f" ({pool.sizing.why if pool.sizing else 'CPU slots'}); started in "
+            f"pool: {type(pool).__name__}, {pool.num_slots} slots, {pool.config.spare_children} "
+            f"spares per device ({sizing.why if sizing else 'sized as LocalPool'}); started in "
             f"{time.perf_counter() - started:.1f} s",
             flush=True,
         )
         cold: list[EvalResult] = []
-        summary: dict = {"sizing": vars(pool.sizing) if pool.sizing else None}
+        summary: dict = {"sizing": vars(sizing) if sizing else None, "gpus": args.workers}
         if not args.skip_cold:
             cold, cold_s, cold_busy = run_pass(pool, pairs, 1, args.new_kernels, "cold")
             print("pass 1 (cold reference cache):")

@@ -26,4 +26,4 @@ for mode in fresh stale; do
       --json-out "$OUT/spread_$mode.jsonl" > "$OUT/spread_$mode.txt" 2>&1
   echo "== $mode"; grep -E "throughput:|evaluations in|spread|GPU held" "$OUT/spread_$mode.txt"
 done
-timeout 90 python -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider -k gpu_to_itself 2>&1 | tail -3
+timeout 90 python -m pytest -m gpu tests/env/test_gpu.py -q -p no:cacheprovider -k gpu_to_itself 2>&1 | tail -3

@@ -21,6 +21,8 @@ One command runs the whole experiment on the 2-core CPU box and writes its numbe
 4. **rl**: TRLOO (``trloo.yaml``) from the chosen SFT model on train tasks only, with
    checkpoints; **select_rl** picks the checkpoint with the best validation correct@1.
 5. **eval_rl**: the chosen RL checkpoint on the held-out sample.
+   ``--advantage grpo`` runs steps 4-5 again with the same recipe and budget but GRPO's
+   advantage (stages ``rl_grpo``, ``select_rl_grpo``, ``eval_rl_grpo``), beside TRLOO's.
 6. **report**: correct@1, pass@k, format-error, token-limit, compile and integrity-violation
    rates and the mean reward at each stage with paired bootstrap 95% intervals
    (``learning_report.py``), curves (SFT loss; RL reward, correct rate and lengths) in
@@ -71,7 +73,13 @@ STAGES = (  # eval_base after SFT: the stages are independent, and SFT is what o
     "eval_rl",
     "report",
 )
-EVALS = {"eval_base": "before SFT", "eval_sft": "after SFT", "eval_rl": "after RL"}
+EVALS = {
+    "eval_base": "before SFT",
+    "eval_sft": "after SFT",
+    "eval_rl": "after TRLOO",
+    "eval_rl_grpo": "after GRPO",
+}
+RL_STAGES = ("rl", "select_rl", "eval_rl")  # named with a suffix for an advantage other than TRLOO
 BASE_MODEL = "smollm2-135m-instruct"
 
 
@@ -239,7 +247,9 @@ class Benchmark:
             json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
         )
         self.synth_dir = self.out / "synth"
-        self.sft_dir, self.rl_dir = self.out / "sft_model", self.out / "rl_model"
+        self.suffix = "" if args.advantage == "trloo" else f"_{args.advantage}"
+        self.sft_dir = self.out / "sft_model"
+        self.rl_dir = self.out / f"rl_model{self.suffix}"
         self.folders = {s: self.out / "tasks" / s for s in ("validation", "heldout")}
         from kernelrl.launch.train_cli import parse_train_recipe
 
@@ -343,9 +353,19 @@ class Benchmark:
         self.log(f"[{stage}] chose {chosen}: validation {scores[chosen]}")
         return chosen
 
+    def stage_name(self, name: str) -> str:
+        """RL stages carry the advantage's suffix, so TRLOO's and GRPO's results sit side by side."""
+        return f"{name}{self.suffix}" if name in RL_STAGES else name
+
     def rl(self, sft_model: str) -> None:
         train = self.synth_dir / "tasks" / "train" / "data.parquet"
         argv = ["train", "--config", str(RECIPES / "trloo.yaml")]
+        argv += [
+            "--advantage",
+            self.args.advantage,
+            "--run_name",
+            f"learning-{self.args.advantage}",
+        ]
         argv += ["--model_name_or_path", sft_model, "--tasks", f"parquet:{train}"]
         argv += [
             "--max_steps",
@@ -356,7 +376,7 @@ class Benchmark:
         argv += ["--output_dir", str(self.rl_dir)]
         if checkpoints(self.rl_dir):  # continue, as an uninterrupted run would have
             argv += ["--resume_from_checkpoint", "true"]
-        self.run("rl", argv)
+        self.run(self.stage_name("rl"), argv)
 
     def evaluate(self, stage: str, model: str) -> None:
         folder = self.folders["heldout"]
@@ -394,10 +414,13 @@ class Benchmark:
                 table,
                 EVALS,
                 sft_curve(self.sft_dir / "sft_summary.json"),
-                rl_curve(self.rl_dir),
+                {
+                    advantage.upper(): rl_curve(self.out / f"rl_model{suffix}")
+                    for advantage, suffix in (("trloo", ""), ("grpo", "_grpo"))
+                },
                 folder / "learning.png",
                 "SmolLM2-135M-Instruct on held-out synthetic tasks: before SFT, after SFT, "
-                "after TRLOO",
+                "after RL",
             )
         self.log("\n" + text)
         self.log(f"report in {results}")
@@ -420,6 +443,12 @@ def main() -> int:
     parser.add_argument("--sft-epochs", type=float, default=1.0)
     parser.add_argument("--rl-steps", type=int, default=16)
     parser.add_argument("--rl-save-every", type=int, default=8)
+    parser.add_argument(
+        "--advantage",
+        choices=("trloo", "grpo"),
+        default="trloo",
+        help="the RL stages' estimator; grpo runs them as rl_grpo, select_rl_grpo, eval_rl_grpo",
+    )
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--min-free-gb", type=float, default=6.0)
     parser.add_argument(
@@ -437,6 +466,7 @@ def main() -> int:
     bench = Benchmark(args)
     bench.log(f"learning benchmark v2 in {bench.out} ({os.cpu_count()} CPUs)")
     last = STAGES.index(args.stop_after)
+    select_rl, eval_rl = bench.stage_name("select_rl"), bench.stage_name("eval_rl")
     steps = [
         ("synth", bench.synth),
         ("sft", bench.sft),
@@ -444,8 +474,8 @@ def main() -> int:
         ("eval_sft", lambda: bench.evaluate("eval_sft", bench.stages["select_sft"]["chosen"])),
         ("eval_base", lambda: bench.evaluate("eval_base", BASE_MODEL)),
         ("rl", lambda: bench.rl(bench.stages["select_sft"]["chosen"])),
-        ("select_rl", lambda: bench.select("select_rl", checkpoints(bench.rl_dir))),
-        ("eval_rl", lambda: bench.evaluate("eval_rl", bench.stages["select_rl"]["chosen"])),
+        ("select_rl", lambda: bench.select(select_rl, checkpoints(bench.rl_dir))),
+        ("eval_rl", lambda: bench.evaluate(eval_rl, bench.stages[select_rl]["chosen"])),
         ("report", bench.report),
     ]
     for name, step in steps:

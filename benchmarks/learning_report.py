@@ -159,7 +159,7 @@ def plot(
     table: dict[str, Any],
     labels: dict[str, str],
     sft: list[tuple[float, float]],
-    rl: list[dict[str, float]],
+    rl: dict[str, list[dict[str, float]]],
     path: Path,
     title: str,
 ) -> None:
@@ -187,32 +187,35 @@ def plot(
         axes[1].plot([s for s, _ in sft], [loss for _, loss in sft], marker=".")
     axes[1].set_title("SFT: training loss (completion tokens)")
     axes[1].set_xlabel("step")
-    steps = [h.get("step", i + 1) for i, h in enumerate(rl)]
-    for key, label in (
-        ("reward", "mean reward"),
-        ("env/correct_final", "correct rate (train rollouts)"),
-        ("env/format_error", "format_error share"),
-    ):
-        if rl and all(key in h for h in rl):
-            axes[2].plot(steps, [h[key] for h in rl], marker=".", label=label)
-    axes[2].set_title("RL (TRLOO) on train tasks, per step")
+    twin = axes[3].twinx()
+    twin.set_ylim(0, 1)
+    for name, curve in rl.items():
+        steps = [h.get("step", i + 1) for i, h in enumerate(curve)]
+        for key, label in (
+            ("reward", "mean reward"),
+            ("env/correct_final", "correct rate (train rollouts)"),
+            ("env/format_error", "format_error share"),
+        ):
+            if curve and all(key in h for h in curve):
+                axes[2].plot(steps, [h[key] for h in curve], marker=".", label=f"{name}: {label}")
+        for key, label in (
+            ("completions/mean_length", "mean completion tokens"),
+            ("completions/max_length", "max completion tokens"),
+        ):
+            if curve and all(key in h for h in curve):
+                axes[3].plot(steps, [h[key] for h in curve], marker=".", label=f"{name}: {label}")
+        clipped = "completions/clipped_ratio"
+        if curve and all(clipped in h for h in curve):
+            twin.plot(
+                steps, [h[clipped] for h in curve], ls="--", label=f"{name}: token-limit share"
+            )
+    axes[2].set_title("RL on train tasks, per step")
     axes[2].set_xlabel("step")
-    axes[2].legend(fontsize=8)
-    for key, label in (
-        ("completions/mean_length", "mean completion tokens"),
-        ("completions/max_length", "max completion tokens"),
-    ):
-        if rl and all(key in h for h in rl):
-            axes[3].plot(steps, [h[key] for h in rl], marker=".", label=label)
-    clipped = "completions/clipped_ratio"
-    if rl and all(clipped in h for h in rl):
-        twin = axes[3].twinx()
-        twin.plot(steps, [h[clipped] for h in rl], color="red", ls="--", label="token-limit share")
-        twin.set_ylim(0, 1)
-        twin.legend(loc="lower right", fontsize=8)
+    axes[2].legend(fontsize=7)
+    twin.legend(loc="lower right", fontsize=7)
     axes[3].set_title("RL: completion lengths")
     axes[3].set_xlabel("step")
-    axes[3].legend(loc="upper left", fontsize=8)
+    axes[3].legend(loc="upper left", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -23,7 +23,7 @@ memory of the service's processes over the run, and checks the requirements (``c
     python benchmarks/service_load.py --clients 64 --phase-s 60 --long-s 600 --out runs/load
     python benchmarks/service_load.py --help
 
-``tests/test_service_load.py`` runs the same code at a small scale.
+``tests/benchmarks/test_service_load.py`` runs the same code at a small scale.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ checkpoint, and vLLM engine internals. They all live here, behind small function
 inputs and outputs, so that
 
 - an upgrade of TRL (pinned ``trl==1.16.0``), transformers or vLLM breaks in ONE place, and
-  ``tests/test_compat.py`` says where (it checks every signature and attribute listed below);
+  ``tests/rl/test_compat.py`` says where (it checks every signature and attribute listed below);
 - the trainer reads as kernelrl's algorithm, not as TRL's internals.
 
 What is relied on, and why:
@@ -115,7 +115,7 @@ VLLM_GENERATION_ATTRIBUTES: tuple[str, ...] = (
 )
 # TRL's ``VLLMClient`` members ``kernelrl.rl.server_sync.GlooVLLMClient`` overrides, calls or
 # sets (server mode on CPU), and the vLLM weight-transfer internals ``kernelrl.rl.vllm_gloo``
-# builds on; ``tests/test_compat.py`` checks each.
+# builds on; ``tests/rl/test_compat.py`` checks each.
 VLLM_CLIENT_MEMBERS: tuple[str, ...] = (
     "init_communicator",
     "update_named_params",

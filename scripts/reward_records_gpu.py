@@ -1,6 +1,6 @@
 """Real EvalResults on a GPU -> reward components and rejection weights.
 
-Regenerates ``tests/data/rewards_h100_eval_results.jsonl``: eight bundled Triton solutions, a
+Regenerates ``tests/fixtures/rewards_h100_eval_results.jsonl``: eight bundled Triton solutions, a
 matmul left to torch (an integrity violation), and a "lazy" ReLU that passes every check but
 spends most of its GPU time in torch copy kernels. Prints every reward component and the
 rejection stats; writes the records to ``$OUT/results.jsonl`` (or ``./results.jsonl``).

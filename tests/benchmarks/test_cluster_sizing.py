@@ -1,0 +1,84 @@
+"""Pool sizing from the host and the cluster model of an RL step (issue 27): pure arithmetic."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelrl.env.pools.sizing import GIB, HostResources, size_gpu_pool
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pool_is_sized_by_cores_and_capped_by_memory() -> None:
+    h100_host = HostResources(cores=16, host_memory_bytes=128 * GIB, gpu_memory_bytes=80 * GIB)
+    assert (size_gpu_pool(h100_host).per_gpu, size_gpu_pool(h100_host).spares) == (8, 16)
+    assert size_gpu_pool(h100_host, per_gpu=4).per_gpu == 4  # an explicit choice is kept
+    small = HostResources(cores=64, host_memory_bytes=32 * GIB, gpu_memory_bytes=80 * GIB)
+    assert size_gpu_pool(small).children <= 32 * GIB * 0.5 // (2 * GIB)
+    eight_gpus = HostResources(cores=128, host_memory_bytes=1024 * GIB, gpus=8)
+    assert size_gpu_pool(eight_gpus).per_gpu == 8  # 16 cores per GPU
+
+
+def test_new_kernels_are_distinct_texts_of_the_same_kernel() -> None:
+    bench = _load("env_throughput")
+    source = (ROOT / "data" / "solutions" / "triton" / "11_rmsnorm.py").read_text()
+    a, b = bench.distinct_source(source, "rollout 0"), bench.distinct_source(source, "rollout 1")
+    assert a != b != source
+    assert ast.dump(ast.parse(a)) == ast.dump(ast.parse(source))  # only comments differ
+    assert "    # rollout 0\n    row = tl.program_id(0)" in a  # inside the jitted function
+
+
+def test_cluster_model_bounds_and_recommends() -> None:
+    sizing = _load("cluster_sizing")
+    recipe = sizing.Recipe.load(str(ROOT / "recipes/qwen3-14b/trloo/drkernel_14b.yaml"), 16)
+    assert (recipe.trajectories, recipe.turns) == (256, 3)
+    steps = []
+    for m in (1, 4, 16, 64):
+        cluster = sizing.Cluster(train_gpus=16, gen_gpus=8, env_gpus=m)
+        steps.append(sizing.predict(recipe, cluster, 4096, train_step_s=60.0))
+    assert steps[0]["bound"] == "environment" and steps[-1]["bound"] != "environment"
+    assert all(a["step_s"] >= b["step_s"] for a, b in zip(steps, steps[1:], strict=False))
+    best = sizing.recommend_env_gpus(recipe, sizing.Cluster(16, 8, 1), 4096)
+    at_best = sizing.predict(recipe, sizing.Cluster(16, 8, best), 4096, 60.0)
+    below = sizing.predict(recipe, sizing.Cluster(16, 8, best - 1), 4096, 60.0)
+    assert at_best["environment_s"] <= at_best["generation_s"] < below["environment_s"]
+
+
+def _pool_run(folder: Path, name: str, gpus: int, finish_times: list[float]) -> str:
+    """An ``env_throughput.py`` summary and its results, each evaluation taking 2 s."""
+    import gzip
+    import json
+
+    results = [{"timestamp": t - 2.0, "phase_seconds": {"total": 2.0}} for t in finish_times]
+    with gzip.open(folder / f"{name}.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in results)
+    wall = max(finish_times) - min(finish_times) + 2.0
+    summary = {"gpus": gpus, "warm": {"evaluations": len(results), "wall_s": wall}}
+    (folder / f"{name}.json").write_text(json.dumps(summary))
+    return str(folder / f"{name}.json")
+
+
+def test_pool_validation_measures_the_per_gpu_efficiency_of_a_host(tmp_path: Path) -> None:
+    sizing = _load("cluster_sizing")
+    one = _pool_run(tmp_path, "one", 1, [float(t) for t in range(1, 101)])  # 1/s
+    many = _pool_run(tmp_path, "many", 2, [t * 0.625 for t in range(1, 101)])  # 1.6/s
+    check = sizing.validate_pool(one, many)
+    assert check["predicted_steady_evals_per_min"] == pytest.approx(120.0)
+    assert check["measured_steady_evals_per_min"] == pytest.approx(96.0)
+    assert check["per_gpu_efficiency"] == pytest.approx(0.8)
+    single = sizing.Cluster(train_gpus=1, gen_gpus=1, env_gpus=1, multi_gpu_efficiency=0.8)
+    double = sizing.Cluster(train_gpus=1, gen_gpus=1, env_gpus=2, multi_gpu_efficiency=0.8)
+    assert sizing.env_evals_per_s(double) == pytest.approx(1.6 * sizing.env_evals_per_s(single))

@@ -1,0 +1,241 @@
+"""Synthetic tasks (kernelrl.data.synth): seeded, deduplicated, split by operator combination,
+decontaminated, validated in the sandbox, and given reference solutions the environment judged
+correct. Tasks are generated here, small; nothing is read from a committed dataset."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from kernelrl.data.curate.decontaminate import Benchmark, DecontaminateConfig, decontaminate
+from kernelrl.data.curate.dedup import dedup
+from kernelrl.data.curate.normalize import normalize_tasks
+from kernelrl.data.curate.validate import ValidateConfig, validate_tasks
+from kernelrl.data.schema import make_dataset
+from kernelrl.data.synth.check import check_task
+from kernelrl.data.synth.config import synth_config
+from kernelrl.data.synth.generate import generate_tasks
+from kernelrl.data.synth.graph import FAMILIES, POINTWISE, Graph, Op, draw
+from kernelrl.data.synth.pipeline import run_synthesis
+from kernelrl.data.synth.references import reference_sft
+from kernelrl.data.synth.render import render_task
+from kernelrl.data.synth.split import check_split, split_combinations
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pools.local import LocalPool
+
+BENCHMARK = Path(__file__).parents[1] / "fixtures" / "curate" / "benchmark"
+
+
+def _config(tmp_path: Path, **keys):
+    return synth_config(output_dir=str(tmp_path), **keys)
+
+
+def _dataset(rows):
+    return make_dataset([{k: v for k, v in r.items() if k != "graph"} for r in rows], "tasks")
+
+
+def test_same_seed_same_tasks_other_seed_other_tasks(tmp_path):
+    first, _ = generate_tasks(_config(tmp_path, num_tasks=40, seed=3))
+    again, _ = generate_tasks(_config(tmp_path, num_tasks=40, seed=3))
+    other, _ = generate_tasks(_config(tmp_path, num_tasks=40, seed=4))
+    assert [r["source"] for r in first] == [r["source"] for r in again]
+    assert {r["source"] for r in first} != {r["source"] for r in other}
+    assert {r["graph"].family for r in first} == set(FAMILIES)
+
+
+def test_duplicates_are_skipped_when_the_space_is_small(tmp_path):
+    # Single-operator float32 elementwise tasks: few enough that a seed repeats graphs.
+    config = _config(
+        tmp_path,
+        num_tasks=600,
+        families=["elementwise"],
+        dtypes=["float32"],
+        dtype_weights=[1.0],
+        max_pointwise=1,
+        rank3_share=0.0,
+    )
+    rows, report = generate_tasks(config)
+    assert report.notes["duplicates_skipped"] > 0
+    assert len({r["graph"].key("cuda") for r in rows}) == len(rows)
+    # curation's computation dedup agrees: nothing left to remove, a renamed copy is removed
+    copy = {
+        **rows[0],
+        "id": "renamed_copy",
+        "source": rows[0]["source"].replace("h = x", "h = x  # same"),
+    }
+    kept, dedup_report = dedup(_dataset(rows + [copy]))
+    assert len(kept) == len(rows)
+    assert [r.id for r in dedup_report.removed] == ["renamed_copy"]
+
+
+def test_split_by_combination_holds_its_promise():
+    rng = random.Random(0)
+    config = _config(Path("/nonexistent")).draw_config()
+    combos = [draw(rng, config).combination for _ in range(3000)]
+    assignment = split_combinations(combos, 0.1, 0.05, seed=0)
+    splits = [assignment[c] for c in combos]
+    assert check_split(combos, splits) == []
+    counts = {s: splits.count(s) for s in ("train", "validation", "heldout")}
+    assert 0.08 * len(combos) <= counts["heldout"] <= 0.1 * len(combos)
+    assert 0.03 * len(combos) <= counts["validation"] <= 0.05 * len(combos)
+    held = {c for c, s in zip(combos, splits, strict=True) if s == "heldout"}
+    train = {c for c, s in zip(combos, splits, strict=True) if s == "train"}
+    assert not held & train
+    train_ops = {op for c in train for op in c.split(">")}
+    assert all(set(c.split(">")) <= train_ops for c in held)
+    # splits that break the promise are reported: the check can fail
+    only = ["relu>exp", "relu>exp", "sum"]
+    assert check_split(only, ["train", "heldout", "train"])  # same combination in both
+    assert check_split(["relu", "sum"], ["train", "heldout"])  # sum never seen in train
+
+
+def test_operator_that_appears_once_never_leaves_train():
+    combos = ["relu>sum", "relu", "sum>exp", "relu>exp", "exp"] * 3 + ["abs>relu"]
+    assignment = split_combinations(combos, 0.5, 0.2, seed=1)
+    assert assignment["abs>relu"] == "train"  # abs occurs nowhere else
+    assert check_split(combos, [assignment[c] for c in combos]) == []
+
+
+def test_in_process_check_rejects_constant_and_misshapen_tasks(tmp_path):
+    rows, _ = generate_tasks(_config(tmp_path, num_tasks=1, families=["elementwise"]))
+    graph: Graph = rows[0]["graph"]
+    constant = dataclasses.replace(
+        graph, prologue=(Op("relu"), Op("neg"), Op("clamp", (0.0, 2.0))), dtype="float32"
+    )
+    assert "does not depend" in check_task(constant, render_task(constant), "cuda")
+    row_bias = dataclasses.replace(graph, prologue=(Op("add_row"),), dtype="float32")
+    source = render_task(row_bias)
+    assert check_task(row_bias, source, "cuda") is None
+    broken = source.replace("r0 = torch.randn(dim", "r0 = torch.randn(dim + 1")
+    assert "RuntimeError" in check_task(row_bias, broken, "cuda")
+
+
+def test_decontamination_against_the_fixture_benchmark(tmp_path):
+    rows, _ = generate_tasks(_config(tmp_path, num_tasks=30, seed=5))
+    copied = (BENCHMARK / "level1" / "36_channel_rms_scale.py").read_text()
+    records = _dataset(rows + [{"id": "copied_from_benchmark", "source": copied}])
+    benchmark = Benchmark.from_sources([f"kernelbench:{BENCHMARK}"], DecontaminateConfig())
+    kept, report = decontaminate(records, benchmark)
+    assert [r.id for r in report.removed] == ["copied_from_benchmark"]
+    assert len(kept) == len(rows)
+
+
+def test_sandbox_validation_passes_generated_tasks_and_catches_a_broken_one(tmp_path):
+    rows, _ = generate_tasks(_config(tmp_path, num_tasks=2, seed=7, size_profile="cpu"))
+    broken = dict(rows[0], id="broken")
+    # a reference that crashes in the sandbox: its input has the wrong trailing size
+    broken["source"] = broken["source"].replace("def forward(self, x", "def forward(self, x, *rest")
+    broken["source"] = broken["source"].replace("h = x\n", "h = x.view(-1, 7)\n")
+    tasks, _ = normalize_tasks(_dataset(rows + [broken]))
+    kept, report = validate_tasks(tasks, ValidateConfig(validate_workers=2), device="cpu")
+    assert sorted(kept["id"]) == sorted(r["id"] for r in rows)
+    assert [r.id for r in report.removed] == ["broken"]
+
+
+def test_reference_solutions_judged_correct_and_a_wrong_one_kept_out(tmp_path):
+    rows, _ = generate_tasks(_config(tmp_path, num_tasks=40, seed=11))
+    by_family = {}
+    for row in rows:
+        by_family.setdefault(row["graph"].family, row)
+    picked = [by_family[f] for f in FAMILIES]
+    graphs = {r["id"]: r["graph"] for r in picked}
+    # One candidate written from another graph: a wrong kernel the environment must reject.
+    wrong = picked[0]
+    mutated = dataclasses.replace(
+        wrong["graph"], prologue=wrong["graph"].prologue + (Op("mul_scalar", 2.0),)
+    )
+    graphs[wrong["id"]] = mutated
+    tasks, _ = normalize_tasks(_dataset(picked))
+    with LocalPool(EvalConfig(device="cpu"), workers=2) as pool:
+        samples, sft, reports = reference_sft(tasks, graphs, pool, _config(tmp_path).sft)
+    statuses = {s["task_id"]: json.loads(s["result"])["status"] for s in samples}
+    assert statuses[wrong["id"]] == "incorrect"
+    assert all(statuses[r["id"]] == "correct" for r in picked[1:]), statuses
+    assert sorted(sft["task_id"]) == sorted(r["id"] for r in picked[1:])
+    assert all(sft["correct"]) and not any(sft["checks_failed"])
+    assert reports[0].notes["statuses"] == {"correct": 4, "incorrect": 1}
+
+
+@pytest.mark.parametrize("validate_candidates", [True, False])
+def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path, validate_candidates):
+    config = _config(
+        tmp_path,
+        num_tasks=80,
+        seed=2,
+        sandbox_sample=1,
+        reference_solutions=1,
+        validate_candidates=validate_candidates,
+        benchmark_sources=[f"kernelbench:{BENCHMARK}"],
+    )
+    result = run_synthesis(config)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tasks"] == sum(summary["splits"].values()) == 80
+    # the seeded sample always runs in the sandbox; the candidate too unless its reference
+    # solution's evaluation is left to run it
+    validated = summary["sandbox"]["validated"]
+    assert (1 <= validated <= 2) if validate_candidates else validated == 1
+    assert summary["sandbox"]["failed"] == []
+    assert summary["reference_solutions"]["verified_in_sft"] == len(result.sft) == 1
+    train = set(result.splits["train"]["id"])
+    assert set(result.sft["task_id"]) <= train
+    for name in ("train", "validation", "heldout"):
+        assert (tmp_path / "tasks" / name / "data.parquet").is_file()
+    all_ops = {op for d in result.splits.values() for ops in d["synth_ops"] for op in ops}
+    assert all_ops <= set(POINTWISE) | {
+        "sum",
+        "mean",
+        "amax",
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "rms_norm",
+        "l2_normalize",
+        "linear",
+    }
+    assert all(result.splits["train"]["difficulty"])
+    steps = {s["step"]: s for s in json.loads((tmp_path / "steps.json").read_text())}
+    # graphs are deduplicated as problems, so curation's computation dedup finds nothing more
+    assert steps["dedup"]["count_out"] == steps["dedup"]["count_in"] == 80
+
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "synth" / "synthetic_cpu.yaml"
+
+
+def test_cli_recipe_help_and_one_line_errors(tmp_path, capsys):
+    from kernelrl.launch.cli import main
+
+    assert main(["synth", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--config RECIPE.yaml" in out and "--num_tasks" in out and "--decontam_ngram" in out
+    words = ["synth", "--config", str(RECIPE), "--output_dir", str(tmp_path / "out")]
+    assert main([*words, "--num_taks", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "num_taks (did you mean num_tasks?)" in err
+    assert main([*words, "--size_profile", "tpu"]) == 2
+    assert "size_profile" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_drawing_rules_keep_gpu_sized_references_finite():
+    """What the in-process check cannot see (values at GPU sizes) is excluded when drawing:
+    at most one growing operator, none after a sum, none before a sum in half precision, and
+    exp only after the input or an operator whose output stays small."""
+    from kernelrl.data.synth.graph import EXP_AFTER, GROWING
+
+    rng = random.Random(0)
+    config = _config(Path("/nonexistent")).draw_config()
+    for _ in range(5000):
+        graph = draw(rng, config)
+        grown = [op for op in graph.ops if op.kind in GROWING]
+        assert len(grown) <= 1, graph.combination
+        if graph.core is not None and graph.core.kind == "sum":
+            assert not any(op.kind in GROWING for op in graph.epilogue), graph.combination
+            if graph.dtype != "float32":
+                assert not grown, graph.combination
+        kinds = [None] + [op.kind for op in graph.ops]
+        for before, kind in zip(kinds, kinds[1:], strict=False):
+            assert kind != "exp" or before in EXP_AFTER, graph.combination

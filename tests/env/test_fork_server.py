@@ -1,0 +1,144 @@
+"""The fork server (sandbox.zygote): children are forked from one process that imported torch
+once, hold nothing of it, and the pool recovers when it dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kernelrl.env.evaluator import EvalConfig, Evaluator
+from kernelrl.env.result import Status
+from kernelrl.env.sandbox import spawn
+from kernelrl.env.sandbox.child_process import Child
+from kernelrl.env.sandbox.fork_server import ForkServer
+from kernelrl.env.sandbox.processes import ChildPool
+from kernelrl.env.task import load_task
+
+
+def _parent(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            found.add(target)
+    return found
+
+
+def _server() -> ForkServer:
+    return spawn._fork_server("cpu", None)
+
+
+def test_children_are_forked_by_one_server_and_hold_none_of_its_descriptors() -> None:
+    children = ChildPool("cpu", spare=0)
+    first = second = None
+    try:
+        first, second = children.acquire(), children.acquire()
+        server_pid = _server().process.pid
+        assert _parent(first.process.pid) == _parent(second.process.pid) == server_pid
+        try:
+            server_sockets = _socket_inodes(server_pid)
+            seen = [_socket_inodes(pid) for child in (first, second) for pid in child._tree()]
+        except PermissionError:
+            pytest.skip("cannot read other processes' descriptors here")
+        # Only the server's channel to the worker is a socket it keeps: no child has it.
+        assert server_sockets and not any(server_sockets & inodes for inodes in seen)
+    finally:
+        for child in (first, second):
+            if child is not None:
+                child.close()
+        children.close()
+
+
+def test_a_dead_server_takes_its_children_and_the_next_child_comes_from_a_new_one() -> None:
+    children = ChildPool("cpu", spare=0)
+    orphan = replacement = None
+    try:
+        orphan = children.acquire()
+        old = _server()
+        os.kill(old.process.pid, signal.SIGKILL)
+        assert orphan.process.wait(timeout=15) == -signal.SIGKILL  # died with its parent
+        assert orphan.died().ours and "fork server died" in orphan.describe_exit()
+        deadline = time.monotonic() + 10
+        while old.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        replacement = children.acquire()
+        assert _server() is not old and replacement.process.poll() is None
+        assert replacement.ready_info.get("type") == "ready"
+    finally:
+        for child in (orphan, replacement):
+            if child is not None:
+                child.close()
+        children.close()
+
+
+def test_a_forked_childs_exit_status_reaches_the_worker() -> None:
+    children = ChildPool("cpu", spare=0)
+    child = children.acquire()
+    try:
+        os.killpg(child.process.pid, signal.SIGSEGV)
+        assert child.process.wait(timeout=15) == -signal.SIGSEGV
+        assert "SIGSEGV" in child.describe_exit()
+    finally:
+        child.close()
+        children.close()
+
+
+def test_a_child_forked_during_a_measurement_starts_once_it_ends() -> None:
+    """A child forked while another is measured is stopped at once, possibly before it has
+    made its own process group: resuming must still reach it, or it never starts."""
+    children = ChildPool("cpu", spare=0, ready_timeout_s=30, import_timeout_s=600)
+    kept = children.acquire()
+    started = []
+    try:
+        for _ in range(4):
+            with children.paused_except(kept):
+                children.spare = 1
+                children.warm()
+                children.spare = 0
+            asked = time.monotonic()
+            started.append(children.acquire())  # the one forked and stopped above
+            assert time.monotonic() - asked < 25, "a child stayed stopped: a start was retried"
+    finally:
+        for child in (kept, *started):
+            child.close()
+        children.close()
+
+
+def test_a_child_lost_with_its_fork_server_is_our_failure_not_the_solutions() -> None:
+    """The fork server dying kills the children it forked: an evaluation in flight then ends
+    in a harness error (retried, never scored), not in the solution's runtime_error."""
+    root = Path(__file__).resolve().parents[2]
+    task = load_task(root / "data" / "tasks" / "01_relu.py")
+    spinning = (root / "tests" / "solutions" / "dynamic" / "timeout__infinite_loop.py").read_text()
+    evaluator = Evaluator(EvalConfig(device="cpu", timeout_s=120))
+    killer = threading.Timer(3.0, lambda: os.kill(_server().process.pid, signal.SIGKILL))
+    acquire = evaluator.children.acquire
+
+    def acquire_then_kill_the_server_soon() -> Child:
+        child = acquire()
+        killer.start()  # the solution spins by then
+        return child
+
+    evaluator.children.acquire = acquire_then_kill_the_server_soon
+    try:
+        result = evaluator.evaluate(task, spinning)
+    finally:
+        killer.cancel()
+        evaluator.close()
+    assert result.status is Status.HARNESS_ERROR, (result.status, result.error)
+    assert "fork server died" in result.error and not result.scored

@@ -1,0 +1,195 @@
+"""Timing over several placements: how their summaries combine, and what each device times."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import types
+
+import pytest
+import torch
+
+from kernelrl.env.result import TimingStats
+from kernelrl.env.sandbox import harness
+from kernelrl.env.timing import TimingConfig, _sleep_cycles_per_us, average, placements, time_fn
+
+
+def test_placements_average_their_medians_and_errors() -> None:
+    runs = [
+        TimingStats(1.0, 0.9, 1.1, 0.8, 1.5, 30, 0.01),
+        TimingStats(1.2, 1.1, 1.3, 1.0, 1.4, 50, 0.02),
+    ]
+    combined = average(runs)
+    assert combined.median_ms == pytest.approx(1.1)
+    assert (combined.p25_ms, combined.p75_ms) == (pytest.approx(1.0), pytest.approx(1.2))
+    assert (combined.min_ms, combined.max_ms, combined.reps) == (0.8, 1.5, 80)
+    # Standard error of a mean of two medians: sqrt(0.01^2 + 0.024^2) / 2, relative to 1.1.
+    assert combined.rel_err == pytest.approx(math.hypot(0.01, 0.024) / 2 / 1.1)
+
+
+def test_only_a_gpu_times_several_placements() -> None:
+    config = TimingConfig(placements=3)
+    assert placements(torch.device("cuda"), config) == 3
+    assert placements(torch.device("cpu"), config) == 1
+    assert config.fingerprint() != TimingConfig(placements=1).fingerprint()
+
+    calls = [0, 0]
+
+    def first() -> None:
+        calls[0] += 1
+
+    def second() -> None:
+        calls[1] += 1
+
+    stats = time_fn([first, second], torch.device("cpu"), config)
+    assert calls[0] == stats.reps + 1 and calls[1] == 0  # warm-up call + timed ones
+
+
+@pytest.mark.gpu
+def test_a_gpu_times_every_placement() -> None:
+    x = torch.randn(1 << 20, device="cuda")
+    counts = [0, 0, 0]
+
+    def call_for(index: int):
+        def call() -> None:
+            counts[index] += 1
+            x.mul(2.0)
+
+        return call
+
+    config = TimingConfig(placements=3)
+    stats = time_fn([call_for(i) for i in range(3)], torch.device("cuda"), config)
+    assert all(count >= config.min_reps for count in counts)
+    assert stats.reps >= 3 * config.min_reps
+
+
+@pytest.mark.gpu
+def test_only_the_first_placement_warms_up_for_warmup_ms() -> None:
+    """The placements follow one another without a gap: after the first, the GPU is at clock,
+    and each later one warms its own input set for ``placement_warmup_ms`` only."""
+    cycles = int(500 * _sleep_cycles_per_us())  # about half a millisecond
+    counts = [0, 0, 0]
+
+    def call_for(index: int):
+        def call() -> None:
+            counts[index] += 1
+            torch.cuda._sleep(cycles)
+
+        return call
+
+    # A fixed number of timed calls, so the rest of each count is warm-up (plus the first
+    # call and the estimate).
+    config = TimingConfig(placements=3, min_reps=30, max_reps=30, warmup_ms=25.0)
+    time_fn([call_for(i) for i in range(3)], torch.device("cuda"), config)
+    warmups = [count - config.max_reps - 2 for count in counts]
+    assert warmups[0] >= 20  # ~25 ms of half-millisecond calls
+    assert all(1 <= w <= 10 for w in warmups[1:])  # ~2 ms
+
+
+def test_a_task_too_large_for_more_placements_is_timed_on_fewer() -> None:
+    module = types.ModuleType("large_task")
+    made = []
+
+    def get_inputs() -> list[torch.Tensor]:
+        if len(made) == 2:  # the GPU has room for two sets only
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        made.append(torch.randn(4))
+        return [made[-1]]
+
+    module.get_inputs = get_inputs
+    cpu = torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 7, 4)
+    assert [s[0] for s in timed.sets] == made and len(made) == 2
+
+
+def _random_task() -> types.ModuleType:
+    module = types.ModuleType("random_task")
+    module.get_inputs = lambda: [torch.randn(8, 16), 3]
+    return module
+
+
+def test_every_timed_call_gets_fresh_contents_the_trusted_side_can_remake() -> None:
+    module, cpu = _random_task(), torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 100, 4)
+    seen = []
+
+    def call() -> None:
+        placement = 2
+        x = timed.sets[placement][0]
+        seen.append(x.clone())
+        version = timed.versions[placement]
+        seed = harness.timed_input_seed(100, placement, version, 4)
+        assert torch.equal(x, harness.make_inputs(module, seed, cpu)[0])
+
+    config = TimingConfig(cpu_min_reps=5)
+    time_fn([call], cpu, config, prepares=[lambda: timed.refresh(2)])
+    assert len(seen) == 1 + 5  # the untimed first call and the timed ones, all fresh
+    assert all(not torch.equal(a, b) for a, b in itertools.pairwise(seen))
+    assert [t.shape for t in seen] == [torch.Size([8, 16])] * 6
+    assert timed.versions[2] == 6
+
+
+def test_seeds_of_timed_contents_never_collide_across_placements() -> None:
+    seeds = {harness.timed_input_seed(5, p, v, 4) for p in range(4) for v in range(100)}
+    assert len(seeds) == 400
+
+
+def test_fresh_contents_keep_their_placement_s_memory() -> None:
+    module, cpu = _random_task(), torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 1, 1)
+    before = timed.sets[0][0]
+    pointer, contents = before.data_ptr(), before.clone()
+    timed.refresh(0)
+    assert timed.sets[0][0] is before and before.data_ptr() == pointer
+    assert not torch.equal(before, contents)
+    assert torch.equal(before, harness.make_inputs(module, timed.seed(0, 1), cpu)[0])
+
+
+def test_without_room_for_a_second_copy_the_old_contents_go_first() -> None:
+    module, cpu = _random_task(), torch.device("cpu")
+    full = [False]
+
+    def make(seed: int) -> list:
+        if full[0]:
+            full[0] = False  # once the old contents are dropped, the new ones fit
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return harness.make_inputs(module, seed, cpu)
+
+    timed = harness.TimedInputs(make, 1, 1)
+    full[0] = True
+    timed.refresh(0)
+    assert not timed.dropped_held()
+    kept_by_the_model = timed.sets[0][0]
+    full[0] = True
+    timed.refresh(0)
+    assert timed.sets[0][0] is not kept_by_the_model
+    assert timed.dropped_held()  # the model holds what the harness dropped
+    del kept_by_the_model
+    assert not timed.dropped_held()
+
+
+def test_the_harness_s_input_generation_is_not_the_solution_s_compute() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernelrl.env.sandbox.job import aten_compute
+
+    module, cpu = _random_task(), torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 1, 1)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        timed.refresh(0)  # randn: compute, but the harness's
+        torch.sin(timed.sets[0][0])  # the solution's
+    assert aten_compute(prof.profiler.kineto_results.events()) == {"aten::sin": 1}
+
+
+def test_timing_without_fresh_inputs_never_prepares() -> None:
+    prepared = []
+    config = TimingConfig(cpu_min_reps=3, fresh_inputs=False)
+    time_fn([lambda: None], torch.device("cpu"), config, prepares=[lambda: prepared.append(1)])
+    assert prepared == []
+    time_fn(
+        [lambda: None],
+        torch.device("cpu"),
+        TimingConfig(cpu_min_reps=3),
+        prepares=[lambda: prepared.append(1)],
+    )
+    assert len(prepared) == 4  # the untimed first call and three timed ones

