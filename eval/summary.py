@@ -80,7 +80,7 @@ def run_metadata(
         "benchmark_path": config.get("benchmark_path", ""),
         "tasks": len({r.task_id for r in records} | {t.task_id for t in selection or ()}),
         "samples": config.get("samples"),
-        "turns": config.get("turns"),
+        "turns": config.get("max_turns", config.get("turns")),  # a folder of before: "turns"
         "temperature": config.get("temperature"),
         "max_tokens": config.get("max_tokens"),
         "attempts": len(records),

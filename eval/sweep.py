@@ -68,6 +68,9 @@ def check_resumable(config: EvalSweepConfig) -> None:
     if config.overwrite or not (config_path.exists() and (folder / SAMPLES_FILE).exists()):
         return
     previous = json.loads(config_path.read_text())
+    # A folder written before the pool keys were renamed holds their old names.
+    renamed = EvalSweepConfig.RENAMED_KEYS
+    previous = {renamed.get(key, key): value for key, value in previous.items()}
     identity = config.identity()
     changed = sorted(k for k in identity if previous.get(k) != identity[k])
     if changed:
@@ -131,6 +134,7 @@ class Sweep:
             one_shot=config.one_shot,
             system_prompt=config.system_prompt,
             history_turns=config.history_turns,
+            feedback_template=config.feedback_template,
         )
         samples_for = getattr(client, "samples_for", None)
         self.samples = {
@@ -179,7 +183,7 @@ class Sweep:
             previous = self.records.get((task.id, sample, turn - 1))
             if previous is None:
                 return False  # the sample ended earlier (or its evaluation failed)
-            if self.config.stop_on_correct and previous.result.correct:
+            if self.config.stop_when_correct and previous.result.correct:
                 return False
         return self.client is None or self.client.available(task.id, sample, turn)
 
@@ -197,7 +201,7 @@ class Sweep:
         total = 0
         for task in self.tasks:
             for sample in range(self.samples[task.id]):
-                for turn in range(self.config.turns):
+                for turn in range(self.config.max_turns):
                     key = (task.id, sample, turn)
                     if key in self.records:
                         continue
@@ -206,7 +210,7 @@ class Sweep:
                     previous = self.records.get((task.id, sample, turn - 1)) if turn else None
                     if (
                         previous is not None
-                        and self.config.stop_on_correct
+                        and self.config.stop_when_correct
                         and previous.result.correct
                     ):
                         break
@@ -226,7 +230,7 @@ class Sweep:
             self.records = self._load_done(SamplesFile(samples))
         return sum(
             self._wants(task, sample, turn)
-            for turn in range(self.config.turns)
+            for turn in range(self.config.max_turns)
             for task in self.tasks
             for sample in range(self.samples[task.id])
         )
@@ -322,7 +326,7 @@ class Sweep:
             planned = self._planned()
             generate_bar = progress.add_task("generate", total=planned)
             evaluate_bar = progress.add_task("evaluate", total=planned)
-            for turn in range(self.config.turns):
+            for turn in range(self.config.max_turns):
                 pending = [
                     (task, sample)
                     for task in self.tasks
@@ -488,12 +492,6 @@ class _WriteFailed(Exception):
 
 
 def make_pool(config: EvalSweepConfig) -> Pool:
-    """The environment pool a sweep evaluates with (``pool``: local, ray or service), behind
-    the shared results store when ``cache_db`` is set."""
-    from kernelrl.env.evaluator import EvalConfig
-
-    return config.build_pool(
-        EvalConfig(device=config.device, timeout_s=config.eval_timeout_s),
-        workers=config.eval_workers or None,
-        store_path=config.cache_db,
-    )
+    """The environment pool a sweep evaluates with (``env_pool``: local, ray or service),
+    behind the shared results store when ``env_store_path`` is set."""
+    return config.make_pool()

@@ -305,7 +305,7 @@ def use_local_ray_token() -> bool:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from kernelrl.env.service import ServiceClient
+    from kernelrl.env.pools.service import ServiceClient
 
     use_local_ray_token()
 
@@ -359,7 +359,8 @@ def _status(args: argparse.Namespace) -> int:
 def _stop(args: argparse.Namespace) -> int:
     import ray
 
-    from kernelrl.env.service import connect_ray, stop_service
+    from kernelrl.env.pools.service import connect_ray
+    from kernelrl.env.service import stop_service
 
     use_local_ray_token()
     connect_ray(args.address, args.namespace)

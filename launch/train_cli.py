@@ -229,7 +229,7 @@ def lost_peer_message(exc: BaseException) -> str | None:
     rank gone (a collective fails). None for anything else (its traceback is printed)."""
     import requests
 
-    from kernelrl.env.service import EnvServiceLost
+    from kernelrl.env.pools.service import EnvServiceLost
     from kernelrl.rl.server_sync import WeightSyncError
 
     for error in _chain(exc):

@@ -19,8 +19,8 @@ from typing import Any
 
 from trl import GRPOConfig, ModelConfig
 
-from kernelrl.env.pools import EVALS_PER_GPU, POOL_KINDS, Pool, make_pool
-from kernelrl.prompts import FEEDBACK_TEMPLATE
+from kernelrl.env.pools import EnvPoolConfig
+from kernelrl.prompts import MultiTurnConfig
 from kernelrl.rewards import RewardConfig
 from kernelrl.rl.advantages import ADVANTAGE_ESTIMATORS
 from kernelrl.rl.rejection import RejectionSampling
@@ -30,55 +30,9 @@ TURN_RETURNS = ("own", "discounted")
 
 
 @dataclass
-class EnvPoolConfig:
-    """The environment pool a training run evaluates with (parsed next to KernelGRPOConfig)."""
-
-    env_pool: str = field(
-        default="local",
-        metadata={
-            "help": "'local' (subprocesses here), 'ray' (actors on the cluster's GPUs) or "
-            "'service' (a running `kernelrl env serve`)"
-        },
-    )
-    env_device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
-    env_workers: int | None = field(
-        default=None, metadata={"help": "CPU slots or GPUs of the pool (default: all)"}
-    )
-    env_per_gpu: int = field(
-        default=EVALS_PER_GPU, metadata={"help": "evaluations in flight per GPU"}
-    )
-    env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
-    env_ray_address: str | None = field(
-        default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
-    )
-    env_service_name: str = field(
-        default="kernelrl-env", metadata={"help": "name of the environment service"}
-    )
-    env_store_path: str | None = field(
-        default=None, metadata={"help": "results store shared with sweeps and curation"}
-    )
-
-    def __post_init__(self) -> None:
-        _choice("env_pool", self.env_pool, POOL_KINDS)
-
-    def make_pool(self) -> Pool:
-        """The pool these keys describe (the caller closes it)."""
-        from kernelrl.env.evaluator import EvalConfig
-
-        return make_pool(
-            self.env_pool,
-            EvalConfig(device=self.env_device, timeout_s=self.env_timeout_s),
-            workers=self.env_workers,
-            per_gpu=self.env_per_gpu,
-            ray_address=self.env_ray_address,
-            service_name=self.env_service_name,
-            store_path=self.env_store_path,
-        )
-
-
-@dataclass
-class KernelGRPOConfig(GRPOConfig):
-    """GRPOConfig for kernel-writing policies: environment rewards, multi-turn, TRLOO."""
+class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
+    """GRPOConfig for kernel-writing policies: environment rewards, multi-turn (the keys
+    evaluation shares: ``MultiTurnConfig``), TRLOO."""
 
     # ------------------------------------------------------------------ algorithm
     advantage: str = field(
@@ -89,10 +43,6 @@ class KernelGRPOConfig(GRPOConfig):
             "sample alone at its turn keeps its return, rejected turns stay in the baselines)"
         },
     )
-    max_turns: int = field(
-        default=1,
-        metadata={"help": "turns per rollout: write, get the environment's feedback, revise"},
-    )
     turn_return: str = field(
         default="own",
         metadata={
@@ -102,13 +52,6 @@ class KernelGRPOConfig(GRPOConfig):
     turn_gamma: float = field(
         default=1.0,
         metadata={"help": "discount of later turns' rewards when turn_return=discounted"},
-    )
-    stop_when_correct: bool = field(
-        default=True, metadata={"help": "end a rollout at its first correct turn"}
-    )
-    feedback_template: str = field(
-        default=FEEDBACK_TEMPLATE,
-        metadata={"help": "next user message; {feedback} is the environment's feedback text"},
     )
     max_feedback_tokens: int = field(
         default=512, metadata={"help": "feedback longer than this is cut (its middle is dropped)"}
@@ -198,12 +141,9 @@ class KernelGRPOConfig(GRPOConfig):
         self._check_honoured()
         _choice("advantage", self.advantage, ADVANTAGES)
         _choice("turn_return", self.turn_return, TURN_RETURNS)
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        self.check_turns()
         if not 0.0 <= self.turn_gamma <= 1.0:
             raise ValueError(f"turn_gamma must lie in [0, 1], got {self.turn_gamma}")
-        if "{feedback}" not in self.feedback_template:
-            raise ValueError("feedback_template must contain {feedback}")
         if isinstance(self.vllm_engine_kwargs, str):
             self.vllm_engine_kwargs = json.loads(self.vllm_engine_kwargs)
         if self.max_context_tokens is None:

@@ -34,6 +34,7 @@ from typing import Any
 from kernelrl.env.pools import Pool
 from kernelrl.env.result import EvalResult, is_scored
 from kernelrl.env.task import Task
+from kernelrl.prompts import revision_message
 
 # (prompt token ids, max new tokens, one seed per prompt or None) -> (completion ids, logprobs)
 GenerateFn = Callable[
@@ -201,7 +202,7 @@ class MultiTurnRollout:
         Found by rendering a dummy conversation with and without the extra message (as TRL does
         for tool results), so any chat template works without knowing its markup.
         """
-        message = self.config.feedback_template.format(feedback=self._cut_feedback(feedback))
+        message = revision_message(self.config.feedback_template, self._cut_feedback(feedback))
         if message in self._suffix_cache:
             return self._suffix_cache[message]
         dummy = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "answer"}]

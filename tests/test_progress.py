@@ -137,7 +137,7 @@ def test_sweep_to_a_file_prints_periodic_evaluate_lines(
         client="fixed",
         fixed_solutions=[str(SOLUTIONS_DIR / "triton")],
         task_regex="^(01_relu|02_gelu_tanh|06_row_sum)$",
-        device="cpu",
+        env_device="cpu",
         pass_k=[1],
     )
     tasks = load_tasks(config)

@@ -40,7 +40,7 @@ def make_run(folder: Path, records: list[SampleRecord], **config: object) -> Pat
     store = SamplesFile(folder / "samples.jsonl")
     for r in records:
         store.append(r)
-    base = {"client": "fixed", "fixed_solutions": ["bundled"], "samples": 1, "turns": 1}
+    base = {"client": "fixed", "fixed_solutions": ["bundled"], "samples": 1, "max_turns": 1}
     base.update({"temperature": 0.0, "max_tokens": 4096, "seed": 0, "run_name": "same"})
     (folder / "config.json").write_text(json.dumps({**base, **config}))
     samples: dict[str, int] = {}
@@ -183,7 +183,7 @@ def test_eval_logs_to_wandb_offline_when_asked(
         "task_regex": "^01_relu$",
         "client": "transformers",
         "model_name_or_path": "smollm2-135m-instruct",
-        "device": "cpu",
+        "env_device": "cpu",
     }
     out.mkdir()
     (out / "config.json").write_text(json.dumps(EvalSweepConfig(**keys).to_dict()))

@@ -2,7 +2,7 @@
 
 As for training (``kernelrl.rl.config``), a recipe (``recipes/curate/*.yaml``) is one flat YAML
 parsed by ``trl.TrlParser`` into several dataclasses at once (``CURATE_RECIPE``), every key
-overridable with ``--key value``: ``CurateConfig`` (sources, steps, device, seed, the pool) and
+overridable with ``--key value``: ``CurateConfig`` (sources, steps, seed, the pool and its device) and
 each step's own keys, defined next to the step (``ValidateConfig``, ``DedupConfig``,
 ``DecontaminateConfig``, ``DifficultyConfig``, ``SelectConfig``, ``RevisionConfig``).
 ``CurateConfig.compose`` hangs the parsed parts on the run's config (``config.validate``,
@@ -22,13 +22,13 @@ from kernelrl.data.curate.difficulty import DifficultyConfig
 from kernelrl.data.curate.sft_select import SelectConfig
 from kernelrl.data.curate.trajectories_to_sft import RevisionConfig
 from kernelrl.data.curate.validate import ValidateConfig
-from kernelrl.env.pools import PoolChoice
+from kernelrl.env.pools import EnvPoolConfig
 
 STEPS = ("normalize", "dedup", "decontaminate", "validate", "difficulty", "sft")
 
 
 @dataclass
-class CurateConfig(PoolChoice):
+class CurateConfig(EnvPoolConfig):
     """What a curation run reads, which steps it runs and where; the steps' own keys are parsed
     next to it (``CURATE_RECIPE``) and hung on it by ``compose``."""
 
@@ -61,9 +61,6 @@ class CurateConfig(PoolChoice):
     one_shot: bool = field(
         default=True, metadata={"help": "include the backend's one-shot example in task prompts"}
     )
-    device: str = field(
-        default="auto", metadata={"help": "cpu | cuda | auto, for validation and evaluation"}
-    )
     seed: int = field(
         default=0,
         metadata={"help": "seeds of validation runs and pass-rate samples derive from it"},
@@ -72,11 +69,11 @@ class CurateConfig(PoolChoice):
         default_factory=list,
         metadata={"help": "wandb: log step counts and the card (offline unless WANDB_API_KEY)"},
     )
-    # evaluation of samples, trajectory turns and pass-rate samples, through the pool
-    eval_workers: int = field(
-        default=2, metadata={"help": "workers of the pool made for these evaluations"}
+    # evaluation of samples, trajectory turns and pass-rate samples, through the pool (the
+    # other pool keys: ``EnvPoolConfig``)
+    env_workers: int | None = field(
+        default=2, metadata={"help": "CPU slots or GPUs of the pool made for these evaluations"}
     )
-    eval_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
 
     # ------------------------------------------------------------------ composed parts
     # Parsed as their own dataclasses next to this one (CURATE_RECIPE); set by ``compose``.

@@ -87,12 +87,7 @@ class _LazyPool:
 
     def get(self) -> Any:
         if self.pool is None:
-            from kernelrl.env.evaluator import EvalConfig
-
-            self.pool = self.config.build_pool(
-                EvalConfig(device=self.config.device, timeout_s=self.config.eval_timeout_s),
-                workers=self.config.eval_workers,
-            )
+            self.pool = self.config.make_pool()
             self.owned = True
         return self.pool
 
@@ -259,7 +254,7 @@ def _run_steps(
             tasks,
             settings,
             lambda data: validate_tasks(
-                data, config.validate, console, journal, device=config.device, seed=config.seed
+                data, config.validate, console, journal, device=config.env_device, seed=config.seed
             ),
         )
     if "difficulty" in steps:
@@ -269,8 +264,8 @@ def _run_steps(
             model = {
                 **difficulty.model_settings(),
                 "seed": config.seed,
-                "eval_timeout_s": config.eval_timeout_s,
-                "device": config.device,
+                "eval_timeout_s": config.env_timeout_s,
+                "device": config.env_device,
             }
         settings = {"config": difficulty, "model": model}
         journal = runner.journal("difficulty", {"k": difficulty.pass_rate_k, "model": model})
@@ -297,8 +292,8 @@ def _run_steps(
 def validate_settings(config: CurateConfig) -> dict[str, Any]:
     """What keys validate's journal and checkpoint: the verdicts' settings and the device."""
     return {
-        "config": config.validate.verdict_settings(config.device, config.seed),
-        "device": resolve_device(config.device),
+        "config": config.validate.verdict_settings(config.env_device, config.seed),
+        "device": resolve_device(config.env_device),
     }
 
 
@@ -335,9 +330,10 @@ def _curate_sft(
     reports = runner.reports
     settings = {
         "tasks": dataset_fingerprint(tasks),
-        "device": config.device,
-        "eval_timeout_s": config.eval_timeout_s,
-        "pool": config.pool,
+        # journal keys keep the names they were written with, so journals resume
+        "device": config.env_device,
+        "eval_timeout_s": config.env_timeout_s,
+        "pool": config.env_pool,
     }
     parts = []
     if config.sample_sources:

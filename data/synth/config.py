@@ -16,11 +16,11 @@ from kernelrl.data.curate.dedup import DedupConfig
 from kernelrl.data.curate.sft_select import SelectConfig
 from kernelrl.data.curate.validate import ValidateConfig
 from kernelrl.data.synth.graph import DTYPES, FAMILIES, PROFILES, DrawConfig
-from kernelrl.env.pools import PoolChoice
+from kernelrl.env.pools import EnvPoolConfig
 
 
 @dataclass
-class SynthConfig(PoolChoice):
+class SynthConfig(EnvPoolConfig):
     """What the generator draws, how much of it is run in the sandbox, and where it goes."""
 
     output_dir: str = field(
@@ -67,7 +67,7 @@ class SynthConfig(PoolChoice):
     backend: str = field(default="triton", metadata={"help": "backend named in the prompts"})
     one_shot: bool = field(default=False, metadata={"help": "one-shot example in the prompts"})
     prompt_template: str | None = field(default=None, metadata={"help": "prompt template file"})
-    device: str = field(
+    env_device: str = field(
         default="cpu", metadata={"help": "cpu | cuda | auto: where sandbox runs and evaluations go"}
     )
     sandbox_sample: int = field(
@@ -84,8 +84,9 @@ class SynthConfig(PoolChoice):
         default=20,
         metadata={"help": "training tasks given a Triton reference (kept only if judged correct)"},
     )
-    eval_workers: int = field(default=2, metadata={"help": "workers of the evaluation pool"})
-    eval_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
+    env_workers: int | None = field(
+        default=2, metadata={"help": "CPU slots or GPUs of the evaluation pool"}
+    )
 
     validate: ValidateConfig = field(default_factory=ValidateConfig, init=False, repr=False)
     dedup: DedupConfig = field(default_factory=DedupConfig, init=False, repr=False)

@@ -156,7 +156,7 @@ def run_synthesis(
             tasks.select(sandbox_ids),
             config.validate,
             console,
-            device=config.device,
+            device=config.env_device,
             seed=config.seed,
         )
         report.notes.update(sample=len(sample), reference_candidates=len(candidates))
@@ -177,12 +177,7 @@ def run_synthesis(
         if keep:
             owned = pool is None
             if pool is None:
-                from kernelrl.env.evaluator import EvalConfig
-
-                pool = config.build_pool(
-                    EvalConfig(device=config.device, timeout_s=config.eval_timeout_s),
-                    workers=config.eval_workers,
-                )
+                pool = config.make_pool()
             try:
                 samples, sft, step_reports = reference_sft(
                     tasks.select(keep), graphs, pool, config.sft, console

@@ -14,7 +14,7 @@ import torch or Ray.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from kernelrl.env.pools.base import EVALS_PER_GPU, Pool
 
@@ -52,7 +52,7 @@ def make_pool(
             store_path=store_path or None,
         )
     elif kind == "service":
-        from kernelrl.env.service import ServiceClient
+        from kernelrl.env.pools.service import ServiceClient
 
         return ServiceClient(name=service_name, address=ray_address or "auto")
     else:
@@ -66,32 +66,63 @@ def make_pool(
 
 
 @dataclass
-class PoolChoice:
-    """The recipe keys that choose a job's pool (eval sweeps and curation inherit them)."""
+class EnvPoolConfig:
+    """The environment pool a job evaluates with: the same keys, parsed the same way, in
+    training, evaluation sweeps, curation and synthetic-task recipes (training parses it next
+    to its other parts; the sweep, curation and synthesis configs extend it)."""
 
-    pool: str = field(
+    #: Keys of sweep and curation recipes before there was one pool config (old -> new): a
+    #: recipe that still sets one is refused with a one-line error naming the new key.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {
+        "pool": "env_pool",
+        "device": "env_device",
+        "eval_workers": "env_workers",
+        "eval_timeout_s": "env_timeout_s",
+        "cache_db": "env_store_path",
+        "ray_address": "env_ray_address",
+        "service_name": "env_service_name",
+    }
+
+    env_pool: str = field(
         default="local",
         metadata={
-            "help": "environment pool: local, ray (actors on a Ray cluster's GPUs) or service"
+            "help": "'local' (subprocesses here), 'ray' (actors on the cluster's GPUs) or "
+            "'service' (a running `kernelrl env serve`)"
         },
     )
-    ray_address: str = field(default="", metadata={"help": "Ray cluster to join (ray, service)"})
-    service_name: str = field(
-        default="kernelrl-env", metadata={"help": "name of a running `kernelrl env serve`"}
+    env_device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
+    env_workers: int | None = field(
+        default=None, metadata={"help": "CPU slots or GPUs of the pool (default: all)"}
+    )
+    env_per_gpu: int = field(
+        default=EVALS_PER_GPU, metadata={"help": "evaluations in flight per GPU"}
+    )
+    env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
+    env_ray_address: str | None = field(
+        default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
+    )
+    env_service_name: str = field(
+        default="kernelrl-env", metadata={"help": "name of the environment service"}
+    )
+    env_store_path: str | None = field(
+        default=None,
+        metadata={"help": "results store (SQLite) shared across runs: a solution seen is reused"},
     )
 
     def __post_init__(self) -> None:
-        if self.pool not in POOL_KINDS:
-            raise ValueError(f"pool must be one of {POOL_KINDS}, got {self.pool!r}")
+        if self.env_pool not in POOL_KINDS:
+            raise ValueError(f"env_pool must be one of {POOL_KINDS}, got {self.env_pool!r}")
 
-    def build_pool(
-        self, config: EvalConfig, *, workers: int | None = None, store_path: str | None = None
-    ) -> Pool:
+    def make_pool(self) -> Pool:
+        """The pool these keys describe (the caller closes it)."""
+        from kernelrl.env.evaluator import EvalConfig
+
         return make_pool(
-            self.pool,
-            config,
-            workers=workers,
-            ray_address=self.ray_address,
-            service_name=self.service_name,
-            store_path=store_path,
+            self.env_pool,
+            EvalConfig(device=self.env_device, timeout_s=self.env_timeout_s),
+            workers=self.env_workers or None,
+            per_gpu=self.env_per_gpu,
+            ray_address=self.env_ray_address,
+            service_name=self.env_service_name,
+            store_path=self.env_store_path,
         )

@@ -45,7 +45,7 @@ def test_the_parts_hang_on_the_run_config() -> None:
     assert config.difficulty.pass_rate_model is None and config.difficulty.pass_rate_k == 4
     assert config.sft.sft_rank_by == "fastest" and config.sft.sft_cap_per_task == 1
     assert config.revision.revision_history == "full"
-    assert config.device == "cpu" and config.seed == 0
+    assert config.env_device == "cpu" and config.seed == 0
 
 
 def test_recipe_json_reruns_the_same_recipe() -> None:
@@ -85,7 +85,7 @@ def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes(
         (SMOKE, "--seed", "3", "--validate_timeout_s", "7", "--validate_workers", "9"): (
             "c4334c1f9fb6f8ca"
         ),
-        (RECIPES / "kernelbench_gpu.yaml", "--device", "cpu"): "a6405ab9eb30eb65",
+        (RECIPES / "kernelbench_gpu.yaml", "--env_device", "cpu"): "a6405ab9eb30eb65",
     }
     for (recipe, *flags), key in expected.items():
         config = parse("--config", str(recipe), *flags)

@@ -43,7 +43,7 @@ def config(corpus: Path, out: Path) -> CurateConfig:
         output_dir=str(out),
         task_sources=[f"kernelbench:{corpus}"],
         steps=["normalize", "dedup", "validate", "difficulty"],
-        device="cpu",
+        env_device="cpu",
         validate_workers=2,
         max_ref_runtime_ms=1000,
     )

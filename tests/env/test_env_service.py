@@ -120,7 +120,7 @@ def test_ray_client_uses_the_named_service(service: dict) -> None:
     import ray
 
     from kernelrl.env.pools import Pool
-    from kernelrl.env.service import ServiceClient
+    from kernelrl.env.pools.service import ServiceClient
 
     assert f"name={NAME!r}" in service["banner"] and "RAY_AUTH_MODE=token" in service["banner"]
     assert "ServiceClient(" in service["banner"]

@@ -77,9 +77,9 @@ def fixed_run(tmp_path_factory: pytest.TempPathFactory, store_path: Path) -> Pat
     """The sweep, run as a user runs it: ``kernelrl eval --config recipes/eval/fixed_bundled.yaml``."""
     out = tmp_path_factory.mktemp("runs") / "fixed"
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "eval" / "fixed_bundled.yaml"
-    argv = ["eval", "--config", str(recipe), "--task_regex", TASK_REGEX, "--device", "cpu"]
+    argv = ["eval", "--config", str(recipe), "--task_regex", TASK_REGEX, "--env_device", "cpu"]
     argv += ["--output_dir", str(out), "--fixed_solutions", "bundled", str(WRONG)]
-    argv += ["--cache_db", str(store_path), "--eval_workers", "2"]
+    argv += ["--env_store_path", str(store_path), "--env_workers", "2"]
     assert main(argv) == 0
     return out
 
@@ -90,7 +90,7 @@ def sweep_config(out: Path, **overrides) -> EvalSweepConfig:
         client="fixed",
         fixed_solutions=[str(SOLUTIONS_DIR / "triton"), str(WRONG)],
         task_regex=TASK_REGEX,
-        device="cpu",
+        env_device="cpu",
         pass_k=[1, 2],
     )
     values.update(overrides)
@@ -170,8 +170,11 @@ def test_resume_skips_what_is_done(fixed_run: Path, pool, tmp_path: Path) -> Non
     # a run killed after 7 results, in the middle of writing the 8th
     (folder / "samples.jsonl").write_text("".join(lines[:7]) + lines[7][:50])
     # the same settings as the recipe run (config.json records "bundled" as the CLI got it)
-    config = sweep_config(folder, fixed_solutions=["bundled", str(WRONG)], eval_workers=2)
-    config.eval_timeout_s, config.cache_db = 300, "other.sqlite"  # not part of a sample's identity
+    config = sweep_config(folder, fixed_solutions=["bundled", str(WRONG)], env_workers=2)
+    config.env_timeout_s, config.env_store_path = (
+        300,
+        "other.sqlite",
+    )  # not part of a sample's identity
     tasks = load_tasks(config)
     client = FixedSolutions([str(SOLUTIONS_DIR / "triton"), str(WRONG)], [t.id for t in tasks])
     outcome = Sweep(config, tasks, client, pool).run()
@@ -205,7 +208,7 @@ def multi_turn_source(path: Path) -> Path:
 def test_multi_turn_last_and_best(tmp_path: Path, pool) -> None:
     source = multi_turn_source(tmp_path / "turns.jsonl")
     config = sweep_config(
-        tmp_path / "run", fixed_solutions=[str(source)], turns=2, task_regex="^01_relu$"
+        tmp_path / "run", fixed_solutions=[str(source)], max_turns=2, task_regex="^01_relu$"
     )
     outcome = run(config, pool)
     assert sorted(r.key for r in outcome.records) == [
@@ -228,9 +231,9 @@ def test_multi_turn_last_and_best(tmp_path: Path, pool) -> None:
     stop = sweep_config(
         tmp_path / "stop",
         fixed_solutions=[str(source)],
-        turns=2,
+        max_turns=2,
         task_regex="^01_relu$",
-        stop_on_correct=True,
+        stop_when_correct=True,
     )
     keys = sorted(r.key for r in run(stop, pool).records)
     assert keys == [("01_relu", 0, 0), ("01_relu", 0, 1), ("01_relu", 1, 0)]
@@ -281,13 +284,22 @@ def test_report_can_be_rebuilt(fixed_run: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sweep_through_a_ray_pool(tmp_path: Path) -> None:
-    """``--pool ray``: the same sweep on Ray actors (a local Ray with a logical GPU here), in a
+    """``--env_pool ray``: the same sweep on Ray actors (a local Ray with a logical GPU here), in a
     fresh process as a user runs it; training and curation build their pools the same way."""
     pytest.importorskip("ray")
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "eval" / "fixed_bundled.yaml"
     out = tmp_path / "ray_sweep"
     argv = ["eval", "--config", str(recipe), "--task_regex", "^(01_relu|14_softmax_rows)$"]
-    argv += ["--device", "cpu", "--pool", "ray", "--eval_workers", "1", "--output_dir", str(out)]
+    argv += [
+        "--env_device",
+        "cpu",
+        "--env_pool",
+        "ray",
+        "--env_workers",
+        "1",
+        "--output_dir",
+        str(out),
+    ]
     argv += ["--fixed_solutions", "bundled", str(WRONG), "--plots", "false"]
     done = subprocess.run(
         [sys.executable, "-m", "kernelrl.launch.cli", *argv],

@@ -167,7 +167,16 @@ def test_sweep_through_an_openai_compatible_endpoint(
     out = tmp_path / "openai"
     argv = ["eval", "--config", str(SMOKE), "--client", "openai", "--api_base", openai_endpoint]
     argv += ["--served_model_name", model_path, "--task_regex", "^01_relu$", "--samples", "1"]
-    argv += ["--turns", "1", "--max_tokens", "32", "--output_dir", str(out), "--eval_workers", "1"]
+    argv += [
+        "--max_turns",
+        "1",
+        "--max_tokens",
+        "32",
+        "--output_dir",
+        str(out),
+        "--env_workers",
+        "1",
+    ]
     assert main(argv) == 0
     (record,) = read_records(out / "samples.jsonl")
     assert record.key == ("01_relu", 0, 0)

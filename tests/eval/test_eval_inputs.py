@@ -209,6 +209,32 @@ def test_refinement_conversation() -> None:
     ]
 
 
+def test_training_and_evaluation_revise_with_one_message() -> None:
+    """A sweep's refinement turn says what a training rollout's later turn says, by default:
+    one template, one key (``feedback_template``) in both recipes."""
+    import dataclasses
+
+    from kernelrl.prompts import FEEDBACK_TEMPLATE, revision_message
+    from kernelrl.rl.config import KernelGRPOConfig
+
+    def default(config: type, key: str) -> str:
+        return next(f.default for f in dataclasses.fields(config) if f.name == key)
+
+    assert default(KernelGRPOConfig, "feedback_template") == FEEDBACK_TEMPLATE
+    assert default(EvalSweepConfig, "feedback_template") == FEEDBACK_TEMPLATE
+    task = task_from_source(RELU, "01_relu")
+    messages = PromptBuilder().conversation(task, [("try", "It failed to compile.")])
+    assert messages[-1]["content"] == revision_message(FEEDBACK_TEMPLATE, "It failed to compile.")
+    own = PromptBuilder(feedback_template="Fix it: {feedback}").conversation(task, [("a", "b")])
+    assert own[-1]["content"] == "Fix it: b"
+    with pytest.raises(ValueError, match="must contain {feedback}"):
+        EvalSweepConfig(client="fixed", fixed_solutions=["x"], feedback_template="no slot")
+    single = EvalSweepConfig(client="fixed", fixed_solutions=["x"])
+    several = EvalSweepConfig(client="fixed", fixed_solutions=["x"], max_turns=3)
+    assert "feedback_template" not in single.identity()  # no later turn to shape
+    assert several.identity()["feedback_template"] == FEEDBACK_TEMPLATE
+
+
 # ------------------------------------------------------------------------------- fixed solutions
 def test_fixed_solutions_sources(tmp_path: Path) -> None:
     folder = tmp_path / "solutions"
@@ -298,9 +324,9 @@ def test_cli_usage_and_recipes_parse(capsys: pytest.CaptureFixture[str]) -> None
 
     recipes = Path(__file__).resolve().parents[2] / "recipes" / "eval"
     smoke = parse_recipe(["--config", str(recipes / "smoke_cpu.yaml"), "--samples", "3"])
-    assert (smoke.client, smoke.samples, smoke.turns, smoke.max_tokens) == ("vllm", 3, 2, 256)
+    assert (smoke.client, smoke.samples, smoke.max_turns, smoke.max_tokens) == ("vllm", 3, 2, 256)
     gpu = parse_recipe(["--config", str(recipes / "kernelbench_l1_triton.yaml")])
-    assert (gpu.benchmark, gpu.levels, gpu.device, gpu.overlap) == (
+    assert (gpu.benchmark, gpu.levels, gpu.env_device, gpu.overlap) == (
         "kernelbench",
         [1],
         "cuda",

@@ -36,9 +36,9 @@ def sweep_args(out: Path, regex: str) -> list[str]:
         str(out),
         "--task_regex",
         regex,
-        "--device",
+        "--env_device",
         "cpu",
-        "--eval_workers",
+        "--env_workers",
         "2",
     ]
 
@@ -112,7 +112,7 @@ def test_ctrl_c_stops_quickly_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     regex = "^(01_relu|02_gelu_tanh|06_row_sum|14_softmax_rows|18_matmul)$"  # 10 attempts
     command = [sys.executable, "-m", "kernelrl.launch.cli", *sweep_args(out, regex)]
-    command[command.index("--eval_workers") + 1] = "1"
+    command[command.index("--env_workers") + 1] = "1"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
         command,

@@ -142,7 +142,7 @@ def test_dead_openai_endpoint_names_the_url(tmp_path: Path, served_model_name: s
     recipe.write_text(
         "output_dir: out\nbenchmark: bundled\ntask_regex: '^01_relu$'\nbackend: triton\n"
         f"client: openai\napi_base: {url}\nserved_model_name: '{served_model_name}'\n"
-        "samples: 1\npass_k: [1]\ndevice: cpu\neval_workers: 1\n"
+        "samples: 1\npass_k: [1]\nenv_device: cpu\nenv_workers: 1\n"
     )
     code, err = kernelrl(["eval", "--config", str(recipe)], tmp_path)
     assert code == 2, err[-3000:]
@@ -257,3 +257,22 @@ def test_help_lists_config_and_the_keys(
     out = capsys.readouterr().out
     assert code == 0
     assert "--config RECIPE.yaml" in out and key in out
+
+
+@pytest.mark.parametrize(
+    ("command", "recipe", "old", "new"),
+    [
+        ("eval", "recipes/eval/smoke_cpu.yaml", "cache_db", "env_store_path"),
+        ("eval", "recipes/eval/smoke_cpu.yaml", "eval_workers", "env_workers"),
+        ("curate", "recipes/curate/smoke_cpu.yaml", "device", "env_device"),
+        ("synth", "recipes/synth/synthetic_cpu.yaml", "pool", "env_pool"),
+    ],
+)
+def test_the_old_pool_keys_name_the_new_ones(command, recipe, old, new, capsys) -> None:
+    """Sweeps, curation and synthesis share training's pool keys (``EnvPoolConfig``); a
+    recipe or flag of before is one line naming the key to set instead."""
+    from kernelrl.launch.cli import main
+
+    assert main([command, "--config", str(REPO / recipe), f"--{old}", "1"]) != 0
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{old} was replaced by {new}" in message

@@ -101,7 +101,7 @@ def test_real_server_answers_an_openai_sweep(tmp_path: Path) -> None:
         recipe.write_text(
             f"output_dir: {tmp_path / 'run'}\nbenchmark: bundled\ntask_regex: '^01_relu$'\n"
             f"client: openai\napi_base: {api}\nsamples: 1\npass_k: [1]\nmax_tokens: 64\n"
-            "device: cpu\neval_workers: 1\n"
+            "env_device: cpu\nenv_workers: 1\n"
         )
         sweep = kernelrl("eval", "--config", str(recipe))
         assert sweep.returncode == 0, sweep.stderr[-3000:]

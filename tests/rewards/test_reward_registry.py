@@ -92,8 +92,8 @@ def test_custom_components_by_dotted_path() -> None:
     config = RewardConfig(
         reward_funcs=[
             "correctness_reward",
-            "tests.test_reward_registry.one_line_short",
-            "tests.test_reward_registry.FAST",
+            "tests.rewards.test_reward_registry.one_line_short",
+            "tests.rewards.test_reward_registry.FAST",
         ]
     )
     assert [c.name for c in components_of(config)] == [
@@ -125,9 +125,9 @@ def test_custom_components_by_dotted_path() -> None:
     ("specs", "message"),
     [
         (["no_such_reward"], "unknown reward component 'no_such_reward'"),
-        (["tests.test_reward_registry.nothing_here"], "cannot load reward component"),
+        (["tests.rewards.test_reward_registry.nothing_here"], "cannot load reward component"),
         (["kernelrl.no_such_module.f"], "cannot load reward component"),
-        (["tests.test_reward_registry.SMOKE"], "not a scorer"),
+        (["tests.rewards.test_reward_registry.SMOKE"], "not a scorer"),
         (["format_reward", "format_reward"], "names a component twice"),
     ],
 )
@@ -138,7 +138,7 @@ def test_bad_reward_funcs_fail_when_the_config_is_built(specs: list[str], messag
 
 def test_custom_component_from_a_recipe() -> None:
     args, _ = parse_train_recipe(
-        [*SMOKE, "--reward_funcs", "correctness_reward", "tests.test_reward_registry.FAST"]
+        [*SMOKE, "--reward_funcs", "correctness_reward", "tests.rewards.test_reward_registry.FAST"]
     )
     funcs, weights = build_reward_funcs(args.reward)
     assert [f.__name__ for f in funcs] == ["correctness_reward", "fast_reward"]
