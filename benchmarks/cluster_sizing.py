@@ -191,12 +191,13 @@ def validate_pool(one_gpu: str, many_gpus: str) -> dict:
     tail = latencies[int(len(latencies) * 0.9)]
     n = len(done_many)
     predicted_s = n / (gpus * rate) + tail
+    measured = steady_rate(done_many)
     return {
         "one_gpu_steady_evals_per_min": rate * 60,
         "gpus": gpus,
         "predicted_steady_evals_per_min": gpus * rate * 60,
-        "measured_steady_evals_per_min": steady_rate(done_many) * 60,
-        "per_gpu_efficiency": steady_rate(done_many) / (gpus * rate),
+        "measured_steady_evals_per_min": measured * 60,
+        "per_gpu_efficiency": measured / (gpus * rate),
         "evaluations": n,
         "predicted_batch_s": predicted_s,
         "measured_batch_s": many["warm"]["wall_s"],

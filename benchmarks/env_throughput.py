@@ -35,7 +35,7 @@ from kernelrl.data.bundled import bundled_pairs
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.base import Pool
 from kernelrl.env.pools.local import LocalPool
-from kernelrl.env.pools.sizing import AUTO, HostResources, size_gpu_pool
+from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
 from kernelrl.env.timing import TimingConfig
@@ -120,16 +120,20 @@ def median_of(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def open_pool(args: argparse.Namespace, config: EvalConfig) -> LocalPool | RayPool:
+def open_pool(
+    args: argparse.Namespace, config: EvalConfig
+) -> tuple[LocalPool | RayPool, Sizing | None]:
+    """The pool and how it was sized (None: CPU slots)."""
     if args.pool == "local":
-        return LocalPool(config, workers=args.workers, per_gpu=args.per_gpu, spares=args.spares)
+        pool = LocalPool(config, workers=args.workers, per_gpu=args.per_gpu, spares=args.spares)
+        return pool, pool.sizing
     from kernelrl.env.pools.ray import RayPool
 
     # LocalPool's own sizing for this host, so the two pools are compared like for like.
     memory = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else 0
     sizing = size_gpu_pool(HostResources.detect(args.workers, memory), args.per_gpu)
     config.spare_children = sizing.spares if args.spares is None else args.spares
-    return RayPool(config, workers=args.workers, per_gpu=sizing.per_gpu)
+    return RayPool(config, workers=args.workers, per_gpu=sizing.per_gpu), sizing
 
 
 def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool) -> dict:
@@ -259,11 +263,11 @@ def main() -> None:
         ),
     )
     started = time.perf_counter()
-    with open_pool(args, config) as pool:
-        sizing = getattr(pool, "sizing", None)
+    pool, sizing = open_pool(args, config)
+    with pool:
         print(
             f"pool: {type(pool).__name__}, {pool.num_slots} slots, {pool.config.spare_children} "
-            f"spares per device ({sizing.why if sizing else 'sized as LocalPool'}); started in "
+            f"spares per device ({sizing.why if sizing else 'CPU slots'}); started in "
             f"{time.perf_counter() - started:.1f} s",
             flush=True,
         )

@@ -489,9 +489,3 @@ class _NotWritten(Exception):
 
 class _WriteFailed(Exception):
     """Raised in the sweep's thread once a record could not be written."""
-
-
-def make_pool(config: EvalSweepConfig) -> Pool:
-    """The environment pool a sweep evaluates with (``env_pool``: local, ray or service),
-    behind the shared results store when ``env_store_path`` is set."""
-    return config.make_pool()

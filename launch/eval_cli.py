@@ -133,7 +133,7 @@ def load_tasks(config: Any) -> list[Any]:
 # ---------------------------------------------------------------------------------- commands
 def _sweep(words: list[str]) -> int:
     from kernelrl.eval.report import print_summary, write_report
-    from kernelrl.eval.sweep import Sweep, make_pool
+    from kernelrl.eval.sweep import Sweep
 
     config = parse_sweep_recipe(words)
     if config.client in ("vllm", "transformers"):  # a typo fails here, not after the sweep starts
@@ -170,7 +170,7 @@ def _sweep(words: list[str]) -> int:
             # The model first: vLLM starts its engine processes before the pool starts threads.
             client = make_client(config, [t.id for t in tasks])
             try:
-                pool = make_pool(config)
+                pool = config.make_pool()
                 try:
                     outcome = Sweep(config, tasks, client, pool, console).run()
                 except SweepStopped as exc:
