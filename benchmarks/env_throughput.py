@@ -38,7 +38,7 @@ from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
-from kernelrl.env.timing import TimingConfig
+from kernelrl.env.timing import L2_FLUSHES, TimingConfig
 
 if TYPE_CHECKING:
     from kernelrl.env.pools.ray import RayPool
@@ -52,7 +52,7 @@ PHASES = (
     ("reference", "worker", "reference outputs (overlaps the child)"),
     ("compare", "worker", "output comparison"),
     ("gpu_wait", "worker", "queued behind other measurements"),
-    ("gpu_pause", "worker", "pausing the other children + settle"),
+    ("gpu_pause", "worker", "pausing the other children"),
     ("child_timing", "child", "timing (CUDA events, L2 flush, placements)"),
     ("child_profile", "child", "CUPTI profile"),
     ("reference_timing", "worker", "reference timing (cached)"),
@@ -246,6 +246,12 @@ def main() -> None:
         default=TimingConfig.placements,
         help="input sets each timing is averaged over (TimingConfig)",
     )
+    parser.add_argument(
+        "--l2-flush",
+        choices=L2_FLUSHES,
+        default=TimingConfig.l2_flush,
+        help="how L2 is emptied before every timed call (TimingConfig)",
+    )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
@@ -260,6 +266,7 @@ def main() -> None:
             fresh_inputs=not args.stale_inputs,
             placement_warmup_ms=args.placement_warmup_ms,
             placements=args.placements,
+            l2_flush=args.l2_flush,
         ),
     )
     started = time.perf_counter()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -100,20 +100,35 @@ class GpuMemoryBudget:
         total = torch.cuda.get_device_properties(device).total_memory
         return cls(int(total * fraction) - processes * CHILD_OVERHEAD_BYTES)
 
-    @contextlib.contextmanager
-    def reserve(self, nbytes: int) -> Iterator[None]:
-        """Wait until ``nbytes`` fit beside what is reserved; an evaluation larger than the
-        whole capacity is admitted when it would run alone."""
+    def acquire(self, nbytes: int) -> Callable[[], None]:
+        """Wait until ``nbytes`` fit beside what is reserved (an evaluation larger than the
+        whole capacity is admitted when it would run alone); returns the release, which
+        gives them back once however often it is called (from any thread: a child's memory is
+        free only when its reaper has seen it exit)."""
         with self._changed:
             self._changed.wait_for(
                 lambda: self.in_flight == 0 or self.reserved + nbytes <= self.capacity
             )
             self.reserved += nbytes
             self.in_flight += 1
-        try:
-            yield
-        finally:
+        released = threading.Event()
+
+        def release() -> None:
             with self._changed:
+                if released.is_set():
+                    return
+                released.set()
                 self.reserved -= nbytes
                 self.in_flight -= 1
                 self._changed.notify_all()
+
+        return release
+
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """``acquire`` for the length of a block."""
+        release = self.acquire(nbytes)
+        try:
+            yield
+        finally:
+            release()

@@ -12,7 +12,7 @@ import hashlib
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -127,6 +127,12 @@ class Evaluator:
     def close(self) -> None:
         self.children.close()
 
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # ------------------------------------------------------------------ pipeline
     def evaluate(self, task: Task, completion: str) -> EvalResult:
         started = time.perf_counter()
@@ -144,11 +150,10 @@ class Evaluator:
         own_names = solution_kernel_names(source, task.backend)
 
         plan = memory_plan(task) if self.gpu_memory is not None else None
-        admitted = self.gpu_memory.reserve(plan.total_bytes) if plan else contextlib.nullcontext()
         waited = time.perf_counter()
-        with admitted:
-            result.phase_seconds["admission"] = time.perf_counter() - waited
-            self._run_admitted(task, source, own_names, result, plan)
+        release = self.gpu_memory.acquire(plan.total_bytes) if plan else None
+        result.phase_seconds["admission"] = time.perf_counter() - waited
+        self._run_admitted(task, source, own_names, result, plan, release)
 
     def _run_admitted(
         self,
@@ -157,11 +162,18 @@ class Evaluator:
         own_names: list[str],
         result: EvalResult,
         plan: MemoryPlan | None,
+        release: Callable[[], None] | None,
     ) -> None:
+        """``release`` gives back the admitted GPU memory: once the child has exited, which
+        its reaper sees after this returns (the verdict does not wait for the teardown)."""
         wait_started = time.perf_counter()
         try:
             child = self.children.acquire()
-        except RuntimeError as exc:
+        except BaseException as exc:
+            if release is not None:
+                release()
+            if not isinstance(exc, RuntimeError):
+                raise
             harness_error(result, f"no sandbox could be started: {exc}")
             return
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
@@ -204,7 +216,7 @@ class Evaluator:
             result.status = Status.RUNTIME_ERROR
             result.error = f"the sandbox reported unreadable results ({type(exc).__name__}: {exc})"
         finally:
-            child.close()
+            self.children.retire(child, then=release)
 
     def _run_in_child(
         self,
@@ -302,9 +314,9 @@ class Evaluator:
         )
 
         timing_seed = secrets.randbits(31)
-        with self._device_to_itself(session, result.phase_seconds):
+        with self._device_to_itself(session, result.phase_seconds) as settle_until:
             timing_started = time.perf_counter()
-            session.send_time(timing_seed)
+            session.send_time(timing_seed, max(settle_until - timing_started, 0.0))
             timing = session.receive()
             timing_wall = time.perf_counter() - timing_started
             result.phase_seconds.update(
@@ -404,31 +416,32 @@ class Evaluator:
     @contextlib.contextmanager
     def _device_to_itself(
         self, measured: SandboxSession, phases: dict[str, float] | None = None
-    ) -> Iterator[None]:
+    ) -> Iterator[float]:
         """The GPU, and the CPU that feeds it, for ``measured`` alone: every other sandbox of
         this device (evaluations in flight and spares still starting) is paused meanwhile.
+        Yields when the first timed call may start (``time.perf_counter``).
 
         Other evaluations' correctness runs would otherwise make the profiled kernel time
         disagree with the timed one and spread the timings (docs/decisions.md). A paused child
         launches nothing new, but kernels it queued before the pause still run: the settle time
-        covers a neighbour's forward call of up to ``measurement_settle_s``.
+        covers a neighbour's forward call of up to ``measurement_settle_s``, and the measured
+        child spends it warming up (``time_cuda``'s ``settle_until``), not waiting for it.
         """
         if self.device_kind != "cuda":
-            yield
+            yield 0.0
             return
         phases = {} if phases is None else phases
         asked = time.perf_counter()
         with self.gpu_lock:
-            # gpu_wait: queued behind other measurements; gpu_pause: pausing and settling;
+            # gpu_wait: queued behind other measurements; gpu_pause: pausing the others;
             # gpu_exclusive: the whole time the other sandboxes were held (pause included).
             held = time.perf_counter()
             phases["gpu_wait"] = held - asked
             with self.children.paused_except(measured.child) as paused_any:
-                if paused_any:
-                    time.sleep(self.config.measurement_settle_s)
-                phases["gpu_pause"] = time.perf_counter() - held
+                paused = time.perf_counter()
+                phases["gpu_pause"] = paused - held
                 try:
-                    yield
+                    yield paused + (self.config.measurement_settle_s if paused_any else 0.0)
                 finally:
                     phases["gpu_exclusive"] = time.perf_counter() - held
 

@@ -27,6 +27,7 @@ import torch
 from kernelrl.env.result import TimingStats
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of any current GPU (H100: 50 MB)
+L2_FLUSHES = ("read", "write", "none")
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,22 @@ class TimingConfig:
     max_reps: int = 2000
     target_rel_err: float = 0.005
     budget_s: float = 1.0
-    flush_l2: bool = True
+    # How L2 is emptied before every repetition: "read" sums a buffer larger than L2, which
+    # writes back what earlier calls left dirty during the flush and leaves only clean lines;
+    # "write" zeroes it (Triton's do_bench), leaving L2 full of dirty lines that the timed
+    # call then pays to write back; "none" keeps L2 warm.
+    l2_flush: str = "read"
     batch: int = 10  # repetitions recorded between two host synchronisations
     placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
     fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
+
+    def __post_init__(self) -> None:
+        if self.l2_flush not in L2_FLUSHES:
+            raise ValueError(
+                f"l2_flush must be one of {', '.join(L2_FLUSHES)}, not {self.l2_flush!r}"
+            )
 
     def fingerprint(self) -> str:
         """Names the procedure in cache keys: a timing taken another way is not reused."""
@@ -96,19 +107,32 @@ def _sleep_cycles_per_us() -> float:
     return 1_000_000 / max(begin.elapsed_time(end) * 1e3, 1.0)
 
 
+def _l2_flush(mode: str) -> Callable[[], None]:
+    if mode == "none":
+        return _nothing
+    buffer = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    if mode == "write":
+        return buffer.zero_
+    total = torch.empty((), dtype=torch.int64, device="cuda")
+    return lambda: torch.sum(buffer, dim=0, out=total)
+
+
 def time_cuda(
     fn: Callable[[], object],
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
+    settle_until: float = 0.0,
 ) -> TimingStats:
     """``between_batches`` runs after each batch's synchronisation and ``prepare`` before every
     call, warm-up included, both outside every timed span (the L2 flush comes after
-    ``prepare``): no call can tell a warm-up from a measured one by its inputs."""
+    ``prepare``): no call can tell a warm-up from a measured one by its inputs. The warm-up
+    goes on until ``settle_until`` (``time.monotonic``): the time other processes' queued work
+    is given to drain before the first timed call, spent warming up rather than idle."""
     collecting = gc.isenabled()
     gc.disable()  # a collection while the GPU waits for the next launch would be timed
     try:
-        return _time_cuda(fn, config, between_batches, prepare or _nothing)
+        return _time_cuda(fn, config, between_batches, prepare or _nothing, settle_until)
     finally:
         if collecting:
             gc.enable()
@@ -119,12 +143,9 @@ def _time_cuda(
     config: TimingConfig,
     between_batches: Callable[[], None] | None,
     prepare: Callable[[], None],
+    settle_until: float,
 ) -> TimingStats:
-    flush = (
-        torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-        if config.flush_l2
-        else None
-    )
+    flush = _l2_flush(config.l2_flush)
     prepare()
     fn()
     prepare()
@@ -141,6 +162,10 @@ def _time_cuda(
         fn()
         host_s.append(time.perf_counter() - start)
     torch.cuda.synchronize()
+    while time.monotonic() < settle_until:
+        prepare()
+        fn()
+        torch.cuda.synchronize()
     hold_cycles = 0
     if prepare is not _nothing:
         hold_us = min(HOLD_FACTOR * statistics.median(host_s) * 1e6 + HOLD_MARGIN_US, HOLD_MAX_US)
@@ -155,8 +180,7 @@ def _time_cuda(
             if hold_cycles:
                 torch.cuda._sleep(hold_cycles)
             prepare()
-            if flush is not None:
-                flush.zero_()
+            flush()
             begin.record()
             fn()
             end.record()
@@ -208,10 +232,11 @@ def time_fn(
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
     prepares: Sequence[Callable[[], None]] | None = None,
+    settle_until: float = 0.0,
 ) -> TimingStats:
     """Time each call (one per input set, ``placements`` of them) and average their medians;
     ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before each call of
-    ``calls[i]``."""
+    ``calls[i]``; the first placement warms up until ``settle_until`` at least."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
     if device.type != "cuda":
@@ -220,7 +245,13 @@ def time_fn(
     later = replace(first, warmup_ms=config.placement_warmup_ms)
     return average(
         [
-            time_cuda(call, first if index == 0 else later, between_batches, prepare)
+            time_cuda(
+                call,
+                first if index == 0 else later,
+                between_batches,
+                prepare,
+                settle_until if index == 0 else 0.0,
+            )
             for index, (call, prepare) in enumerate(zip(calls, prepares, strict=True))
         ]
     )

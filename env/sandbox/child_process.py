@@ -260,22 +260,30 @@ class Child:
         """SIGKILL to every process of the child: its cgroup (all of it at once), its process
         group and its tree (the PID namespace's init among them, whose death ends the rest).
         The process we started dies by SIGKILL, which ``describe_exit`` reports as today."""
+        members = self.send_kill(reason)
+        _wait_gone(members, 10)  # the namespace's teardown outlasts the waiter's death
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
+
+    def send_kill(self, reason: str = "") -> list[int]:
+        """``kill`` without the wait: the signals are sent (a killed process runs none of its
+        own code again), their exits, CUDA context teardown included, may take a while.
+        Returns the tree's other processes, for the wait."""
         self.killed_for = self.killed_for or reason
         if self.cgroup is not None:
             with contextlib.suppress(OSError):
                 self.cgroup.kill()
-        if self.process.poll() is None:
-            members = self._tree()[1:]
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.process.kill()
-            for pid in members:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            _wait_gone(members, 10)  # the namespace's teardown outlasts the waiter's death
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=10)
+        if self.process.poll() is not None:
+            return []
+        members = self._tree()[1:]
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.process.kill()
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return members
 
     def close(self) -> None:
         """Kill what is left of the child and remove all it had: its cgroup (once every

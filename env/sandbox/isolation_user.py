@@ -62,11 +62,20 @@ def _drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset failed")
 
 
+def _chown_tree(scratch: str, uid: int) -> None:
+    """The scratch directory and what the worker put in it (the Triton cache seed): the
+    child's own to write."""
+    os.chown(scratch, uid, uid)
+    for folder, dirs, files in os.walk(scratch):
+        for name in dirs + files:
+            os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+
+
 def _become_sandbox_user(scratch: str, uid: int, device: str) -> str:
     """As root: switch to ``uid``, owner of the scratch dir, if it can still run the child."""
     groups = _gpu_groups()
     old_groups = os.getgroups()
-    os.chown(scratch, uid, uid)
+    _chown_tree(scratch, uid)
     os.setgroups(groups)
     os.setresgid(uid, uid, uid)
     os.setresuid(-1, uid, -1)  # effective only: reversible while the saved uid is 0
@@ -77,7 +86,7 @@ def _become_sandbox_user(scratch: str, uid: int, device: str) -> str:
         os.setresuid(-1, 0, -1)
         os.setresgid(0, 0, 0)
         os.setgroups(old_groups)
-        os.chown(scratch, 0, 0)
+        _chown_tree(scratch, 0)
         return f"root (uid {uid} could not read {unreadable[0]})"
     os.setresuid(uid, uid, uid)  # all uids non-zero: every capability is gone
     os.environ.setdefault("USER", "kernelrl-sandbox")  # no passwd entry: getpass needs these

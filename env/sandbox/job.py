@@ -243,7 +243,7 @@ class Job:
             if message["type"] == "call":
                 self.call(int(message["seed"]))
             elif message["type"] == "time":
-                self.time(int(message["seed"]))
+                self.time(int(message["seed"]), float(message.get("settle_s", 0.0)))
             else:
                 return
 
@@ -389,7 +389,8 @@ class Job:
             if type(value) is torch.Tensor:
                 send_tensor_bytes(self.sock, value)
 
-    def time(self, seed: int) -> None:
+    def time(self, seed: int, settle_s: float = 0.0) -> None:
+        settle_until = time.monotonic() + settle_s
         config = TimingConfig(**self.job["timing"])
         self.previous = None
         timed = self._timed_inputs(seed, placements(self.device, config))
@@ -433,7 +434,7 @@ class Job:
         counter.counts.clear()
         start = time.perf_counter()
         if self.device.type == "cuda":
-            stats = time_fn(calls, self.device, config, spot_audit, prepares)
+            stats = time_fn(calls, self.device, config, spot_audit, prepares, settle_until)
         else:  # interpreter timings mean nothing, so every timed call can be watched
             stats, events = profile_cpu_ops(
                 lambda: time_fn(calls, self.device, config, spot_audit, prepares)

@@ -9,13 +9,30 @@ the current evaluation runs; each child still serves exactly one solution and is
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from kernelrl.env.sandbox.child_process import Child, ChildDied
 from kernelrl.env.sandbox.spawn import spawn_child
+
+log = logging.getLogger(__name__)
+
+
+REAPER_THREADS = 4
+
+
+def _reap(child: Child, then: Callable[[], None] | None) -> None:
+    try:
+        child.close()
+    except Exception:  # a reaper must outlive any one child
+        log.exception("reaping sandbox child %s", child.process.pid)
+    finally:
+        if then is not None:
+            then()
 
 
 class ChildPool:
@@ -57,6 +74,9 @@ class ChildPool:
         self._gatekeeper: threading.Thread | None = None
         self._pausing = False
         self._closed = False
+        # Reaps killed children (see ``retire``): mostly waiting for their exits, so a few
+        # threads keep up with any evaluation rate.
+        self._reaper = ThreadPoolExecutor(REAPER_THREADS, thread_name_prefix="kernelrl-reaper")
 
     def _spawn(self) -> Child:
         """Called with the lock held. The child starts importing, held at the gate."""
@@ -185,11 +205,26 @@ class ChildPool:
             last_error = f"sandbox child sent {message.get('type')!r} instead of 'ready'"
         raise RuntimeError(last_error)
 
+    def retire(self, child: Child, then: Callable[[], None] | None = None) -> None:
+        """Kill a child whose evaluation is over and return at once; its exit (the CUDA
+        context's teardown takes a good part of a second), cgroup and scratch directory are
+        reaped in the background, then ``then`` runs (e.g. giving back the GPU memory it was
+        admitted with, which is only free once it has exited). The evaluation's slot is free
+        meanwhile. A killed child runs nothing more, so it is no longer paused either."""
+        child.send_kill("evaluation over")
+        with self._lock:
+            self._live.discard(child)
+        try:
+            self._reaper.submit(_reap, child, then)
+        except RuntimeError:  # this pool is closed: reap it here
+            _reap(child, then)
+
     def warm(self) -> None:
         with self._lock:
             self._top_up()
 
     def close(self) -> None:
+        """Kill the spares and wait until every child, the retired ones too, is gone."""
         with self._lock:
             self._closed = True
             children, self._warming = self._warming, []
@@ -197,3 +232,4 @@ class ChildPool:
             self._changed.notify_all()
         for child in children:
             child.close()
+        self._reaper.shutdown(wait=True)

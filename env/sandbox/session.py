@@ -7,7 +7,7 @@ A session drives one sandboxed child through one job:
                                                                  memory it reports is reserved)
     send_call(seed); receive()  -> "outputs" | "error"           (one forward call on fresh inputs)
     read_tensors(described, on_chunk)                            (that call's output bytes)
-    send_time(seed); receive()  -> "timing" | "error"            (timing and profile)
+    send_time(seed, settle_s); receive() -> "timing" | "error"   (timing and profile)
 
 Input seeds are sent one call at a time, so the child never holds the seeds of calls it has not
 made yet. A call's outputs are described in its message and their bytes follow in chunks,
@@ -70,8 +70,10 @@ class SandboxSession:
     def send_call(self, seed: int) -> None:
         self.child.send({"type": "call", "seed": seed})
 
-    def send_time(self, seed: int) -> None:
-        self.child.send({"type": "time", "seed": seed})
+    def send_time(self, seed: int, settle_s: float = 0.0) -> None:
+        """``settle_s``: how long from now the first timed repetition must wait (the child warms
+        up meanwhile) for work the paused neighbours queued to drain."""
+        self.child.send({"type": "time", "seed": seed, "settle_s": settle_s})
 
     def read_tensors(
         self,

@@ -20,6 +20,7 @@ from typing import Any
 from kernelrl.env.sandbox import cgroups
 from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.fork_server import ForkServer
+from kernelrl.env.sandbox.triton_seed import triton_seed
 
 # Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
 _PASSED_ENV = (
@@ -121,8 +122,8 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
         _exec_child if os.environ.get(SPAWN_ENV) == "exec" else _fork_server(device, gpu_index).fork
     )
     scratch = Path(tempfile.mkdtemp(prefix="kernelrl-sbx-", dir=_scratch_root()))
-    parent_sock, child_sock = socket.socketpair()
     env = _child_env(device, gpu_index, scratch)
+    parent_sock, child_sock = socket.socketpair()
     cgroup, why_not = cgroups.make()
     if cgroup is not None:
         env[cgroups.CGROUP_ENV] = str(cgroup.path)
@@ -130,6 +131,9 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
         env[cgroups.UNAVAILABLE_ENV] = why_not
     log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
     try:
+        seed = triton_seed(device, gpu_index, _scratch_root())
+        if seed is not None:  # its own copy: what it compiles stays its own
+            shutil.copytree(seed, env["TRITON_CACHE_DIR"])
         process = start(scratch, env, child_sock, log.fileno())
     except BaseException:
         if cgroup is not None:

@@ -72,3 +72,18 @@ def test_a_task_larger_than_the_device_runs_alone() -> None:
         assert budget.in_flight == 1
     with budget.reserve(1 * GIB), budget.reserve(2 * GIB):
         assert budget.reserved == 3 * GIB
+
+
+def test_a_release_from_another_thread_counts_once() -> None:
+    """The reaper of an evaluation's child gives its memory back, after the verdict: the
+    release works from any thread and a second call changes nothing."""
+    budget = GpuMemoryBudget(10 * GIB)
+    release = budget.acquire(6 * GIB)
+    assert budget.reserved == 6 * GIB
+    reaper = threading.Thread(target=release)
+    reaper.start()
+    reaper.join(5)
+    release()
+    assert budget.reserved == 0 and budget.in_flight == 0
+    with budget.reserve(10 * GIB):
+        assert budget.in_flight == 1

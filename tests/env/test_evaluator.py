@@ -190,11 +190,8 @@ def test_a_limit_of_ours_is_a_harness_error(monkeypatch: pytest.MonkeyPatch) -> 
     task = task_from_source(_LARGE_INPUT_TASK, "large_input")
     solution = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
     config = EvalConfig(device="cpu", timeout_s=60, host_memory_bytes=2 * 2**30)
-    evaluator = Evaluator(config)
-    try:
+    with Evaluator(config) as evaluator:
         result = evaluator.evaluate(task, solution)
-    finally:
-        evaluator.close()
     assert result.status is Status.HARNESS_ERROR, result.error
     assert not result.scored
     assert "not the solution's fault" in result.error

@@ -142,3 +142,65 @@ def test_a_child_lost_with_its_fork_server_is_our_failure_not_the_solutions() ->
         evaluator.close()
     assert result.status is Status.HARNESS_ERROR, (result.status, result.error)
     assert "fork server died" in result.error and not result.scored
+
+
+def test_a_retired_child_is_killed_at_once_and_reaped_before_its_memory_is_given_back() -> None:
+    """The evaluation's slot is free as soon as its child is retired: the child is killed
+    then (it is never paused again), its exit and scratch directory are reaped in the
+    background, and only then is its admitted memory given back; closing the pool waits for
+    every reap."""
+    children = ChildPool("cpu", spare=0)
+    child = children.acquire()
+    seen: list[tuple[int | None, bool]] = []
+    try:
+        children.retire(
+            child, then=lambda: seen.append((child.process.poll(), child.scratch.exists()))
+        )
+        assert child.killed_for == "evaluation over"
+        assert child not in children._live
+    finally:
+        children.close()
+    assert seen == [(-signal.SIGKILL, False)]
+
+
+def test_a_child_starts_from_its_own_writable_copy_of_the_triton_seed(
+    monkeypatch, tmp_path
+) -> None:
+    """On a GPU every child's Triton cache starts as a copy of the worker's seed (the driver
+    utilities and the warm-up kernel, built once): the copy is the child's to write, as a cache
+    it fills itself is, and what it writes never reaches the seed."""
+    seed = tmp_path / "seed"
+    (seed / "utils").mkdir(parents=True)
+    (seed / "utils" / "built.txt").write_text("seeded")
+    monkeypatch.setattr(spawn, "triton_seed", lambda device, gpu_index, root: seed)
+    root = Path(__file__).resolve().parents[2]
+    task = load_task(root / "data" / "tasks" / "01_relu.py")
+    solution = (root / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    solution = solution.replace(
+        "        super().__init__()",
+        "        super().__init__()\n"
+        "        import os, pathlib\n"
+        "        cache = pathlib.Path(os.environ['TRITON_CACHE_DIR'])\n"
+        "        assert (cache / 'utils' / 'built.txt').read_text() == 'seeded'\n"
+        "        (cache / 'utils' / 'mine.txt').write_text('x')\n"
+        "        (cache / 'new').mkdir()",
+    )
+    # The file access is what is tested, not whether a solution may do it (it may not).
+    config = EvalConfig(device="cpu", timeout_s=120, spare_children=0, static_checks=False)
+    with Evaluator(config) as evaluator:
+        result = evaluator.evaluate(task, solution)
+    assert result.status is Status.CORRECT, result.error
+    assert sorted(p.name for p in seed.rglob("*")) == ["built.txt", "utils"]
+
+
+@pytest.mark.gpu
+def test_the_triton_seed_holds_the_driver_utilities_and_the_warm_up_kernel() -> None:
+    from kernelrl.env.sandbox.triton_seed import triton_seed
+
+    seed = triton_seed("cuda", 0, None)
+    assert seed is not None
+    names = [p.name for p in seed.rglob("*") if p.is_file()]
+    assert any(n.startswith("cuda_utils") for n in names), names
+    assert any(n.startswith("__triton_launcher") for n in names), names
+    assert "_warm_kernel.cubin" in names, names
+    assert triton_seed("cpu", None, None) is None
