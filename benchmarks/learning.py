@@ -20,6 +20,10 @@ One command runs the whole experiment on the 2-core CPU box and writes its numbe
    model on the held-out sample (``eval_heldout.yaml``: ``--samples`` per task, one turn).
 4. **rl**: TRLOO (``trloo.yaml``) from the chosen SFT model on train tasks only, with
    checkpoints; **select_rl** picks the checkpoint with the best validation correct@1.
+   ``--curriculum pass-rate`` first runs **curriculum**: the SFT model's pass rate on a seeded
+   sample of train tasks (``--curriculum-tasks``, ``--samples`` each, the held-out sweep's
+   settings), and RL trains only on the tasks it solves sometimes, neither never nor always
+   (a group of equal rewards has no advantage); its stages carry ``_passrate``.
 5. **eval_rl**: the chosen RL checkpoint on the held-out sample.
    ``--advantage grpo`` runs steps 4-5 again with the same recipe and budget but GRPO's
    advantage (stages ``rl_grpo``, ``select_rl_grpo``, ``eval_rl_grpo``), beside TRLOO's.
@@ -68,6 +72,7 @@ STAGES = (  # eval_base after SFT: the stages are independent, and SFT is what o
     "select_sft",
     "eval_sft",
     "eval_base",
+    "curriculum",
     "rl",
     "select_rl",
     "eval_rl",
@@ -78,8 +83,11 @@ EVALS = {
     "eval_sft": "after SFT",
     "eval_rl": "after TRLOO",
     "eval_rl_grpo": "after GRPO",
+    "eval_rl_passrate": "after TRLOO, pass-rate curriculum",
 }
-RL_STAGES = ("rl", "select_rl", "eval_rl")  # named with a suffix for an advantage other than TRLOO
+# Named with a suffix for an advantage other than TRLOO and for the pass-rate curriculum.
+RL_STAGES = ("rl", "select_rl", "eval_rl")
+RL_RUNS = {"TRLOO": "", "GRPO": "_grpo", "TRLOO, pass-rate curriculum": "_passrate"}
 BASE_MODEL = "smollm2-135m-instruct"
 
 
@@ -248,6 +256,7 @@ class Benchmark:
         )
         self.synth_dir = self.out / "synth"
         self.suffix = "" if args.advantage == "trloo" else f"_{args.advantage}"
+        self.suffix += "_passrate" if args.curriculum == "pass-rate" else ""
         self.sft_dir = self.out / "sft_model"
         self.rl_dir = self.out / f"rl_model{self.suffix}"
         self.folders = {s: self.out / "tasks" / s for s in ("validation", "heldout")}
@@ -357,8 +366,50 @@ class Benchmark:
         """RL stages carry the advantage's suffix, so TRLOO's and GRPO's results sit side by side."""
         return f"{name}{self.suffix}" if name in RL_STAGES else name
 
-    def rl(self, sft_model: str) -> None:
+    def curriculum(self, sft_model: str) -> Path:
+        """The train tasks RL draws from: the whole train split (the recipe's difficulty tag
+        filters it), or with ``--curriculum pass-rate`` those of a sample that the SFT model
+        solved in some but not all of its samples. Chosen from train tasks only."""
         train = self.synth_dir / "tasks" / "train" / "data.parquet"
+        if self.args.curriculum != "pass-rate":
+            return train
+        parquet = self.out / "curriculum" / "data.parquet"
+        if self.done("curriculum") and parquet.exists():
+            return parquet
+        import datasets
+
+        difficulty = _recipe_value(RECIPES / "trloo.yaml", "task_difficulty")
+        pool = datasets.Dataset.from_parquet(str(train))
+        if difficulty:
+            pool = pool.filter(lambda row: row["difficulty"] == difficulty)
+            pool.to_parquet(str(self.out / "curriculum_pool.parquet"))
+            train = self.out / "curriculum_pool.parquet"
+        rows = sample_tasks(train, self.args.curriculum_tasks, self.args.seed)
+        folder = self.out / "tasks" / "curriculum"
+        shutil.rmtree(folder, ignore_errors=True)
+        write_task_folder(rows, folder)
+        output = self.out / "curriculum_eval"
+        self.run("curriculum_eval", self.eval_argv(sft_model, folder, self.args.samples, output))
+        by_task = attempts(output / "samples.jsonl", self.reward_config)
+        rates = {
+            task: sum(a["correct"] for a in runs) / len(runs) for task, runs in by_task.items()
+        }
+        kept = sorted(task for task, rate in rates.items() if 0 < rate < 1)
+        if not kept:
+            raise SystemExit(
+                "curriculum: the SFT model solves none of the sampled train tasks "
+                "sometimes; sample more (--curriculum-tasks)"
+            )
+        chosen = datasets.Dataset.from_list([row for row in rows if row["id"] in set(kept)])
+        parquet.parent.mkdir(parents=True, exist_ok=True)
+        chosen.to_parquet(str(parquet))
+        self.stages["curriculum"] = {"pass_rates": rates, "kept": kept, "difficulty": difficulty}
+        self.save()
+        self.log(f"[curriculum] {len(kept)} of {len(rates)} train tasks solved sometimes")
+        return parquet
+
+    def rl(self, sft_model: str) -> None:
+        train = self.curriculum(sft_model)
         argv = ["train", "--config", str(RECIPES / "trloo.yaml")]
         argv += [
             "--advantage",
@@ -415,8 +466,8 @@ class Benchmark:
                 EVALS,
                 sft_curve(self.sft_dir / "sft_summary.json"),
                 {
-                    advantage.upper(): rl_curve(self.out / f"rl_model{suffix}")
-                    for advantage, suffix in (("trloo", ""), ("grpo", "_grpo"))
+                    label: rl_curve(self.out / f"rl_model{suffix}")
+                    for label, suffix in RL_RUNS.items()
                 },
                 folder / "learning.png",
                 "SmolLM2-135M-Instruct on held-out synthetic tasks: before SFT, after SFT, "
@@ -449,6 +500,16 @@ def main() -> int:
         default="trloo",
         help="the RL stages' estimator; grpo runs them as rl_grpo, select_rl_grpo, eval_rl_grpo",
     )
+    parser.add_argument(
+        "--curriculum",
+        choices=("difficulty", "pass-rate"),
+        default="difficulty",
+        help="RL's train tasks: the recipe's difficulty tag, or those of a sample that the SFT "
+        "model solves sometimes (stages suffixed _passrate)",
+    )
+    parser.add_argument(
+        "--curriculum-tasks", type=int, default=40, help="train tasks sampled for pass rates"
+    )
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--min-free-gb", type=float, default=6.0)
     parser.add_argument(
@@ -473,6 +534,7 @@ def main() -> int:
         ("select_sft", lambda: bench.select("select_sft", checkpoints(bench.sft_dir))),
         ("eval_sft", lambda: bench.evaluate("eval_sft", bench.stages["select_sft"]["chosen"])),
         ("eval_base", lambda: bench.evaluate("eval_base", BASE_MODEL)),
+        ("curriculum", lambda: bench.curriculum(bench.stages["select_sft"]["chosen"])),
         ("rl", lambda: bench.rl(bench.stages["select_sft"]["chosen"])),
         ("select_rl", lambda: bench.select(select_rl, checkpoints(bench.rl_dir))),
         ("eval_rl", lambda: bench.evaluate(eval_rl, bench.stages[select_rl]["chosen"])),
