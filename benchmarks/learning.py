@@ -107,7 +107,10 @@ def sample_tasks(parquet: Path, count: int, seed: int) -> list[dict[str, Any]]:
     """A seeded sample of a split, as even across families as the split allows."""
     import datasets
 
-    rows = list(datasets.Dataset.from_parquet(str(parquet)))
+    return sample_rows(list(datasets.Dataset.from_parquet(str(parquet))), count, seed)
+
+
+def sample_rows(rows: list[dict[str, Any]], count: int, seed: int) -> list[dict[str, Any]]:
     by_family: dict[str, list[dict[str, Any]]] = {}
     for row in sorted(rows, key=lambda r: r["id"]):
         by_family.setdefault(row["family"], []).append(row)
@@ -379,12 +382,12 @@ class Benchmark:
         import datasets
 
         difficulty = _recipe_value(RECIPES / "trloo.yaml", "task_difficulty")
-        pool = datasets.Dataset.from_parquet(str(train))
-        if difficulty:
-            pool = pool.filter(lambda row: row["difficulty"] == difficulty)
-            pool.to_parquet(str(self.out / "curriculum_pool.parquet"))
-            train = self.out / "curriculum_pool.parquet"
-        rows = sample_tasks(train, self.args.curriculum_tasks, self.args.seed)
+        pool = [
+            row
+            for row in datasets.Dataset.from_parquet(str(train))
+            if not difficulty or row["difficulty"] == difficulty
+        ]
+        rows = sample_rows(pool, self.args.curriculum_tasks, self.args.seed)
         folder = self.out / "tasks" / "curriculum"
         shutil.rmtree(folder, ignore_errors=True)
         write_task_folder(rows, folder)
@@ -400,7 +403,8 @@ class Benchmark:
                 "curriculum: the SFT model solves none of the sampled train tasks "
                 "sometimes; sample more (--curriculum-tasks)"
             )
-        chosen = datasets.Dataset.from_list([row for row in rows if row["id"] in set(kept)])
+        kept_ids = set(kept)
+        chosen = datasets.Dataset.from_list([row for row in rows if row["id"] in kept_ids])
         parquet.parent.mkdir(parents=True, exist_ok=True)
         chosen.to_parquet(str(parquet))
         self.stages["curriculum"] = {"pass_rates": rates, "kept": kept, "difficulty": difficulty}

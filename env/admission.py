@@ -111,13 +111,14 @@ class GpuMemoryBudget:
             )
             self.reserved += nbytes
             self.in_flight += 1
-        released = threading.Event()
+        released = False
 
         def release() -> None:
+            nonlocal released
             with self._changed:
-                if released.is_set():
+                if released:
                     return
-                released.set()
+                released = True
                 self.reserved -= nbytes
                 self.in_flight -= 1
                 self._changed.notify_all()

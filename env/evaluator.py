@@ -151,7 +151,7 @@ class Evaluator:
 
         plan = memory_plan(task) if self.gpu_memory is not None else None
         waited = time.perf_counter()
-        release = self.gpu_memory.acquire(plan.total_bytes) if plan else None
+        release = self.gpu_memory.acquire(plan.total_bytes) if plan else _nothing_reserved
         result.phase_seconds["admission"] = time.perf_counter() - waited
         self._run_admitted(task, source, own_names, result, plan, release)
 
@@ -162,20 +162,20 @@ class Evaluator:
         own_names: list[str],
         result: EvalResult,
         plan: MemoryPlan | None,
-        release: Callable[[], None] | None,
+        release: Callable[[], None],
     ) -> None:
         """``release`` gives back the admitted GPU memory: once the child has exited, which
         its reaper sees after this returns (the verdict does not wait for the teardown)."""
         wait_started = time.perf_counter()
         try:
             child = self.children.acquire()
-        except BaseException as exc:
-            if release is not None:
-                release()
-            if not isinstance(exc, RuntimeError):
-                raise
+        except RuntimeError as exc:
+            release()
             harness_error(result, f"no sandbox could be started: {exc}")
             return
+        except BaseException:
+            release()
+            raise
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
         result.sandbox = {
             key: child.ready_info.get(key)
@@ -531,6 +531,10 @@ def new_result(
         solution_hash=hashlib.sha256(completion.encode()).hexdigest()[:16],
         timestamp=time.time(),
     )
+
+
+def _nothing_reserved() -> None:
+    """The release of an evaluation admitted without a memory reservation (CPU)."""
 
 
 def finish_result(result: EvalResult, seconds: float) -> EvalResult:

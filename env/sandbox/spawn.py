@@ -122,8 +122,8 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
         _exec_child if os.environ.get(SPAWN_ENV) == "exec" else _fork_server(device, gpu_index).fork
     )
     scratch = Path(tempfile.mkdtemp(prefix="kernelrl-sbx-", dir=_scratch_root()))
-    env = _child_env(device, gpu_index, scratch)
     parent_sock, child_sock = socket.socketpair()
+    env = _child_env(device, gpu_index, scratch)
     cgroup, why_not = cgroups.make()
     if cgroup is not None:
         env[cgroups.CGROUP_ENV] = str(cgroup.path)

@@ -13,6 +13,7 @@ each child gets its own copy (``spawn``), so nothing a child writes reaches the 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -54,16 +55,13 @@ def _make_seed(gpu_index: int, root: str | None) -> Path | None:
             text=True,
             timeout=SEED_TIMEOUT_S,
         )
+        why = "" if done.returncode == 0 and cache.is_dir() else done.stderr[-2000:]
     except (OSError, subprocess.TimeoutExpired) as exc:
-        done = None
         why = str(exc)
-    if done is None or done.returncode != 0 or not cache.is_dir():
-        why = why if done is None else done.stderr[-2000:]
+    if why:
         log.warning("no Triton seed for GPU %d, children build their own: %s", gpu_index, why)
         shutil.rmtree(folder, ignore_errors=True)
         return None
-    import atexit
-
     atexit.register(shutil.rmtree, folder, True)
     return cache
 
