@@ -29,7 +29,8 @@ def main() -> None:
         for _ in range(args.per_thread):
             try:
                 child = pool.acquire()
-                ready.append(child.ready_info)
+                taken = time.monotonic()
+                ready.append({**child.ready_info, "spawn_to_taken_seconds": taken - child.started})
                 child.close()
             except Exception as exc:  # noqa: BLE001 - counted and shown
                 errors.append(str(exc)[-1500:])
@@ -42,8 +43,20 @@ def main() -> None:
         thread.join()
     wall = time.perf_counter() - start
     pool.close()
-    print(f"{len(ready)} children ready, {len(errors)} failed, in {wall:.1f} s")
-    for key in ("import_seconds", "cuda_init_seconds", "profiler_init_seconds", "cpu_seconds"):
+    print(
+        f"{len(ready)} children ready, {len(errors)} failed, in {wall:.1f} s "
+        f"({len(ready) / wall:.2f} ready children/s, {args.spare} spares)"
+    )
+    keys = (
+        "spawn_to_taken_seconds",
+        "import_seconds",
+        "gate_seconds",
+        "cuda_init_seconds",
+        "profiler_init_seconds",
+        "audit_init_seconds",
+        "cpu_seconds",
+    )
+    for key in keys:
         values = [info[key] for info in ready if key in info]
         if values:
             print(f"  {key}: median {statistics.median(values):.3f} s, max {max(values):.3f} s")

@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from typing import Any
 from kernelrl.env.sandbox import cgroups
 from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.fork_server import ForkServer
+from kernelrl.env.sandbox.scratch import make_scratch
 from kernelrl.env.sandbox.triton_seed import triton_seed
 
 # Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
@@ -32,17 +32,15 @@ _PASSED_ENV = (
     "LD_LIBRARY_PATH",
     "TRITON_PTXAS_PATH",
 )
-
-
-def _scratch_root() -> str | None:
-    """tmpfs when it has room: outputs travel through files there."""
-    shm = Path("/dev/shm")
-    try:
-        if shm.is_dir() and shutil.disk_usage(shm).free > 8 * 1024**3:
-            return str(shm)
-    except OSError:
-        pass
-    return None
+# Hardware work queues of a child's CUDA context, unless the worker's environment says
+# otherwise. Every context's queues are made and torn down under the driver's lock, which all
+# children of a GPU share, so the default 8 per context is what limits how fast fresh children
+# become ready (docs/decisions.md, "One hardware queue per sandbox child"). Streams still work
+# with one; their kernels share the queue (as under Megatron-LM's setting of it), which can
+# only slow a solution that overlaps streams, never make one look faster: the reference runs
+# on one stream.
+CUDA_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+DEFAULT_CUDA_CONNECTIONS = "1"
 
 
 _spawner: tuple[int, ThreadPoolExecutor] | None = None
@@ -81,6 +79,7 @@ def _child_env(device: str, gpu_index: int | None, home: Path) -> dict[str, str]
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu_index if gpu_index is not None else 0)
+        env[CUDA_CONNECTIONS_ENV] = os.environ.get(CUDA_CONNECTIONS_ENV, DEFAULT_CUDA_CONNECTIONS)
     return env
 
 
@@ -96,7 +95,7 @@ def _fork_server(device: str, gpu_index: int | None) -> ForkServer:
     if server is None or not server.alive():
         if server is not None:
             server.close()
-        home = Path(tempfile.mkdtemp(prefix="kernelrl-zygote-", dir=_scratch_root()))
+        home = make_scratch("zygote")
         atexit.register(shutil.rmtree, home, True)
         server = _fork_servers[key] = ForkServer(_child_env(device, gpu_index, home), home)
     return server
@@ -121,7 +120,7 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
     start = (
         _exec_child if os.environ.get(SPAWN_ENV) == "exec" else _fork_server(device, gpu_index).fork
     )
-    scratch = Path(tempfile.mkdtemp(prefix="kernelrl-sbx-", dir=_scratch_root()))
+    scratch = make_scratch("sbx")
     parent_sock, child_sock = socket.socketpair()
     env = _child_env(device, gpu_index, scratch)
     cgroup, why_not = cgroups.make()
@@ -131,7 +130,7 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
         env[cgroups.UNAVAILABLE_ENV] = why_not
     log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
     try:
-        seed = triton_seed(device, gpu_index, _scratch_root())
+        seed = triton_seed(device, gpu_index)
         if seed is not None:  # its own copy: what it compiles stays its own
             shutil.copytree(seed, env["TRITON_CACHE_DIR"])
         process = start(scratch, env, child_sock, log.fileno())

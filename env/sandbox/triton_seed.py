@@ -19,9 +19,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
+
+from kernelrl.env.sandbox.scratch import make_scratch
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,8 @@ _seeds: dict[int, Path | None] = {}
 _lock = threading.Lock()
 
 
-def triton_seed(device: str, gpu_index: int | None, root: str | None) -> Path | None:
-    """This worker's seed for a child on ``device`` (made on first use, under ``root``); None
+def triton_seed(device: str, gpu_index: int | None) -> Path | None:
+    """This worker's seed for a child on ``device`` (made on first use, in its scratch folder); None
     on a CPU (the interpreter compiles nothing) or when it could not be made: children then
     build their own, as before."""
     if device != "cuda":
@@ -39,12 +40,12 @@ def triton_seed(device: str, gpu_index: int | None, root: str | None) -> Path | 
     gpu_index = gpu_index or 0
     with _lock:
         if gpu_index not in _seeds:
-            _seeds[gpu_index] = _make_seed(gpu_index, root)
+            _seeds[gpu_index] = _make_seed(gpu_index)
         return _seeds[gpu_index]
 
 
-def _make_seed(gpu_index: int, root: str | None) -> Path | None:
-    folder = Path(tempfile.mkdtemp(prefix="kernelrl-triton-seed-", dir=root))
+def _make_seed(gpu_index: int) -> Path | None:
+    folder = make_scratch("triton-seed")
     cache = folder / "triton"
     env = {**os.environ, "TRITON_CACHE_DIR": str(cache), "CUDA_VISIBLE_DEVICES": str(gpu_index)}
     try:

@@ -172,7 +172,7 @@ def test_a_child_starts_from_its_own_writable_copy_of_the_triton_seed(
     seed = tmp_path / "seed"
     (seed / "utils").mkdir(parents=True)
     (seed / "utils" / "built.txt").write_text("seeded")
-    monkeypatch.setattr(spawn, "triton_seed", lambda device, gpu_index, root: seed)
+    monkeypatch.setattr(spawn, "triton_seed", lambda device, gpu_index: seed)
     root = Path(__file__).resolve().parents[2]
     task = load_task(root / "data" / "tasks" / "01_relu.py")
     solution = (root / "data" / "solutions" / "triton" / "01_relu.py").read_text()
@@ -197,10 +197,20 @@ def test_a_child_starts_from_its_own_writable_copy_of_the_triton_seed(
 def test_the_triton_seed_holds_the_driver_utilities_and_the_warm_up_kernel() -> None:
     from kernelrl.env.sandbox.triton_seed import triton_seed
 
-    seed = triton_seed("cuda", 0, None)
+    seed = triton_seed("cuda", 0)
     assert seed is not None
     names = [p.name for p in seed.rglob("*") if p.is_file()]
     assert any(n.startswith("cuda_utils") for n in names), names
     assert any(n.startswith("__triton_launcher") for n in names), names
     assert "_warm_kernel.cubin" in names, names
-    assert triton_seed("cpu", None, None) is None
+    assert triton_seed("cpu", None) is None
+
+
+def test_gpu_children_get_one_hardware_queue_unless_the_worker_says_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(spawn.CUDA_CONNECTIONS_ENV, raising=False)
+    assert spawn._child_env("cuda", 0, tmp_path)[spawn.CUDA_CONNECTIONS_ENV] == "1"
+    assert spawn.CUDA_CONNECTIONS_ENV not in spawn._child_env("cpu", None, tmp_path)
+    monkeypatch.setenv(spawn.CUDA_CONNECTIONS_ENV, "8")
+    assert spawn._child_env("cuda", 1, tmp_path)[spawn.CUDA_CONNECTIONS_ENV] == "8"

@@ -1,0 +1,41 @@
+"""Scratch folders of workers that died (SIGKILL, OOM) are removed by the next worker, and
+nothing of a live worker or of another PID namespace is."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from kernelrl.env.sandbox import scratch
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_dead_workers_scratch_is_swept_and_nothing_else(tmp_path: Path) -> None:
+    namespace = scratch._pid_namespace()
+    dead = tmp_path / f"kernelrl-sbx-{namespace}-{_dead_pid()}-abc"
+    dead_seed = tmp_path / f"kernelrl-triton-seed-{namespace}-{_dead_pid()}-def" / "triton"
+    live = tmp_path / f"kernelrl-zygote-{namespace}-{scratch.os.getpid()}-ghi"
+    elsewhere = tmp_path / f"kernelrl-sbx-{namespace + 1}-{_dead_pid()}-jkl"
+    unrelated = tmp_path / "kernelrl-sbx-old_format"
+    for folder in (dead, dead_seed, live, elsewhere, unrelated):
+        folder.mkdir(parents=True)
+        (folder / "child.log").write_text("x")
+    removed = scratch.sweep_orphans(str(tmp_path))
+    assert sorted(removed) == sorted([dead, dead_seed.parent])
+    assert live.exists() and elsewhere.exists() and unrelated.exists()
+
+
+def test_scratch_folders_are_named_after_their_worker() -> None:
+    folder = scratch.make_scratch("sbx")
+    try:
+        match = scratch._NAME.match(folder.name)
+        assert match is not None
+        assert int(match[2]) == scratch.os.getpid()
+    finally:
+        folder.rmdir()
