@@ -24,7 +24,9 @@ One command runs the whole experiment on the 2-core CPU box and writes its numbe
    sample of train tasks (``--curriculum-tasks``, ``--samples`` each, the held-out sweep's
    settings), and RL trains only on the tasks it solves sometimes, neither never nor always
    (a group of equal rewards has no advantage); its stages carry ``_passrate``.
-5. **eval_rl**: the chosen RL checkpoint on the held-out sample.
+5. **eval_rl**: the chosen RL checkpoint on the held-out sample. With the pass-rate
+   curriculum, **train_check** then samples the SFT model and that checkpoint anew on RL's own
+   train tasks (``train_check*.md``): whether RL learned even the tasks it trained on.
    ``--advantage grpo`` runs steps 4-5 again with the same recipe and budget but GRPO's
    advantage (stages ``rl_grpo``, ``select_rl_grpo``, ``eval_rl_grpo``), beside TRLOO's.
 6. **report**: correct@1, pass@k, format-error, token-limit, compile and integrity-violation
@@ -37,6 +39,8 @@ interrupted run, across sessions (``--force STAGE`` redoes one). ``--replay --fo
 judges the held-out stages' stored completions again, on the environment as it is now (their
 first completions are kept under ``generated/``). RL continues from its latest
 checkpoint, so ``--rl-steps 30 --force rl select_rl eval_rl`` after a shorter run trains on.
+``--rl-set learning_rate=5e-5 --rl-tag lr5e5`` runs an RL variant beside the others (its stages
+suffixed ``_lr5e5``, its row labelled with the overrides).
 Before each heavy stage the script waits for ``--min-free-gb`` of memory; stage wall times,
 peak RSS and load averages are recorded.
 
@@ -76,6 +80,7 @@ STAGES = (  # eval_base after SFT: the stages are independent, and SFT is what o
     "rl",
     "select_rl",
     "eval_rl",
+    "train_check",
     "report",
 )
 EVALS = {
@@ -85,9 +90,9 @@ EVALS = {
     "eval_rl_grpo": "after GRPO",
     "eval_rl_passrate": "after TRLOO, pass-rate curriculum",
 }
-# Named with a suffix for an advantage other than TRLOO and for the pass-rate curriculum.
-RL_STAGES = ("rl", "select_rl", "eval_rl")
-RL_RUNS = {"TRLOO": "", "GRPO": "_grpo", "TRLOO, pass-rate curriculum": "_passrate"}
+# Named with a suffix for an advantage other than TRLOO, for the pass-rate curriculum and for
+# a --rl-tag (a variant with --rl-set overrides).
+RL_STAGES = ("rl", "select_rl", "eval_rl", "train_check")
 BASE_MODEL = "smollm2-135m-instruct"
 
 
@@ -260,6 +265,7 @@ class Benchmark:
         self.synth_dir = self.out / "synth"
         self.suffix = "" if args.advantage == "trloo" else f"_{args.advantage}"
         self.suffix += "_passrate" if args.curriculum == "pass-rate" else ""
+        self.suffix += f"_{args.rl_tag}" if args.rl_tag else ""
         self.sft_dir = self.out / "sft_model"
         self.rl_dir = self.out / f"rl_model{self.suffix}"
         self.folders = {s: self.out / "tasks" / s for s in ("validation", "heldout")}
@@ -429,6 +435,9 @@ class Benchmark:
             str(self.args.rl_save_every),
         ]
         argv += ["--output_dir", str(self.rl_dir)]
+        for setting in self.args.rl_set:
+            key, _, value = setting.partition("=")
+            argv += [f"--{key}", value]
         if checkpoints(self.rl_dir):  # continue, as an uninterrupted run would have
             argv += ["--resume_from_checkpoint", "true"]
         self.run(self.stage_name("rl"), argv)
@@ -443,12 +452,69 @@ class Benchmark:
                 shutil.copyfile(self.out / stage / "samples.jsonl", generated)
             argv += ["--client", "fixed", "--fixed_solutions", str(generated)]
         self.run(stage, argv)
+        if stage.startswith("eval_rl") and stage not in EVALS:
+            self.stages[stage]["label"] = self.rl_label()
+            self.save()
+
+    def train_check(self, rl_model: str) -> None:
+        """Did RL learn the tasks it trained on? The SFT model and the chosen RL checkpoint,
+        sampled anew on RL's train tasks (the pass-rate curriculum's; the SFT rates that chose
+        them are biased by that choice): tells an update too weak to move even these from one
+        that moves them without reaching held-out tasks."""
+        if self.args.curriculum != "pass-rate":
+            return
+        import datasets
+
+        folder = self.out / "tasks" / "rl_train"
+        if not folder.is_dir():
+            parquet = self.out / "curriculum" / "data.parquet"
+            rows = list(datasets.Dataset.from_parquet(str(parquet)))
+            write_task_folder(rows, folder)
+        models = {"train_sft": self.stages["select_sft"]["chosen"]}
+        models[self.stage_name("train_check")] = rl_model
+        for stage, model in models.items():
+            output = self.out / "train_check" / stage
+            self.run(stage, self.eval_argv(model, folder, self.args.samples, output))
+
+    def train_check_table(self) -> str:
+        """The train check's rates and paired difference, as the held-out table gives them."""
+        stage = self.stage_name("train_check")
+        folder = self.out / "train_check"
+        if not all((folder / s / "samples.jsonl").exists() for s in ("train_sft", stage)):
+            return ""
+        runs = {
+            s: attempts(folder / s / "samples.jsonl", self.reward_config)
+            for s in ("train_sft", stage)
+        }
+        tasks = self.stages["curriculum"]["kept"]
+        table = estimate(runs, tasks, self.args.samples, self.args.resamples, self.args.seed)
+        labels = {"train_sft": "after SFT", stage: self.rl_label()}
+        return markdown(table, labels, {}, scope="RL's own train tasks")
 
     # ------------------------------------------------------------------ report
+    def rl_label(self) -> str:
+        """How this invocation's RL run is named in the report's rows and curves."""
+        label = f"after {self.args.advantage.upper()}"
+        if self.args.curriculum == "pass-rate":
+            label += ", pass-rate curriculum"
+        if self.args.rl_set:
+            label += ", " + " ".join(self.args.rl_set)
+        return label
+
+    def report_evals(self) -> dict[str, str]:
+        """The held-out stages and their row labels: the fixed ones, then every tagged RL run
+        recorded in ``stages.json`` (each keeps the label it was run with)."""
+        evals = dict(EVALS)
+        for stage, record in self.stages.items():
+            if stage.startswith("eval_rl") and stage not in evals:
+                evals[stage] = record.get("label", stage)
+        return evals
+
     def report(self) -> None:
+        evals = self.report_evals()
         runs = {
             stage: attempts(self.out / stage / "samples.jsonl", self.reward_config)
-            for stage in EVALS
+            for stage in evals
             if (self.out / stage / "samples.jsonl").exists()
         }
         heldout = self.stages["synth"]["heldout_tasks"]
@@ -461,27 +527,31 @@ class Benchmark:
         table["settings"] = {k: str(v) for k, v in vars(self.args).items()}
         results = (ROOT / self.args.results).resolve()
         results.mkdir(parents=True, exist_ok=True)
-        text = markdown(table, EVALS, self.stages)
+        text = markdown(table, evals, self.stages)
+        train_text = self.train_check_table()
         for folder in (self.out, results):
             (folder / "summary.json").write_text(json.dumps(table, indent=1))
             (folder / "table.md").write_text(text)
+            if train_text:
+                (folder / f"train_check{self.suffix}.md").write_text(train_text)
             plot(
                 table,
-                EVALS,
+                evals,
                 sft_curve(self.sft_dir / "sft_summary.json"),
                 {
-                    label: rl_curve(self.out / f"rl_model{suffix}")
-                    for label, suffix in RL_RUNS.items()
+                    label.removeprefix("after "): rl_curve(self.out / f"rl_model{stage[7:]}")
+                    for stage, label in evals.items()
+                    if stage.startswith("eval_rl")
                 },
                 folder / "learning.png",
                 "SmolLM2-135M-Instruct on held-out synthetic tasks: before SFT, after SFT, "
                 "after RL",
             )
-        self.log("\n" + text)
+        self.log("\n" + text + ("\n" + train_text if train_text else ""))
         self.log(f"report in {results}")
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/bench/learning", help="working folder")
     parser.add_argument("--results", default="benchmarks/results/learning_cpu_v2")
@@ -514,6 +584,14 @@ def main() -> int:
     parser.add_argument(
         "--curriculum-tasks", type=int, default=40, help="train tasks sampled for pass rates"
     )
+    parser.add_argument(
+        "--rl-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="RL recipe settings to override (e.g. learning_rate=5e-5); give them a --rl-tag",
+    )
+    parser.add_argument("--rl-tag", default="", help="suffix of this RL variant's stages")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--min-free-gb", type=float, default=6.0)
     parser.add_argument(
@@ -526,7 +604,11 @@ def main() -> int:
         help="held-out stages re-judge their stored completions (kernelrl eval --client fixed) "
         "instead of generating: the same answers on the current environment",
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = build_parser().parse_args()
 
     bench = Benchmark(args)
     bench.log(f"learning benchmark v2 in {bench.out} ({os.cpu_count()} CPUs)")
@@ -542,6 +624,7 @@ def main() -> int:
         ("rl", lambda: bench.rl(bench.stages["select_sft"]["chosen"])),
         ("select_rl", lambda: bench.select(select_rl, checkpoints(bench.rl_dir))),
         ("eval_rl", lambda: bench.evaluate(eval_rl, bench.stages[select_rl]["chosen"])),
+        ("train_check", lambda: bench.train_check(bench.stages[select_rl]["chosen"])),
         ("report", bench.report),
     ]
     for name, step in steps:

@@ -222,7 +222,12 @@ def plot(
     plt.close(fig)
 
 
-def markdown(table: dict[str, Any], labels: dict[str, str], stage_runs: dict[str, Any]) -> str:
+def markdown(
+    table: dict[str, Any],
+    labels: dict[str, str],
+    stage_runs: dict[str, Any],
+    scope: str = "Held-out",
+) -> str:
     def cell(entry: dict[str, Any]) -> str:
         low, high = entry["bootstrap"]
         return f"{entry['value']:.3f} [{low:.3f}, {high:.3f}]"
@@ -231,7 +236,7 @@ def markdown(table: dict[str, Any], labels: dict[str, str], stage_runs: dict[str
     names = [ATTEMPT_METRICS.get(m, m) for m in metrics]
     first = next(iter(table["stages"].values()))
     lines = [
-        f"Held-out: {len(table['scored_tasks'])} tasks, {first['correct']['n']} scored attempts "
+        f"{scope}: {len(table['scored_tasks'])} tasks, {first['correct']['n']} scored attempts "
         "per stage.",
         "",
         "| stage | " + " | ".join(names) + " |",
