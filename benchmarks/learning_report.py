@@ -189,26 +189,32 @@ def plot(
     axes[1].set_xlabel("step")
     twin = axes[3].twinx()
     twin.set_ylim(0, 1)
-    for name, curve in rl.items():
+    # A run's curves in its held-out bar's colour, one line style per quantity.
+    colors = {
+        labels.get(st, st).removeprefix("after "): f"C{i % 10}" for i, st in enumerate(stages)
+    }
+    for index, (name, curve) in enumerate(rl.items()):
+        color = colors.get(name, f"C{(len(stages) + index) % 10}")
         steps = [h.get("step", i + 1) for i, h in enumerate(curve)]
-        for key, label in (
-            ("reward", "mean reward"),
-            ("env/correct_final", "correct rate (train rollouts)"),
-            ("env/format_error", "format_error share"),
+        for key, label, style in (
+            ("reward", "mean reward", "-"),
+            ("env/correct_final", "correct rate (train rollouts)", "--"),
+            ("env/format_error", "format_error share", ":"),
         ):
             if curve and all(key in h for h in curve):
-                axes[2].plot(steps, [h[key] for h in curve], marker=".", label=f"{name}: {label}")
-        for key, label in (
-            ("completions/mean_length", "mean completion tokens"),
-            ("completions/max_length", "max completion tokens"),
+                ys = [h[key] for h in curve]
+                axes[2].plot(steps, ys, style, color=color, marker=".", label=f"{name}: {label}")
+        for key, label, style in (
+            ("completions/mean_length", "mean completion tokens", "-"),
+            ("completions/max_length", "max completion tokens", "--"),
         ):
             if curve and all(key in h for h in curve):
-                axes[3].plot(steps, [h[key] for h in curve], marker=".", label=f"{name}: {label}")
+                ys = [h[key] for h in curve]
+                axes[3].plot(steps, ys, style, color=color, marker=".", label=f"{name}: {label}")
         clipped = "completions/clipped_ratio"
         if curve and all(clipped in h for h in curve):
-            twin.plot(
-                steps, [h[clipped] for h in curve], ls="--", label=f"{name}: token-limit share"
-            )
+            ys = [h[clipped] for h in curve]
+            twin.plot(steps, ys, ":", color=color, label=f"{name}: token-limit share")
     axes[2].set_title("RL on train tasks, per step")
     axes[2].set_xlabel("step")
     axes[2].legend(fontsize=7)
