@@ -268,6 +268,7 @@ class Benchmark:
         self.suffix += f"_{args.rl_tag}" if args.rl_tag else ""
         self.sft_dir = self.out / "sft_model"
         self.rl_dir = self.out / f"rl_model{self.suffix}"
+        self.curriculum_parquet = self.out / "curriculum" / "data.parquet"
         self.folders = {s: self.out / "tasks" / s for s in ("validation", "heldout")}
         from kernelrl.launch.train_cli import parse_train_recipe
 
@@ -382,7 +383,7 @@ class Benchmark:
         train = self.synth_dir / "tasks" / "train" / "data.parquet"
         if self.args.curriculum != "pass-rate":
             return train
-        parquet = self.out / "curriculum" / "data.parquet"
+        parquet = self.curriculum_parquet
         if self.done("curriculum") and parquet.exists():
             return parquet
         import datasets
@@ -467,8 +468,7 @@ class Benchmark:
 
         folder = self.out / "tasks" / "rl_train"
         if not folder.is_dir():
-            parquet = self.out / "curriculum" / "data.parquet"
-            rows = list(datasets.Dataset.from_parquet(str(parquet)))
+            rows = list(datasets.Dataset.from_parquet(str(self.curriculum_parquet)))
             write_task_folder(rows, folder)
         models = {"train_sft": self.stages["select_sft"]["chosen"]}
         models[self.stage_name("train_check")] = rl_model
@@ -539,7 +539,9 @@ class Benchmark:
                 evals,
                 sft_curve(self.sft_dir / "sft_summary.json"),
                 {
-                    label.removeprefix("after "): rl_curve(self.out / f"rl_model{stage[7:]}")
+                    label.removeprefix("after "): rl_curve(
+                        self.out / f"rl_model{stage.removeprefix('eval_rl')}"
+                    )
                     for stage, label in evals.items()
                     if stage.startswith("eval_rl")
                 },

@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from kernelrl.env.sandbox.linux import process_exists
+
 CGROUP_ENV = "KERNELRL_CGROUP"
 UNAVAILABLE_ENV = "KERNELRL_CGROUP_UNAVAILABLE"
 _PREFIX = "kernelrl-sbx-"
@@ -65,17 +67,13 @@ def _own_directory() -> Path:
     return (Path(point) / relative).resolve()
 
 
-def _alive(pid: int) -> bool:
-    return os.path.exists(f"/proc/{pid}")
-
-
 def _sweep(base: Path) -> None:
     """Remove the cgroups of sandbox workers that died (a SIGKILLed worker cannot remove its
     own); their processes died with the worker, and any left are killed first."""
     with contextlib.suppress(OSError):
         for entry in os.scandir(base):
             match = _NAME.fullmatch(entry.name)
-            if match and not _alive(int(match[1])):
+            if match and not process_exists(int(match[1])):
                 Cgroup(Path(entry.path)).remove(wait_s=1.0)
 
 

@@ -1,5 +1,5 @@
 """The Linux calls the sandbox's isolation needs and Python does not wrap: mount(2) and
-prctl(2) through libc, and their flags."""
+prctl(2) through libc, and their flags; and whether a process of ours exists (/proc)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,8 @@ def prctl(option: int, value: int) -> None:
     if load_libc().prctl(option, value, 0, 0, 0) != 0:
         code = ctypes.get_errno()
         raise OSError(code, f"prctl({option}) failed")
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` names a process of this PID namespace (a zombie counts)."""
+    return os.path.exists(f"/proc/{pid}")

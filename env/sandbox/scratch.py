@@ -17,6 +17,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kernelrl.env.sandbox.linux import process_exists
+
 PREFIX = "kernelrl-"
 _NAME = re.compile(rf"{PREFIX}[a-z-]+?-(\d+)-(\d+)-")
 _swept_by: int | None = None
@@ -41,16 +43,6 @@ def _pid_namespace() -> int:
         return 0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def make_scratch(kind: str) -> Path:
     """A new folder for ``kind`` (e.g. ``sbx``), named after this worker; the first call of a
     process also sweeps what dead workers left."""
@@ -73,7 +65,7 @@ def sweep_orphans(root: str | None = None) -> list[Path]:
     removed = []
     for path in base.glob(f"{PREFIX}*"):
         match = _NAME.match(path.name)
-        if match is None or match[1] != namespace or _alive(int(match[2])):
+        if match is None or match[1] != namespace or process_exists(int(match[2])):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
