@@ -40,7 +40,10 @@ judges the held-out stages' stored completions again, on the environment as it i
 first completions are kept under ``generated/``). RL continues from its latest
 checkpoint, so ``--rl-steps 30 --force rl select_rl eval_rl`` after a shorter run trains on.
 ``--rl-set learning_rate=5e-5 --rl-tag lr5e5`` runs an RL variant beside the others (its stages
-suffixed ``_lr5e5``, its row labelled with the overrides).
+suffixed ``_lr5e5``, its row labelled with the overrides). ``--rl-from RUN --rl-tag gpu`` takes
+the RL stage from a run of ``benchmarks/learning_gpu_rl.sh`` on a GPU machine (``trloo_gpu.yaml``:
+far more rollouts per step than 2 cores afford) and validates, selects and evaluates its
+checkpoints here like any other; LoRA checkpoints are merged into the SFT model for evaluation.
 Before each heavy stage the script waits for ``--min-free-gb`` of memory; stage wall times,
 peak RSS and load averages are recorded.
 
@@ -358,7 +361,8 @@ class Benchmark:
         for index, path in enumerate(candidates):
             name = f"val_{stage.removeprefix('select_')}_{path.name}"
             output = self.out / "validation" / name
-            self.run(name, self.eval_argv(str(path), self.folders["validation"], 2, output))
+            model = self.model_folder(str(path))
+            self.run(name, self.eval_argv(model, self.folders["validation"], 2, output))
             by_task = attempts(output / "samples.jsonl", self.reward_config)
             flat = [a for rows in by_task.values() for a in rows]
             mean = {m: sum(a[m] for a in flat) / max(len(flat), 1) for m in ("correct", "compile")}
@@ -420,6 +424,9 @@ class Benchmark:
         return parquet
 
     def rl(self, sft_model: str) -> None:
+        if self.args.rl_from:
+            self.adopt_rl(self.args.rl_from)
+            return
         train = self.curriculum(sft_model)
         argv = ["train", "--config", str(RECIPES / "trloo.yaml")]
         argv += [
@@ -443,9 +450,58 @@ class Benchmark:
             argv += ["--resume_from_checkpoint", "true"]
         self.run(self.stage_name("rl"), argv)
 
+    def adopt_rl(self, folder: Path) -> None:
+        """RL that ran elsewhere (``benchmarks/learning_gpu_rl.sh`` on a GPU machine): its
+        scheduled checkpoints (every ``save_steps``) and its last become this run's candidates;
+        the checkpoints a time-limited call saved on stopping are resume points, not
+        candidates. Validation, selection and held-out evaluation then run here as for any RL
+        run, on the same tasks, prompt and sampling."""
+        stage = self.stage_name("rl")
+        if self.done(stage):
+            return
+        found = checkpoints(folder)
+        if not found:
+            raise SystemExit(f"--rl-from: no checkpoint-* in {folder}")
+        every = json.loads((found[-1] / "trainer_state.json").read_text())["save_steps"]
+        chosen = [p for p in found if int(p.name.split("-")[1]) % every == 0]
+        chosen += [found[-1]] if found[-1] not in chosen else []
+        self.rl_dir.mkdir(parents=True, exist_ok=True)
+        for path in chosen:
+            shutil.copytree(path, self.rl_dir / path.name, dirs_exist_ok=True)
+        runs = json.loads((folder / "runs.json").read_text())
+        self.stages[stage] = {
+            "adopted_from": str(folder),
+            "runs": runs,
+            "wall_s": round(sum(r["wall_s"] for r in runs), 1),
+            "returncode": max(r["exit_status"] for r in runs),
+            "log": str(folder / "train.log"),
+            "candidates": [p.name for p in chosen],
+        }
+        self.save()
+        self.log(f"[{stage}] adopted {[p.name for p in chosen]} from {folder}")
+
+    def model_folder(self, checkpoint: str) -> str:
+        """A checkpoint as ``kernelrl eval`` loads it: LoRA adapters (a ``use_peft`` run)
+        merged into the SFT model they were trained on, once, in ``merged/`` beside them."""
+        path = Path(checkpoint)
+        if not (path / "adapter_config.json").exists():
+            return checkpoint
+        merged = path / "merged"
+        if not (merged / "config.json").exists():
+            import torch
+            from peft import PeftModel
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            base_path = self.stages["select_sft"]["chosen"]
+            base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+            model = PeftModel.from_pretrained(base, str(path)).merge_and_unload()
+            model.save_pretrained(str(merged))
+            AutoTokenizer.from_pretrained(base_path).save_pretrained(str(merged))
+        return str(merged)
+
     def evaluate(self, stage: str, model: str) -> None:
         folder = self.folders["heldout"]
-        argv = self.eval_argv(model, folder, self.args.samples, self.out / stage)
+        argv = self.eval_argv(self.model_folder(model), folder, self.args.samples, self.out / stage)
         if self.args.replay:  # the same completions, judged by today's environment
             generated = self.out / "generated" / f"{stage}.jsonl"
             if not generated.exists():
@@ -471,7 +527,7 @@ class Benchmark:
             rows = list(datasets.Dataset.from_parquet(str(self.curriculum_parquet)))
             write_task_folder(rows, folder)
         models = {"train_sft": self.stages["select_sft"]["chosen"]}
-        models[self.stage_name("train_check")] = rl_model
+        models[self.stage_name("train_check")] = self.model_folder(rl_model)
         for stage, model in models.items():
             output = self.out / "train_check" / stage
             self.run(stage, self.eval_argv(model, folder, self.args.samples, output))
@@ -497,6 +553,9 @@ class Benchmark:
         label = f"after {self.args.advantage.upper()}"
         if self.args.curriculum == "pass-rate":
             label += ", pass-rate curriculum"
+        if self.args.rl_from:
+            runs = self.stages[self.stage_name("rl")]["runs"]
+            label += f", {runs[0]['device']}, {Path(runs[0]['recipe']).name}"
         if self.args.rl_set:
             label += ", " + " ".join(self.args.rl_set)
         return label
@@ -594,6 +653,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="RL recipe settings to override (e.g. learning_rate=5e-5); give them a --rl-tag",
     )
     parser.add_argument("--rl-tag", default="", help="suffix of this RL variant's stages")
+    parser.add_argument(
+        "--rl-from",
+        type=Path,
+        default=None,
+        help="a run folder of benchmarks/learning_gpu_rl.sh: RL ran there (a GPU machine); its "
+        "checkpoints are validated, selected and evaluated here (give it a --rl-tag)",
+    )
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--min-free-gb", type=float, default=6.0)
     parser.add_argument(

@@ -153,7 +153,7 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     # rich's panel instead of tqdm on a terminal; on a pipe (a SLURM log) rich prints nothing
     # until the end, so plain lines with step/total, rate, ETA and the last reward on stderr
-    callbacks = train_callbacks(Console(stderr=True))
+    callbacks = train_callbacks(Console(stderr=True), training_args.stop_after_s)
     training_args.disable_tqdm = True
     trainer = KernelGRPOTrainer(
         model=model_path,

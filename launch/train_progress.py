@@ -8,6 +8,7 @@ same lines as curate and eval, every ``KERNELRL_PROGRESS_INTERVAL`` seconds and 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -50,10 +51,30 @@ class PlainProgressCallback(TrainerCallback):
             self.progress = None
 
 
-def train_callbacks(console: Console) -> list[TrainerCallback]:
-    """rich's panel on a terminal; periodic plain lines when stderr goes to a file or pipe."""
+class StopAfterSeconds(TrainerCallback):
+    """Ends training with a checkpoint once a step ends ``seconds`` after training began, so
+    a time-limited job stops at a step boundary instead of being killed mid-step (and losing
+    every step since its last checkpoint)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.started = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if time.monotonic() - self.started >= self.seconds:
+            control.should_save = True
+            control.should_training_stop = True
+
+
+def train_callbacks(console: Console, stop_after_s: float | None = None) -> list[TrainerCallback]:
+    """rich's panel on a terminal; periodic plain lines when stderr goes to a file or pipe;
+    with ``stop_after_s``, the wall-clock stop."""
+    stop = [StopAfterSeconds(stop_after_s)] if stop_after_s else []
     if console.is_terminal:
         from trl.trainer.callbacks import RichProgressCallback
 
-        return [RichProgressCallback()]
-    return [PlainProgressCallback(console)]
+        return [RichProgressCallback(), *stop]
+    return [PlainProgressCallback(console), *stop]

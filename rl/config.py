@@ -88,6 +88,21 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
             "counter, so a resumed run samples exactly what the uninterrupted run would"
         },
     )
+    save_rollouts: bool = field(
+        default=False,
+        metadata={
+            "help": "write every trained rollout (completions, environment results, rewards, "
+            "advantages) to output_dir/rollouts/rank<N>.jsonl, in curation's trajectory format"
+        },
+    )
+    stop_after_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "end training, with a checkpoint, at the first step that ends this many "
+            "seconds after training started: for jobs with a time limit (a SLURM slot, a lent "
+            "machine); rerun with resume_from_checkpoint to go on"
+        },
+    )
 
     # ------------------------------------------------------------------ composed parts
     # Parsed as their own dataclasses next to this one (TRAIN_RECIPE); set by ``compose``.

@@ -40,6 +40,7 @@ import os
 import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,7 @@ from kernelrl.rl.rollout import (
     RolloutStats,
     Trajectory,
 )
+from kernelrl.rl.rollout_log import append_records, rollout_records
 from kernelrl.rl.steps import RolloutBatch, batch_key
 
 STATE_FILE = "kernelrl_state_{rank}.pt"
@@ -373,6 +375,12 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
             flight.rollout, local, turns, advantages, self.state.global_step
         ).items():
             metrics[key].append(value)
+        if mode == "train" and self.args.save_rollouts:
+            rank = self.accelerator.process_index
+            records = rollout_records(
+                trajectories, local.rewards, mine.advantages, self.state.global_step
+            )
+            append_records(Path(self.args.output_dir) / "rollouts" / f"rank{rank}.jsonl", records)
 
     # ------------------------------------------------------------------ checkpoints
     def save_state(self, folder: str) -> None:

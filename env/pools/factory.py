@@ -98,6 +98,13 @@ class EnvPoolConfig:
         default=EVALS_PER_GPU, metadata={"help": "evaluations in flight per GPU"}
     )
     env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
+    env_time_reference_compile: bool = field(
+        default=True,
+        metadata={
+            "help": "time the torch.compile baseline too (GPU; reported, not rewarded: off "
+            "spares RL a compile of every new task's reference)"
+        },
+    )
     env_ray_address: str | None = field(
         default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
     )
@@ -119,7 +126,11 @@ class EnvPoolConfig:
 
         return make_pool(
             self.env_pool,
-            EvalConfig(device=self.env_device, timeout_s=self.env_timeout_s),
+            EvalConfig(
+                device=self.env_device,
+                timeout_s=self.env_timeout_s,
+                time_reference_compile=self.env_time_reference_compile,
+            ),
             workers=self.env_workers or None,
             per_gpu=self.env_per_gpu,
             ray_address=self.env_ray_address,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import learning  # noqa: E402
 
@@ -73,3 +75,70 @@ def test_the_train_check_samples_sft_and_rl_anew_on_rls_own_train_tasks(tmp_path
     models = {name: argv[argv.index("--model_name_or_path") + 1] for name, argv in ran.items()}
     assert models == {"train_sft": "sft-model", "train_check_passrate_hot": "rl-model"}
     assert bench.train_check_table() == ""  # nothing sampled yet: no table
+
+
+def _checkpoint(folder: Path, step: int, save_steps: int) -> None:
+    import json
+
+    folder.mkdir(parents=True)
+    state = {"save_steps": save_steps, "log_history": [{"step": step, "reward": 0.5}]}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+
+
+def test_rl_from_adopts_the_scheduled_checkpoints_and_the_last(tmp_path: Path) -> None:
+    """A time-limited GPU call's stop checkpoints (6, 13) are resume points, not candidates."""
+    import json
+
+    run = tmp_path / "gpu_run"
+    for step in (5, 6, 10, 13, 15, 16):
+        _checkpoint(run / f"checkpoint-{step}", step, save_steps=5)
+    calls = [{"device": "NVIDIA H200", "recipe": "recipes/x/trloo_gpu.yaml", "exit_status": 0}]
+    (run / "runs.json").write_text(json.dumps([{**c, "wall_s": 500.0} for c in calls * 2]))
+    bench = _bench(tmp_path / "out", "--rl-from", str(run), "--rl-tag", "gpu")
+    bench.run = lambda name, argv: pytest.fail(f"RL must not run here: {name}")
+    bench.rl("sft-model")
+    adopted = [p.name for p in learning.checkpoints(bench.rl_dir)]
+    assert adopted == ["checkpoint-5", "checkpoint-10", "checkpoint-15", "checkpoint-16"]
+    record = bench.stages["rl_gpu"]
+    assert record["wall_s"] == 1000.0 and record["returncode"] == 0
+    assert bench.rl_label() == "after TRLOO, NVIDIA H200, trloo_gpu.yaml"
+
+
+def test_a_lora_checkpoint_is_evaluated_merged_into_the_sft_model(tmp_path: Path) -> None:
+    """What ``kernelrl eval`` loads computes what the adapter on its SFT model computes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from kernelrl.launch.models import resolve_model
+
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    sft = tmp_path / "sft"
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(sft))
+    AutoTokenizer.from_pretrained(resolve_model(learning.BASE_MODEL)).save_pretrained(str(sft))
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(str(sft)), lora)
+    checkpoint = tmp_path / "rl" / "checkpoint-5"
+    adapted.save_pretrained(str(checkpoint))
+
+    bench = _bench(tmp_path / "out")
+    bench.stages = {"select_sft": {"chosen": str(sft)}}
+    merged = bench.model_folder(str(checkpoint))
+    assert merged == str(checkpoint / "merged")
+    assert bench.model_folder(str(sft)) == str(sft)  # a full checkpoint is loaded as it is
+    tokens = torch.tensor([[1, 5, 9, 200, 7]])
+    with torch.no_grad():
+        expected = adapted(tokens).logits
+        got = AutoModelForCausalLM.from_pretrained(merged)(tokens).logits
+        plain = AutoModelForCausalLM.from_pretrained(str(sft))(tokens).logits
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-3)  # the adapter changed the model
+    assert (checkpoint / "merged" / "tokenizer.json").exists()

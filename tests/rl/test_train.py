@@ -49,6 +49,12 @@ def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
     assert isinstance(args.rejection, RejectionSampling)
     assert args.rejection.config().mode == "downweight"
     assert isinstance(args.environment, EnvPoolConfig) and args.environment.env_workers == 3
+    no_compile, _ = parse_recipe(["--config", str(SMOKE), "--env_time_reference_compile", "false"])
+    pool = no_compile.environment.make_pool()
+    try:  # the pool's evaluators get the key (the CPU never times a compiled reference anyway)
+        assert pool.config.time_reference_compile is False
+    finally:
+        pool.close()
     logged = args.to_dict()  # what the run logs as its config: every part's keys
     assert logged["speedup_clip_max"] == 2.5 and logged["env_workers"] == 3
     with pytest.raises(RecipeError, match="reward_preset=drkernel defines speedup_clip_min"):
@@ -58,7 +64,9 @@ def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
 
 
 TRAINING_RECIPES = sorted(
-    p for p in (ROOT / "recipes").rglob("*.yaml") if p.parent.name in ("grpo", "trloo", "smoke")
+    p
+    for p in (ROOT / "recipes").rglob("*.yaml")
+    if p.parent.name in ("grpo", "trloo", "smoke") or p.match("learning/trloo*.yaml")
 )
 
 

@@ -5,6 +5,7 @@ an exact resume from a checkpoint. Seconds on CPU."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,31 @@ def test_colocated_engine_samples_in_the_policys_dtype(tmp_path: Path) -> None:
     server = train_config(use_cpu=True, bf16=False, use_vllm=True, vllm_mode="server")
     assert "dtype" not in engine_kwargs(server, "m")
     assert "dtype" not in engine_kwargs(train_config(use_cpu=True, bf16=False), "m")
+
+
+def test_saved_rollouts_are_what_each_step_trained_on(model_dir: str, tmp_path: Path) -> None:
+    """``save_rollouts``: one record per trained sample, its turns' texts, verdicts, rewards
+    and advantages as trained, in the trajectory format curation reads."""
+    from kernelrl.data.loaders import load_trajectories
+
+    run = trainer(
+        model_dir, config(tmp_path, max_steps=2, save_rollouts=True), VerdictPool(verdict)
+    )
+    run.train()
+    path = tmp_path / "rollouts" / "rank0.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(records) == sum(len(step["trajectories"]) for step in run.steps)
+    weights = run.reward_weights
+    trained = [(step, b) for step in run.steps for b in range(len(step["trajectories"]))]
+    for record, (step, b) in zip(records, trained, strict=True):
+        trajectory = step["trajectories"][b]
+        assert record["task_id"] == trajectory.task.id
+        rewards = (step["per_turn"][b] * weights).nansum(-1)
+        for index, turn in enumerate(record["turns"]):
+            assert turn["completion"] == trajectory.turns[index].text
+            assert turn["result"]["status"] == str(trajectory.turns[index].result.status)
+            assert turn["reward"] == pytest.approx(rewards[index].item(), abs=1e-6)
+            # the advantage laid over this turn's tokens is the one recorded
+            position = trajectory.turn_index.index(index)
+            assert step["advantages"][b][position].item() == pytest.approx(turn["advantage"])
+    assert len(load_trajectories([f"jsonl:{path}"])) == len(records)

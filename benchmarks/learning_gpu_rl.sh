@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The learning benchmark's RL stage on one GPU machine (recipes/smollm2/learning/trloo_gpu.yaml).
+#
+#   bash benchmarks/learning_gpu_rl.sh SFT_MODEL TRAIN_PARQUET RUN_DIR [kernelrl train args...]
+#
+# SFT_MODEL: the SFT checkpoint the CPU benchmark chose (runs/bench/learning/stages.json,
+# select_sft); TRAIN_PARQUET: its synth/tasks/train/data.parquet. Rerunning with the same RUN_DIR
+# continues from the last checkpoint; `--stop_after_s N` ends a run at a step boundary, with a
+# checkpoint, for machines lent for a limited time. With $OUT set, the LoRA adapters and trainer
+# state of the checkpoints no earlier call packed, with the log and the rollouts, go to
+# $OUT/rl_run.tgz.N (pieces of 15 MiB: `cat rl_run.tgz.* | tar -xz`); the CPU box then
+# validates, selects and evaluates them:
+#   python benchmarks/learning.py ... --rl-from RUN_DIR_BACK_HERE --rl-tag gpu
+set -euo pipefail
+if [ $# -lt 3 ]; then
+  sed -n 2,14p "$0"
+  exit 2
+fi
+model=$1 tasks=$2 run=$3
+shift 3
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$run"
+resume=()
+if compgen -G "$run/checkpoint-*" > /dev/null; then resume=(--resume_from_checkpoint true); fi
+started=$(date +%s)
+status=0
+python3 -m kernelrl.launch.cli train --config "$root/recipes/smollm2/learning/trloo_gpu.yaml" \
+  --model_name_or_path "$model" --tasks "parquet:$tasks" --output_dir "$run" \
+  "${resume[@]}" "$@" 2>&1 | tee -a "$run/train.log" || status=$?
+python3 - "$run" "$started" "$status" "$@" <<'PY'
+import json, sys, time
+from pathlib import Path
+
+import torch
+
+run, started, status, extra = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+record = {
+    "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    "recipe": "recipes/smollm2/learning/trloo_gpu.yaml",
+    "extra_args": extra,
+    "exit_status": status,
+    "wall_s": time.time() - started,
+}
+runs = json.loads((run / "runs.json").read_text()) if (run / "runs.json").exists() else []
+(run / "runs.json").write_text(json.dumps(runs + [record], indent=1))
+PY
+if [ -n "${OUT:-}" ]; then  # the checkpoints not packed by an earlier call, in 15 MiB pieces
+  new=()
+  for folder in "$run"/checkpoint-*; do
+    name=$(basename "$folder")
+    [ -d "$folder" ] && ! grep -qx "$name" "$run/returned.txt" 2>/dev/null && new+=("$name")
+  done
+  (cd "$run" && tar -czf - --exclude=optimizer.pt --exclude='rng_state*' --exclude=scheduler.pt \
+    --exclude=tokenizer.json --exclude='kernelrl_state_*' ${new[@]+"${new[@]}"} train.log runs.json \
+    $(ls -d rollouts 2>/dev/null)) |
+    split -b 15M -d -a 1 - "$OUT/rl_run.tgz."
+  printf '%s\n' ${new[@]+"${new[@]}"} >> "$run/returned.txt"
+fi
+exit $status
