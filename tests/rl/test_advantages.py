@@ -327,7 +327,7 @@ def _trainer_for_scoring(advantage: str, rejection_preset: str = "kernelrl"):  #
     trainer.accelerator = Accelerator(cpu=True)
     trainer.args = SimpleNamespace(
         max_turns=2, turn_return="own", turn_gamma=1.0, advantage=advantage,
-        scale_rewards="group", report_to=[], seed=0,
+        scale_rewards="group", report_to=[], seed=0, save_rollouts=False,
         rejection=RejectionSampling(rejection_preset=rejection_preset),
     )  # fmt: skip
     trainer.reward_funcs, trainer.reward_func_names = funcs, [f.__name__ for f in funcs]
