@@ -69,7 +69,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from learning_report import attempts, estimate, markdown, plot, rl_curve, sft_curve  # noqa: E402
+from learning_report import (  # noqa: E402
+    attempts,
+    checkpoint_step,
+    estimate,
+    markdown,
+    plot,
+    rl_curve,
+    sft_curve,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes" / "smollm2" / "learning"
@@ -245,7 +253,7 @@ def adopt_from_log(log_path: Path) -> dict[str, Any] | None:
 
 
 def checkpoints(folder: Path) -> list[Path]:
-    return sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return sorted(folder.glob("checkpoint-*"), key=checkpoint_step)
 
 
 def _recipe_value(recipe: Path, key: str) -> Any:
@@ -463,7 +471,7 @@ class Benchmark:
         if not found:
             raise SystemExit(f"--rl-from: no checkpoint-* in {folder}")
         every = json.loads((found[-1] / "trainer_state.json").read_text())["save_steps"]
-        chosen = [p for p in found if int(p.name.split("-")[1]) % every == 0]
+        chosen = [p for p in found if checkpoint_step(p) % every == 0]
         chosen += [found[-1]] if found[-1] not in chosen else []
         self.rl_dir.mkdir(parents=True, exist_ok=True)
         for path in chosen:

@@ -141,13 +141,18 @@ def sft_curve(summary_path: Path) -> list[tuple[float, float]]:
     return [(h["step"], h["loss"]) for h in history if "loss" in h and "step" in h]
 
 
+def checkpoint_step(folder: Path) -> int:
+    """The optimizer step of a Trainer ``checkpoint-N`` folder."""
+    return int(folder.name.split("-")[1])
+
+
 def rl_curve(rl_dir: Path) -> list[dict[str, float]]:
     """The per-step log of the latest RL checkpoint (it holds every earlier step too)."""
     import json
 
     states = sorted(
         rl_dir.glob("checkpoint-*/trainer_state.json"),
-        key=lambda p: int(p.parent.name.split("-")[1]),
+        key=lambda p: checkpoint_step(p.parent),
     )
     if not states:
         return []
