@@ -19,24 +19,26 @@ fi
 model=$1 tasks=$2 run=$3
 shift 3
 root=$(cd "$(dirname "$0")/.." && pwd)
+recipe=recipes/smollm2/learning/trloo_gpu.yaml
 mkdir -p "$run"
 resume=()
 if compgen -G "$run/checkpoint-*" > /dev/null; then resume=(--resume_from_checkpoint true); fi
 started=$(date +%s)
 status=0
-python3 -m kernelrl.launch.cli train --config "$root/recipes/smollm2/learning/trloo_gpu.yaml" \
+python3 -m kernelrl.launch.cli train --config "$root/$recipe" \
   --model_name_or_path "$model" --tasks "parquet:$tasks" --output_dir "$run" \
   "${resume[@]}" "$@" 2>&1 | tee -a "$run/train.log" || status=$?
-python3 - "$run" "$started" "$status" "$@" <<'PY'
+python3 - "$run" "$started" "$status" "$recipe" "$@" <<'PY'
 import json, sys, time
 from pathlib import Path
 
 import torch
 
-run, started, status, extra = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+run, started, status, recipe = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+extra = sys.argv[5:]
 record = {
     "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-    "recipe": "recipes/smollm2/learning/trloo_gpu.yaml",
+    "recipe": recipe,
     "extra_args": extra,
     "exit_status": status,
     "wall_s": time.time() - started,
