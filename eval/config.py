@@ -133,8 +133,8 @@ class EvalSweepConfig(MultiTurnConfig, EnvPoolConfig):
     overlap: bool = field(
         default=True,
         metadata=_help(
-            "generate the next batch while the last one is evaluated; turn off when the model "
-            "shares the GPU with the evaluator, so generation never disturbs kernel timings"
+            "generate the next batch while the last one is evaluated; refused where an "
+            "in-process model shares the local GPUs with the evaluator (it would disturb timings)"
         ),
     )
     # ------------------------------------------------------------------ multi-turn
@@ -181,6 +181,12 @@ class EvalSweepConfig(MultiTurnConfig, EnvPoolConfig):
             raise ValueError("client 'fixed' needs fixed_solutions (folders or JSONL files)")
         if self.client in ("vllm", "transformers") and not self.model_name_or_path:
             raise ValueError(f"client {self.client!r} needs model_name_or_path")
+        if self.client in ("vllm", "transformers") and self.overlap and self.times_on_local_gpus():
+            raise ValueError(
+                f"overlap would time kernels while the {self.client} client generates on the same "
+                "GPUs (env_pool: local, env_device: cuda), and the timings, and the integrity "
+                "checks that compare them, would measure the model too: set overlap: false"
+            )
         if self.benchmark in ("kernelbench", "folder", "hf") and not self.benchmark_path:
             raise ValueError(f"benchmark {self.benchmark!r} needs benchmark_path")
         if not 0 < self.confidence < 1:

@@ -18,7 +18,8 @@ What is relied on, and why:
   ``_load_optimizer_and_scheduler`` (checkpoints carry kernelrl's state) and
   ``get_batch_samples`` (look-ahead for ``overlap_evaluation``), and forwards each to a named
   kernelrl method.
-- Called privates: ``GRPOTrainer._generate_single_turn`` (transformers generation of one turn),
+- Called privates: ``GRPOTrainer._generate_single_turn`` (transformers generation of one turn,
+  from the model ``model_wrapped`` names, which ``merged_lora_policy`` points at a merged copy),
   ``_tokenize_prompts``, ``_last_loaded_step`` (weights pushed at most once per step),
   ``Trainer._get_output_dir``; TRL's ``extract_logprobs`` and ``empty_cache``;
   ``VLLMGeneration._iter_named_params`` (gathers ZeRO-3 shards, merges PEFT) and
@@ -48,6 +49,7 @@ chunked prefill off (a prompt is always prefilled in one step), which avoids tha
 from __future__ import annotations
 
 import contextlib
+import copy
 import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -92,6 +94,7 @@ GRPO_TRAINER_ATTRIBUTES: tuple[str, ...] = (
     "use_vllm",
     "generation_config",  # transformers generation path only
     "generation_kwargs",
+    "model_wrapped",  # what _generate_single_turn generates with (merged_lora_policy)
 )
 VLLM_GENERATION_METHODS: dict[str, tuple[str, ...]] = {
     "generate": ("self", "prompts", "images", "num_generations", "profiler"),
@@ -245,6 +248,30 @@ def _override_item(mapping: dict, key: str, value: Any) -> Iterator[None]:
             mapping[key] = old
 
 
+@contextlib.contextmanager
+def merged_lora_policy(trainer: Any) -> Iterator[Any]:
+    """The model TRL's transformers path generates with: for a LoRA policy, a copy with the
+    adapters merged into its weights (what TRL also hands vLLM), else the trained model itself.
+
+    Decoding a small model is bound by kernel launches, and unmerged adapters add four per
+    adapted layer to every token; the copy samples the same policy (up to the rounding of the
+    merge) with none of them. Sharded models (DeepSpeed, FSDP) generate unmerged: a copy would
+    gather every shard. The trained model is never touched; the copy lives for one generation.
+    """
+    from peft import PeftModel
+
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    sharded = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled
+    if sharded or not isinstance(model, PeftModel):
+        yield trainer.model_wrapped
+        return
+    merged = copy.deepcopy(model).merge_and_unload()
+    try:
+        yield merged
+    finally:
+        del merged
+
+
 def transformers_generate(
     trainer: Any, prompt_ids: list[list[int]], max_new_tokens: int, seed: int | None
 ) -> list[list[int]]:
@@ -259,6 +286,8 @@ def transformers_generate(
         _override_attr(trainer.generation_config, "max_new_tokens", max_new_tokens),
         _override_item(trainer.generation_kwargs, "max_new_tokens", max_new_tokens),
         torch.random.fork_rng(devices=devices, enabled=seed is not None),
+        merged_lora_policy(trainer) as policy,
+        _override_attr(trainer, "model_wrapped", policy),
     ):
         if seed is not None:
             torch.manual_seed(seed)

@@ -179,6 +179,13 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
         self, reward: RewardConfig, rejection: RejectionSampling, environment: EnvPoolConfig
     ) -> KernelGRPOConfig:
         """Hang the parts parsed next to this config on it (each checked its own keys)."""
+        if self.overlap_evaluation and environment.times_on_local_gpus():
+            raise ValueError(
+                "overlap_evaluation would time kernels while the policy generates and trains on "
+                "the same GPUs (env_pool: local, env_device: cuda): the timings, and the integrity "
+                "checks that compare them, would measure the policy too. Turn overlap_evaluation "
+                "off, or evaluate on other GPUs (env_pool: ray or service)"
+            )
         self.reward, self.rejection, self.environment = reward, rejection, environment
         return self
 

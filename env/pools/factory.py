@@ -120,6 +120,17 @@ class EnvPoolConfig:
         if self.env_pool not in POOL_KINDS:
             raise ValueError(f"env_pool must be one of {POOL_KINDS}, got {self.env_pool!r}")
 
+    def times_on_local_gpus(self) -> bool:
+        """Whether this pool times kernels on this machine's GPUs, which the model of the same
+        process (a policy being trained, an in-process client) also uses."""
+        if self.env_pool != "local":
+            return False
+        if self.env_device == "auto":
+            import torch
+
+            return torch.cuda.is_available()
+        return self.env_device == "cuda"
+
     def make_pool(self) -> Pool:
         """The pool these keys describe (the caller closes it)."""
         from kernelrl.env.evaluator import EvalConfig

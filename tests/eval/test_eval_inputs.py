@@ -300,6 +300,11 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
             "unknown key for `kernelrl eval`: --not_a_flag",
         ),
         ("client: fixed\n", [], "fixed_solutions"),
+        (
+            "client: vllm\nmodel_name_or_path: m\nenv_pool: local\nenv_device: cuda\n",
+            [],
+            "set overlap: false",
+        ),
     ],
 )
 def test_cli_recipe_errors_are_one_line_exit_2(

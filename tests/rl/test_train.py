@@ -100,6 +100,11 @@ def test_every_training_recipe_parses(recipe: Path) -> None:
         ("model_name_or_path: m\nuse_vllm: true\ntop_p: 0.95\n", "top_p=0.95 with vLLM"),
         ("model_name_or_path: m\nuse_vllm: true\ntop_k: 50\n", "top_k=50 with vLLM"),
         ("model_name_or_path: m\nuse_vllm: true\nmin_p: 0.05\n", "min_p=0.05 with vLLM"),
+        # kernels timed on the GPU the policy generates and trains on
+        (
+            "model_name_or_path: m\noverlap_evaluation: true\nenv_pool: local\nenv_device: cuda\n",
+            "overlap_evaluation would time kernels while the policy generates",
+        ),
     ],
 )
 def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) -> None:
@@ -107,6 +112,17 @@ def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) 
     recipe.write_text("use_cpu: true\nbf16: false\n" + text)
     with pytest.raises(RecipeError, match=expected):
         parse_recipe(["--config", str(recipe)])
+
+
+def test_overlap_is_allowed_where_kernels_are_timed_elsewhere(tmp_path: Path) -> None:
+    """Overlap stays available where the environment does not share the policy's GPUs."""
+    for pool in ("env_pool: ray\nenv_device: cuda\n", "env_pool: local\nenv_device: cpu\n"):
+        recipe = tmp_path / "recipe.yaml"
+        recipe.write_text(
+            "use_cpu: true\nbf16: false\nmodel_name_or_path: m\noverlap_evaluation: true\n" + pool
+        )
+        args, _ = parse_recipe(["--config", str(recipe)])
+        assert args.overlap_evaluation
 
 
 def test_truncated_sampling_is_allowed_without_the_importance_correction(tmp_path: Path) -> None:

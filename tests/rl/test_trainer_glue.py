@@ -5,6 +5,7 @@ an exact resume from a checkpoint. Seconds on CPU."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -92,7 +93,9 @@ def rows() -> list[dict[str, Any]]:
     return first + [{**row, "id": f"{row['id']}_again"} for row in first]
 
 
-def trainer(model_dir: str, args: KernelGRPOConfig, pool: VerdictPool) -> Recording:
+def trainer(
+    model_dir: str, args: KernelGRPOConfig, pool: VerdictPool, peft_config: Any = None
+) -> Recording:
     from transformers import AutoTokenizer
 
     from kernelrl.data.schema import make_dataset
@@ -104,6 +107,7 @@ def trainer(model_dir: str, args: KernelGRPOConfig, pool: VerdictPool) -> Record
         train_dataset=make_dataset(rows(), "tasks"),
         processing_class=tok,
         pool=pool,
+        peft_config=peft_config,
     )
 
 
@@ -180,7 +184,9 @@ def test_step_trains_turn_level_trloo_laid_over_tokens(model_dir: str, tmp_path:
 
 def test_overlap_trains_on_the_batch_it_generated(model_dir: str, tmp_path: Path) -> None:
     pool = VerdictPool(verdict)
-    run = trainer(model_dir, config(tmp_path, max_steps=3, overlap_evaluation=True), pool)
+    run = trainer(
+        model_dir, config(tmp_path, max_steps=3, overlap_evaluation=True, env_device="cpu"), pool
+    )
     run.train()
     # every batch was generated once (the look-ahead one is used, not regenerated) and each
     # step trained on the batch generated for its inputs
@@ -268,3 +274,44 @@ def test_saved_rollouts_are_what_each_step_trained_on(model_dir: str, tmp_path: 
             position = trajectory.turn_index.index(index)
             assert step["advantages"][b][position].item() == pytest.approx(turn["advantage"])
     assert len(load_trajectories([f"jsonl:{path}"])) == len(records)
+
+
+def test_a_lora_policy_generates_from_a_merged_copy(model_dir: str, tmp_path: Path) -> None:
+    """Transformers generation of a LoRA policy samples from a copy with the adapters merged:
+    the same tokens as the adapted model under the same seed, with the trained model left as
+    it was (adapters unmerged, weights unchanged)."""
+    from peft import LoraConfig, PeftModel
+
+    from kernelrl.rl import compat
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    run = trainer(model_dir, config(tmp_path), VerdictPool(verdict), peft_config=lora)
+    adapted = run.accelerator.unwrap_model(run.model_wrapped)
+    assert isinstance(adapted, PeftModel)
+    before = {name: value.clone() for name, value in adapted.state_dict().items()}
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+    with compat.merged_lora_policy(run) as policy:
+        assert not isinstance(policy, PeftModel)
+        ids = torch.tensor(prompts)
+        with torch.no_grad():
+            merged_logits = policy(ids).logits
+            adapted_logits = adapted(ids).logits
+        torch.testing.assert_close(merged_logits, adapted_logits, rtol=1e-4, atol=1e-5)
+        # the adapters matter here, so equal logits mean they were merged, not dropped
+        with torch.no_grad(), adapted.disable_adapter():
+            assert not torch.allclose(adapted(ids).logits, adapted_logits, atol=1e-3)
+
+    sampled = compat.transformers_generate(run, prompts, 6, seed=3)
+    with compat._override_attr(compat, "merged_lora_policy", _unmerged):
+        reference = compat.transformers_generate(run, prompts, 6, seed=3)
+    assert sampled == reference
+    after = adapted.state_dict()
+    assert before.keys() == after.keys()
+    for name, value in before.items():
+        torch.testing.assert_close(after[name], value, rtol=0, atol=0)
+
+
+@contextlib.contextmanager
+def _unmerged(trainer: KernelGRPOTrainer):  # noqa: ANN202
+    yield trainer.model_wrapped
