@@ -173,21 +173,24 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
                 "advantage=drkernel_trloo always uses returns-to-go G_t = r_t + turn_gamma * "
                 "G_{t+1}; remove turn_return (set turn_gamma instead)"
             )
-        self.compose(self.reward, self.rejection, self.environment)
 
     def compose(
         self, reward: RewardConfig, rejection: RejectionSampling, environment: EnvPoolConfig
     ) -> KernelGRPOConfig:
         """Hang the parts parsed next to this config on it (each checked its own keys)."""
-        if self.overlap_evaluation and environment.times_on_local_gpus():
+        self.reward, self.rejection, self.environment = reward, rejection, environment
+        self.check_overlap()
+        return self
+
+    def check_overlap(self) -> None:
+        """Overlapped evaluation only where kernels are not timed on the policy's own GPUs."""
+        if self.overlap_evaluation and self.environment.times_on_local_gpus():
             raise ValueError(
                 "overlap_evaluation would time kernels while the policy generates and trains on "
                 "the same GPUs (env_pool: local, env_device: cuda): the timings, and the integrity "
                 "checks that compare them, would measure the policy too. Turn overlap_evaluation "
                 "off, or evaluate on other GPUs (env_pool: ray or service)"
             )
-        self.reward, self.rejection, self.environment = reward, rejection, environment
-        return self
 
     def to_dict(self) -> dict[str, Any]:
         """TRL's keys and the parts' (what the run logs as its config names every recipe key)."""

@@ -101,6 +101,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         args.reward_weights = weights
         self._owns_pool = pool is None
         if pool is None:
+            args.check_overlap()
             pool = args.environment.make_pool()
         self.pool = pool
         self._in_flight: BatchInFlight | None = None  # the batch TRL is scoring

@@ -114,8 +114,20 @@ def test_bad_recipes_are_clear_errors(tmp_path: Path, text: str, expected: str) 
         parse_recipe(["--config", str(recipe)])
 
 
-def test_overlap_is_allowed_where_kernels_are_timed_elsewhere(tmp_path: Path) -> None:
-    """Overlap stays available where the environment does not share the policy's GPUs."""
+def test_overlap_is_allowed_where_kernels_are_timed_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Overlap stays available where the environment does not share the policy's GPUs; on a
+    machine with a GPU, a local pool on ``env_device: auto`` (the default) shares them."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    recipe = tmp_path / "local.yaml"
+    recipe.write_text(
+        "use_cpu: true\nbf16: false\nmodel_name_or_path: m\noverlap_evaluation: true\n"
+    )
+    with pytest.raises(RecipeError, match="overlap_evaluation would time kernels"):
+        parse_recipe(["--config", str(recipe)])
     for pool in ("env_pool: ray\nenv_device: cuda\n", "env_pool: local\nenv_device: cpu\n"):
         recipe = tmp_path / "recipe.yaml"
         recipe.write_text(
