@@ -9,7 +9,6 @@ copy and merge counted in its time). One run, same prompts, same number of new t
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path
@@ -17,6 +16,8 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
+
+from kernelrl.rl.compat import merged_copy
 
 
 def timed_generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> float:
@@ -42,9 +43,11 @@ def merged_generate(adapted: torch.nn.Module, prompts: torch.Tensor, new_tokens:
     if prompts.is_cuda:
         torch.cuda.synchronize()
     started = time.perf_counter()
-    merged = copy.deepcopy(adapted).merge_and_unload()
-    timed_generate(merged, prompts, new_tokens)
-    return time.perf_counter() - started
+    merged = merged_copy(adapted)
+    if prompts.is_cuda:
+        torch.cuda.synchronize()
+    merging = time.perf_counter() - started
+    return merging + timed_generate(merged, prompts, new_tokens)
 
 
 def main() -> None:

@@ -264,12 +264,14 @@ def merged_lora_policy(trainer: Any) -> Iterator[Any]:
     sharded = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled
     if sharded or not isinstance(model, PeftModel):
         yield trainer.model_wrapped
-        return
-    merged = copy.deepcopy(model).merge_and_unload()
-    try:
-        yield merged
-    finally:
-        del merged
+    else:
+        yield merged_copy(model)
+
+
+def merged_copy(model: Any) -> Any:
+    """A plain transformers model with a PEFT model's adapters merged into copies of its
+    weights; ``model`` itself is left as it was."""
+    return copy.deepcopy(model).merge_and_unload()
 
 
 def transformers_generate(

@@ -123,13 +123,11 @@ class EnvPoolConfig:
     def times_on_local_gpus(self) -> bool:
         """Whether this pool times kernels on this machine's GPUs, which the model of the same
         process (a policy being trained, an in-process client) also uses."""
+        from kernelrl.env.evaluator import resolve_device
+
         if self.env_pool != "local":
             return False
-        if self.env_device == "auto":
-            import torch
-
-            return torch.cuda.is_available()
-        return self.env_device == "cuda"
+        return self.env_device == "cuda" or resolve_device(self.env_device) == "cuda"
 
     def make_pool(self) -> Pool:
         """The pool these keys describe (the caller closes it)."""
