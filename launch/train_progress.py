@@ -64,9 +64,22 @@ class StopAfterSeconds(TrainerCallback):
         self.started = time.monotonic()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if time.monotonic() - self.started >= self.seconds:
+        if on_any_rank(time.monotonic() - self.started >= self.seconds):
             control.should_save = True
             control.should_training_stop = True
+
+
+def on_any_rank(flag: bool) -> bool:
+    """``flag`` of any trainer process, on every process: ranks whose clocks fall on either
+    side of a limit must stop at the same step, or those going on wait forever for the others
+    at their next collective."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    flags: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, flag)
+    return any(flags)
 
 
 def train_callbacks(console: Console, stop_after_s: float | None = None) -> list[TrainerCallback]:

@@ -192,6 +192,14 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
                 "off, or evaluate on other GPUs (env_pool: ray or service)"
             )
 
+    def environment_gpus(self) -> list[int] | None:
+        """The GPUs this process's own local pool evaluates on: where several trainer
+        processes share the host's GPUs, each rank's kernels are timed on its own GPU, never on
+        the GPU where another rank's policy generates and trains at that moment."""
+        if self.world_size > 1 and self.environment.times_on_local_gpus():
+            return [self.local_process_index]
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """TRL's keys and the parts' (what the run logs as its config names every recipe key)."""
         out = super().to_dict()

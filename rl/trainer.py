@@ -102,7 +102,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         self._owns_pool = pool is None
         if pool is None:
             args.check_overlap()
-            pool = args.environment.make_pool()
+            pool = args.environment.make_pool(gpus=args.environment_gpus())
         self.pool = pool
         self._in_flight: BatchInFlight | None = None  # the batch TRL is scoring
         self._pending: RolloutBatch | None = None  # generated ahead (overlap_evaluation)

@@ -13,6 +13,7 @@ import torch or Ray.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
@@ -33,14 +34,16 @@ def make_pool(
     ray_address: str | None = None,
     service_name: str = "kernelrl-env",
     store_path: str | None = None,
+    gpus: Sequence[int] | None = None,
 ) -> Pool:
     """A pool of kind ``kind``. ``workers``: CPU slots or GPUs (local), GPU actors (ray); None
-    for all."""
+    for all. ``gpus``: for a local GPU pool, the GPUs of this process's share of the host
+    (``LocalPool``); other pools place their own evaluations."""
     pool: Pool
     if kind == "local":
         from kernelrl.env.pools.local import LocalPool
 
-        pool = LocalPool(config, workers=workers, per_gpu=per_gpu)
+        pool = LocalPool(config, workers=workers, per_gpu=per_gpu, gpus=gpus)
     elif kind == "ray":
         from kernelrl.env.pools.ray import RayPool
 
@@ -129,8 +132,8 @@ class EnvPoolConfig:
             return False
         return self.env_device == "cuda" or resolve_device(self.env_device) == "cuda"
 
-    def make_pool(self) -> Pool:
-        """The pool these keys describe (the caller closes it)."""
+    def make_pool(self, gpus: Sequence[int] | None = None) -> Pool:
+        """The pool these keys describe (the caller closes it); ``gpus`` as in ``make_pool``."""
         from kernelrl.env.evaluator import EvalConfig
 
         return make_pool(
@@ -145,4 +148,5 @@ class EnvPoolConfig:
             ray_address=self.env_ray_address,
             service_name=self.env_service_name,
             store_path=self.env_store_path,
+            gpus=gpus,
         )

@@ -65,18 +65,31 @@ class LocalPool(SubmitPool):
         per_gpu: int = AUTO,
         max_pending: int = 1024,
         spares: int | None = None,
+        gpus: Sequence[int] | None = None,
     ) -> None:
         """``workers``: CPU slots, or GPUs to use; ``per_gpu``: evaluations in flight per GPU
         (they compile and check in parallel; the measurement itself is exclusive), ``AUTO`` (0)
         to size them from the host's cores and memory (``sizing.size_gpu_pool``);
-        ``spares``: children kept warming per GPU (default: sized likewise)."""
+        ``spares``: children kept warming per GPU (default: sized likewise).
+
+        ``gpus``: the GPUs to evaluate on where this process shares the host's GPUs with
+        others, one per trainer rank: each rank times kernels on its own GPU only (never on
+        another rank's policy), and each GPU is sized as its share of the host's cores, the
+        others' shares belonging to the other processes. Default: the first ``workers``."""
         config = config or EvalConfig()
         self.sizing: Sizing | None = None
         if config.resolved_device() == "cuda":
             count = torch.cuda.device_count()
-            gpus = count if workers is None else min(workers, count)
+            if gpus is None:
+                indices = list(range(count if workers is None else min(workers, count)))
+                sharing = len(indices)
+            else:
+                indices = sorted(set(gpus))
+                if not indices or not all(0 <= i < count for i in indices):
+                    raise ValueError(f"gpus {list(gpus)} are not among this host's {count} GPUs")
+                sharing = count
             host = HostResources.detect(
-                gpus, torch.cuda.get_device_properties(0).total_memory if count else 0
+                sharing, torch.cuda.get_device_properties(indices[0]).total_memory if indices else 0
             )
             sizing = size_gpu_pool(host, per_gpu)
             if spares is not None:
@@ -84,10 +97,10 @@ class LocalPool(SubmitPool):
             self.sizing = sizing
             self.config = own_config(config, sizing.spares)
             self.evaluators = [
-                Evaluator(self.config, gpu_index=i, in_flight=sizing.per_gpu) for i in range(gpus)
+                Evaluator(self.config, gpu_index=i, in_flight=sizing.per_gpu) for i in indices
             ]
             slots = [ev for ev in self.evaluators for _ in range(sizing.per_gpu)]
-            log.info("LocalPool: %d GPU(s), %s (%s)", gpus, sizing, sizing.why)
+            log.info("LocalPool: GPU(s) %s, %s (%s)", indices, sizing, sizing.why)
         else:
             count = workers or max(os.cpu_count() or 1, 1)
             self.config = own_config(config, spares if spares is not None else count)

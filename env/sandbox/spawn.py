@@ -61,6 +61,19 @@ def spawn_child(device: str, gpu_index: int | None) -> Child:
     return spawner.submit(_spawn_child, device, gpu_index).result()
 
 
+def visible_device(gpu_index: int) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of this process's GPU ``gpu_index``: where this
+    process sees only some of the host's GPUs (a scheduler's allocation), index 0 is the first
+    of those, not the host's GPU 0."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if not visible:
+        return str(gpu_index)
+    entries = [entry.strip() for entry in visible.split(",")]
+    if not 0 <= gpu_index < len(entries):
+        raise ValueError(f"GPU {gpu_index} is not one of CUDA_VISIBLE_DEVICES={visible!r}")
+    return entries[gpu_index]
+
+
 def _child_env(device: str, gpu_index: int | None, home: Path) -> dict[str, str]:
     env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
     env.update(
@@ -78,7 +91,7 @@ def _child_env(device: str, gpu_index: int | None, home: Path) -> dict[str, str]
         env["TRITON_INTERPRET"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     else:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu_index if gpu_index is not None else 0)
+        env["CUDA_VISIBLE_DEVICES"] = visible_device(gpu_index if gpu_index is not None else 0)
         env[CUDA_CONNECTIONS_ENV] = os.environ.get(CUDA_CONNECTIONS_ENV, DEFAULT_CUDA_CONNECTIONS)
     return env
 

@@ -214,3 +214,16 @@ def test_gpu_children_get_one_hardware_queue_unless_the_worker_says_otherwise(
     assert spawn.CUDA_CONNECTIONS_ENV not in spawn._child_env("cpu", None, tmp_path)
     monkeypatch.setenv(spawn.CUDA_CONNECTIONS_ENV, "8")
     assert spawn._child_env("cuda", 1, tmp_path)[spawn.CUDA_CONNECTIONS_ENV] == "8"
+
+
+def test_a_childs_gpu_is_named_as_this_process_sees_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a scheduler's allocation (CUDA_VISIBLE_DEVICES=5,7) this process's GPU 1 is the
+    host's GPU 7: a child pinned to "1" would time kernels on a GPU allocated to someone else."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, 7")
+    assert [spawn.visible_device(0), spawn.visible_device(1)] == ["5", "7"]
+    with pytest.raises(ValueError, match="not one of CUDA_VISIBLE_DEVICES"):
+        spawn.visible_device(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f2c,GPU-11ab")
+    assert spawn.visible_device(1) == "GPU-11ab"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert spawn.visible_device(3) == "3"

@@ -168,3 +168,23 @@ def test_libdevice_which_the_cpu_cannot_run_is_correct_on_the_gpu(gpu_pool: Loca
     solution = (DYNAMIC / "not_run__libdevice.py").read_text()
     (result,) = gpu_pool.evaluate([RELU], [solution])
     assert result.status is Status.CORRECT, result.feedback
+
+
+def test_a_pool_given_one_gpu_of_several_evaluates_on_that_gpu_only() -> None:
+    """A trainer rank's pool (``gpus=[rank]``) puts its sandboxes on its own GPU: their CUDA
+    contexts take memory there and nowhere else."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if count < 2:
+        pytest.skip("needs two GPUs")
+    chosen, other = count - 1, count - 2
+    free = [torch.cuda.mem_get_info(i)[0] for i in range(count)]  # our own contexts first
+    relu_solution = dict((task.id, source) for task, source in bundled_pairs("triton"))[RELU.id]
+    with LocalPool(EvalConfig(device="cuda", timeout_s=300), gpus=[chosen]) as pool:
+        assert [evaluator.device for evaluator in pool.evaluators] == [torch.device("cuda", chosen)]
+        (result,) = pool.evaluate([RELU], [relu_solution])
+        taken = [before - torch.cuda.mem_get_info(i)[0] for i, before in enumerate(free)]
+    assert result.status is Status.CORRECT, result.feedback
+    assert taken[chosen] > 2**30  # the sandboxes' contexts (each about 0.5 GiB)
+    assert taken[other] < 2**28
