@@ -563,9 +563,14 @@ class Benchmark:
             label += ", pass-rate curriculum"
         if self.args.rl_from:
             runs = self.stages[self.stage_name("rl")]["runs"]
-            label += f", {runs[0]['device']}, {Path(runs[0]['recipe']).name}"
+            ranks = runs[0].get("ranks", 1)
+            device = f"{ranks} x {runs[0]['device']}" if ranks > 1 else runs[0]["device"]
+            label += f", {device}, {Path(runs[0]['recipe']).name}"
         if self.args.rl_set:
             label += ", " + " ".join(self.args.rl_set)
+        chosen = self.stages.get(self.stage_name("select_rl"), {}).get("chosen")
+        if chosen:  # two runs of one recipe on one device differ by the checkpoint chosen
+            label += f", {Path(chosen).name}"
         return label
 
     def report_evals(self) -> dict[str, str]:
