@@ -173,7 +173,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    fig, axes = plt.subplots(1, 4, figsize=(22, 7.5))
     shown = ["correct", f"pass@{table['k']}", "format_error", "token_limit", "integrity"]
     stages = list(table["stages"])
     width = 0.8 / len(stages)
@@ -185,9 +185,12 @@ def plot(
         err.append([e["bootstrap"][1] - e["value"] for e in entries])
         axes[0].bar(xs, ys, width, yerr=err, capsize=3, label=labels.get(stage, stage))
     axes[0].set_xticks(range(len(shown)))
-    axes[0].set_xticklabels([ATTEMPT_METRICS.get(m, m).replace(" rate", "\nrate") for m in shown])
+    axes[0].set_xticklabels(
+        [ATTEMPT_METRICS.get(m, m).replace(" rate", "\nrate") for m in shown], fontsize=8
+    )
     axes[0].set_title("held-out tasks (95% bootstrap)")
-    axes[0].legend(fontsize=8)
+    # Legends go below the axes: the runs' long labels would hide the bars and curves.
+    axes[0].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     if sft:
         axes[1].plot([s for s, _ in sft], [loss for _, loss in sft], marker=".")
     axes[1].set_title("SFT: training loss (completion tokens)")
@@ -222,14 +225,14 @@ def plot(
             twin.plot(steps, ys, ":", color=color, label=f"{name}: token-limit share")
     axes[2].set_title("RL on train tasks, per step")
     axes[2].set_xlabel("step")
-    axes[2].legend(fontsize=7)
-    twin.legend(loc="lower right", fontsize=7)
+    axes[2].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    twin.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.33))
     axes[3].set_title("RL: completion lengths")
     axes[3].set_xlabel("step")
-    axes[3].legend(loc="upper left", fontsize=7)
+    axes[3].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.subplots_adjust(left=0.04, right=0.97, top=0.9, bottom=0.42, wspace=0.3)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

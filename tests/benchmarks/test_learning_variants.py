@@ -102,6 +102,10 @@ def test_rl_from_adopts_the_scheduled_checkpoints_and_the_last(tmp_path: Path) -
     record = bench.stages["rl_gpu"]
     assert record["wall_s"] == 1000.0 and record["returncode"] == 0
     assert bench.rl_label() == "after TRLOO, NVIDIA H200, trloo_gpu.yaml"
+    # Two runs of one recipe on one device differ by their ranks and the checkpoint chosen.
+    record["runs"][0]["ranks"] = 2
+    bench.stages["select_rl_gpu"] = {"chosen": str(bench.rl_dir / "checkpoint-15")}
+    assert bench.rl_label() == "after TRLOO, 2 x NVIDIA H200, trloo_gpu.yaml, checkpoint-15"
 
 
 def test_a_lora_checkpoint_is_evaluated_merged_into_the_sft_model(tmp_path: Path) -> None:
