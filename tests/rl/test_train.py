@@ -137,6 +137,28 @@ def test_overlap_is_allowed_where_kernels_are_timed_elsewhere(
         assert args.overlap_evaluation
 
 
+def test_each_rank_times_kernels_on_its_own_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several trainer processes on one host: a rank's local GPU pool is its own GPU, never the
+    GPU where another rank's policy generates; other pools place their own evaluations."""
+    from kernelrl.rl.config import KernelGRPOConfig
+
+    recipe = tmp_path / "recipe.yaml"
+    for pool, alone, rank_of_two in (
+        ("env_pool: local\nenv_device: cuda\n", None, [1]),
+        ("env_pool: ray\nenv_device: cuda\n", None, None),
+        ("env_pool: local\nenv_device: cpu\n", None, None),
+    ):
+        recipe.write_text("use_cpu: true\nbf16: false\nmodel_name_or_path: m\n" + pool)
+        args, _ = parse_recipe(["--config", str(recipe)])
+        assert args.environment_gpus() == alone
+        with monkeypatch.context() as patch:  # as accelerate sets them for rank 1 of 2
+            patch.setattr(KernelGRPOConfig, "world_size", property(lambda self: 2))
+            patch.setattr(KernelGRPOConfig, "local_process_index", property(lambda self: 1))
+            assert args.environment_gpus() == rank_of_two
+
+
 def test_truncated_sampling_is_allowed_without_the_importance_correction(tmp_path: Path) -> None:
     """Without vLLM, or with its correction off, top_p only shapes sampling: accepted."""
     for extra in (
