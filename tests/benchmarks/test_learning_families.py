@@ -1,0 +1,74 @@
+"""Where RL gained and lost, by core operator: held-out answers per stage and an RL run's train
+rollouts by half and by group."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from kernelrl.env.result import EvalResult, Status
+from kernelrl.eval.records import SampleRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import learning_families  # noqa: E402
+
+
+def _tasks(path: Path, rows: list[tuple[str, str | None, str]]) -> None:
+    path.mkdir(parents=True)
+    graphs = [
+        json.dumps({"core": {"kind": core}} if core else {"core": None}) for _, core, _ in rows
+    ]
+    table = pa.table({"id": [r[0] for r in rows], "graph": graphs, "family": [r[2] for r in rows]})
+    pq.write_table(table, path / "data.parquet")
+
+
+def _sweep(folder: Path, answers: list[tuple[str, bool, str]]) -> None:
+    folder.mkdir(parents=True)
+    lines = []
+    for sample, (task_id, correct, code) in enumerate(answers):
+        status = Status.CORRECT if correct else Status.INCORRECT
+        result = EvalResult(task_id=task_id, backend="triton", status=status)
+        record = SampleRecord(
+            task_id=task_id, sample=sample, turn=0, result=result, completion=code
+        )
+        lines.append(json.dumps(record.to_dict()))
+    (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _rollout(step: int, task_id: str, correct: bool) -> str:
+    turn = {"completion": "", "result": {"status": "correct" if correct else "incorrect"}}
+    return json.dumps({"task_id": task_id, "step": step, "turns": [turn]})
+
+
+def test_answers_and_rollouts_are_counted_by_core_operator(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "learning"
+    _tasks(
+        out / "synth/tasks/heldout", [("h1", "log_softmax", "softmax"), ("h2", None, "elementwise")]
+    )
+    _tasks(
+        out / "synth/tasks/train", [("t1", "log_softmax", "softmax"), ("t2", None, "elementwise")]
+    )
+    _sweep(
+        out / "eval_sft", [("h1", True, "y = z - tl.log(s)"), ("h1", False, ""), ("h2", False, "")]
+    )
+    _sweep(out / "eval_rl", [("h1", False, ""), ("h1", False, ""), ("h2", True, "tl.log(")])
+    run = tmp_path / "run"
+    (run / "rollouts").mkdir(parents=True)
+    # steps 0-1 (first half): t1 mixed then all wrong; steps 2-3: t2 all right, then mixed
+    (run / "rollouts/rank0.jsonl").write_text(
+        "\n".join([_rollout(0, "t1", True), _rollout(0, "t1", False), _rollout(1, "t1", False)])
+    )
+    (run / "rollouts/rank1.jsonl").write_text(
+        "\n".join([_rollout(2, "t2", True), _rollout(3, "t2", True), _rollout(3, "t2", False)])
+    )
+    learning_families.main([str(out), "--stages", "eval_sft", "eval_rl", "--rollouts", str(run)])
+    rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
+    assert rows["log_softmax"] == "| log_softmax | 2 | 1 -> 0 | 1 -> 0 | 1 of 3 / 0 of 0 | 1 of 2 |"
+    assert rows["elementwise"] == "| elementwise | 1 | 0 -> 1 | 0 -> 1 | 0 of 0 / 2 of 3 | 1 of 2 |"
