@@ -34,12 +34,16 @@ def core_operators(tasks_parquet: Path) -> dict[str, str]:
 def heldout_by_operator(
     samples: Path, operators: dict[str, str], code: str
 ) -> dict[str, Counter[str]]:
-    """operator -> attempts, correct answers and answers containing ``code`` (final turns)."""
+    """operator -> attempts, correct answers and answers containing ``code`` (final turns;
+    unscored ones left out, as in every rate of the report)."""
+    from kernelrl.env.result import is_scored
     from kernelrl.eval.metrics import last_view
     from kernelrl.eval.records import read_records
 
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for record in last_view(read_records(samples)):
+        if not is_scored(record.result):
+            continue
         count = counts[operators[record.task_id]]
         count["attempts"] += 1
         count["correct"] += bool(record.result.correct)
@@ -49,7 +53,11 @@ def heldout_by_operator(
 
 def rollouts_by_operator(run: Path, operators: dict[str, str]) -> dict[str, Counter[str]]:
     """operator -> correct train answers in each half of the run's steps, and its groups (one
-    task's samples in one step) with and without a correct-and-incorrect mix."""
+    task's samples in one step) with and without a correct-and-incorrect mix. Answers whose
+    evaluation failed on our side (no result, ``harness_error``) are left out: they were not
+    rewarded either."""
+    from kernelrl.env.result import EvalResult, Status, is_scored
+
     records = [
         json.loads(line)
         for path in sorted((run / "rollouts").glob("rank*.jsonl"))
@@ -63,7 +71,11 @@ def rollouts_by_operator(run: Path, operators: dict[str, str]) -> dict[str, Coun
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     groups: dict[tuple[int, str], list[bool]] = defaultdict(list)
     for record in records:
-        correct = record["turns"][-1]["result"]["status"] == "correct"
+        result = record["turns"][-1]["result"]
+        result = None if result is None else EvalResult.from_dict(result)
+        if not is_scored(result):
+            continue
+        correct = result.status is Status.CORRECT
         half = "first" if record["step"] < middle else "second"
         count = counts[operators[record["task_id"]]]
         count[f"{half}_attempts"] += 1

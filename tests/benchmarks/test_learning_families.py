@@ -27,11 +27,10 @@ def _tasks(path: Path, rows: list[tuple[str, str | None, str]]) -> None:
     pq.write_table(table, path / "data.parquet")
 
 
-def _sweep(folder: Path, answers: list[tuple[str, bool, str]]) -> None:
+def _sweep(folder: Path, answers: list[tuple[str, Status, str]]) -> None:
     folder.mkdir(parents=True)
     lines = []
-    for sample, (task_id, correct, code) in enumerate(answers):
-        status = Status.CORRECT if correct else Status.INCORRECT
+    for sample, (task_id, status, code) in enumerate(answers):
         result = EvalResult(task_id=task_id, backend="triton", status=status)
         record = SampleRecord(
             task_id=task_id, sample=sample, turn=0, result=result, completion=code
@@ -40,9 +39,13 @@ def _sweep(folder: Path, answers: list[tuple[str, bool, str]]) -> None:
     (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def _rollout(step: int, task_id: str, correct: bool) -> str:
-    turn = {"completion": "", "result": {"status": "correct" if correct else "incorrect"}}
+def _rollout(step: int, task_id: str, status: Status | None) -> str:
+    result = None if status is None else EvalResult(task_id, "triton", status).to_dict()
+    turn = {"completion": "", "result": result}
     return json.dumps({"task_id": task_id, "step": step, "turns": [turn]})
+
+
+RIGHT, WRONG, OURS = Status.CORRECT, Status.INCORRECT, Status.HARNESS_ERROR
 
 
 def test_answers_and_rollouts_are_counted_by_core_operator(
@@ -55,19 +58,24 @@ def test_answers_and_rollouts_are_counted_by_core_operator(
     _tasks(
         out / "synth/tasks/train", [("t1", "log_softmax", "softmax"), ("t2", None, "elementwise")]
     )
+    # Answers our harness failed on (harness_error, no result) are counted nowhere.
     _sweep(
-        out / "eval_sft", [("h1", True, "y = z - tl.log(s)"), ("h1", False, ""), ("h2", False, "")]
+        out / "eval_sft",
+        [
+            ("h1", RIGHT, "y = z - tl.log(s)"),
+            ("h1", WRONG, ""),
+            ("h2", WRONG, ""),
+            ("h2", OURS, "tl.log("),
+        ],
     )
-    _sweep(out / "eval_rl", [("h1", False, ""), ("h1", False, ""), ("h2", True, "tl.log(")])
+    _sweep(out / "eval_rl", [("h1", WRONG, ""), ("h1", WRONG, ""), ("h2", RIGHT, "tl.log(")])
     run = tmp_path / "run"
     (run / "rollouts").mkdir(parents=True)
     # steps 0-1 (first half): t1 mixed then all wrong; steps 2-3: t2 all right, then mixed
-    (run / "rollouts/rank0.jsonl").write_text(
-        "\n".join([_rollout(0, "t1", True), _rollout(0, "t1", False), _rollout(1, "t1", False)])
-    )
-    (run / "rollouts/rank1.jsonl").write_text(
-        "\n".join([_rollout(2, "t2", True), _rollout(3, "t2", True), _rollout(3, "t2", False)])
-    )
+    first = [(0, "t1", RIGHT), (0, "t1", WRONG), (1, "t1", WRONG), (1, "t1", OURS)]
+    second = [(2, "t2", RIGHT), (3, "t2", RIGHT), (3, "t2", WRONG), (3, "t2", None)]
+    (run / "rollouts/rank0.jsonl").write_text("\n".join(_rollout(*r) for r in first))
+    (run / "rollouts/rank1.jsonl").write_text("\n".join(_rollout(*r) for r in second))
     learning_families.main([str(out), "--stages", "eval_sft", "eval_rl", "--rollouts", str(run)])
     rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
     assert rows["log_softmax"] == "| log_softmax | 2 | 1 -> 0 | 1 -> 0 | 1 of 3 / 0 of 0 | 1 of 2 |"
