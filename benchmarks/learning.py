@@ -44,6 +44,9 @@ suffixed ``_lr5e5``, its row labelled with the overrides). ``--rl-from RUN --rl-
 the RL stage from a run of ``benchmarks/learning_gpu_rl.sh`` on a GPU machine (``trloo_gpu.yaml``:
 far more rollouts per step than 2 cores afford) and validates, selects and evaluates its
 checkpoints here like any other; LoRA checkpoints are merged into the SFT model for evaluation.
+Sweeps can run on a GPU machine instead (``--eval-set client=transformers env_device=cuda ...``
+with ``--only`` the stages to run there, ``benchmarks/learning_gpu.sh``): faster, so held-out
+samples can be larger; every stage compared in one table must then share those settings.
 Before each heavy stage the script waits for ``--min-free-gb`` of memory; stage wall times,
 peak RSS and load averages are recorded.
 
@@ -256,10 +259,29 @@ def checkpoints(folder: Path) -> list[Path]:
     return sorted(folder.glob("checkpoint-*"), key=checkpoint_step)
 
 
-def _recipe_value(recipe: Path, key: str) -> Any:
+_REQUIRED = object()
+
+
+def _recipe_value(recipe: Path, key: str, default: Any = _REQUIRED) -> Any:
     import yaml
 
-    return yaml.safe_load(recipe.read_text())[key]
+    values = yaml.safe_load(recipe.read_text())
+    if key not in values and default is not _REQUIRED:
+        return default
+    return values[key]
+
+
+def recipe_reward(recipe: Path) -> Any:
+    """The reward a training recipe defines, parsed as training parses it, without the rest
+    (a GPU recipe's bf16 would be refused on a CPU box, and it does not touch the reward)."""
+    import yaml
+    from trl import TrlParser
+
+    from kernelrl.rewards import RewardConfig
+
+    values = yaml.safe_load(recipe.read_text())
+    (reward,) = TrlParser((RewardConfig,)).parse_dict(values, allow_extra_keys=True)
+    return reward
 
 
 class Benchmark:
@@ -281,11 +303,9 @@ class Benchmark:
         self.rl_dir = self.out / f"rl_model{self.suffix}"
         self.curriculum_parquet = self.out / "curriculum" / "data.parquet"
         self.folders = {s: self.out / "tasks" / s for s in ("validation", "heldout")}
-        from kernelrl.launch.train_cli import parse_train_recipe
-
         # The RL recipe's own reward, so held-out reward and training reward are one function.
-        training_args, _ = parse_train_recipe(["--config", str(RECIPES / "trloo.yaml")])
-        self.reward_config = training_args.reward_config()
+        self.rl_recipe = (ROOT / args.rl_recipe).resolve()
+        self.reward_config = recipe_reward(self.rl_recipe)
 
     def log(self, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {message}"
@@ -319,6 +339,9 @@ class Benchmark:
         argv += ["--benchmark_path", str(folder), "--samples", str(samples)]
         argv += ["--pass_k", "1", *([str(samples)] if samples > 1 else [])]
         argv += ["--output_dir", str(output)]
+        for setting in self.args.eval_set:
+            key, _, value = setting.partition("=")
+            argv += [f"--{key}", value]
         if any(output.name.startswith(f) or f in output.parts for f in self.args.force):
             argv += ["--overwrite", "true"]
         return argv
@@ -400,7 +423,7 @@ class Benchmark:
             return parquet
         import datasets
 
-        difficulty = _recipe_value(RECIPES / "trloo.yaml", "task_difficulty")
+        difficulty = _recipe_value(self.rl_recipe, "task_difficulty", default="")
         pool = [
             row
             for row in datasets.Dataset.from_parquet(str(train))
@@ -436,7 +459,7 @@ class Benchmark:
             self.adopt_rl(self.args.rl_from)
             return
         train = self.curriculum(sft_model)
-        argv = ["train", "--config", str(RECIPES / "trloo.yaml")]
+        argv = ["train", "--config", str(self.rl_recipe)]
         argv += [
             "--advantage",
             self.args.advantage,
@@ -667,11 +690,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--rl-tag", default="", help="suffix of this RL variant's stages")
     parser.add_argument(
+        "--rl-recipe",
+        default=str(RECIPES.relative_to(ROOT) / "trloo.yaml"),
+        help="RL's recipe: its reward scores every stage, its task_difficulty filters the "
+        "curriculum (trloo_gpu.yaml for a GPU machine's run)",
+    )
+    parser.add_argument(
         "--rl-from",
         type=Path,
         default=None,
         help="a run folder of benchmarks/learning_gpu_rl.sh: RL ran there (a GPU machine); its "
         "checkpoints are validated, selected and evaluated here (give it a --rl-tag)",
+    )
+    parser.add_argument(
+        "--eval-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="settings of every sweep (validation, held-out, curriculum) to override, e.g. "
+        "client=transformers env_device=cuda on a GPU machine; stages compared with each other "
+        "must share them",
+    )
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=STAGES,
+        default=None,
+        help="run these stages and no other (a stage whose input another machine made: the "
+        "curriculum or the evaluations on a GPU machine, the report here)",
     )
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--min-free-gb", type=float, default=6.0)
@@ -688,12 +734,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def stages_to_run(args: argparse.Namespace) -> list[str]:
+    """The stages this invocation runs: up to ``--stop-after``, only those of ``--only``."""
+    last = STAGES.index(args.stop_after)
+    return [s for s in STAGES[: last + 1] if args.only is None or s in args.only]
+
+
 def main() -> int:
     args = build_parser().parse_args()
 
     bench = Benchmark(args)
     bench.log(f"learning benchmark v2 in {bench.out} ({os.cpu_count()} CPUs)")
-    last = STAGES.index(args.stop_after)
     select_rl, eval_rl = bench.stage_name("select_rl"), bench.stage_name("eval_rl")
     steps = [
         ("synth", bench.synth),
@@ -708,10 +759,10 @@ def main() -> int:
         ("train_check", lambda: bench.train_check(bench.stages[select_rl]["chosen"])),
         ("report", bench.report),
     ]
+    selected = stages_to_run(args)
     for name, step in steps:
-        if STAGES.index(name) > last:
-            break
-        step()
+        if name in selected:
+            step()
     return 0
 
 

@@ -11,12 +11,13 @@
 # $OUT/rl_run.tgz.N (pieces of 15 MiB: `cat rl_run.tgz.* | tar -xz`); the CPU box then
 # validates, selects and evaluates them:
 #   python benchmarks/learning.py ... --rl-from RUN_DIR_BACK_HERE --rl-tag gpu
+# or the GPU machine does, in far less time (benchmarks/learning_gpu.sh, which also runs this).
 # On a machine with several GPUs one rank runs per GPU (accelerate, DDP), each generating its
 # share of the step's 16 prompts x 8 samples and timing its kernels on its own GPU: the same
 # optimizer step, in a fraction of the time.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n 2,17p "$0"
+  sed -n 2,18p "$0"
   exit 2
 fi
 model=$1 tasks=$2 run=$3

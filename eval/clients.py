@@ -313,6 +313,10 @@ class TransformersClient:
                 top_k=None,
                 pad_token_id=self.tokenizer.pad_token_id,
             )
+        if self.device.startswith("cuda"):
+            # A local pool may judge this batch on the same GPU: its references must not run
+            # out of memory that this process's allocator keeps cached from decoding.
+            torch.cuda.empty_cache()
         answers = []
         eos = self.tokenizer.eos_token_id
         for row, mask in zip(output[:, prompt_len:], encoded["attention_mask"], strict=True):

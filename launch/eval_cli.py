@@ -97,7 +97,9 @@ def make_client(config: Any, task_ids: list[str]) -> Any:
 
     model = resolve_model(config.model_name_or_path)
     if config.client == "transformers":
-        return TransformersClient(model, sampling, dtype=config.dtype)
+        return TransformersClient(
+            model, sampling, dtype=config.dtype, batch_size=config.generation_batch
+        )
     return VLLMClient(
         model,
         sampling,

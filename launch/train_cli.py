@@ -230,10 +230,16 @@ def lost_peer_message(exc: BaseException) -> str | None:
     import requests
 
     from kernelrl.env.pools.service import EnvServiceLost
-    from kernelrl.rl.server_sync import WeightSyncError
 
+    lost: tuple[type[BaseException], ...] = (EnvServiceLost,)
+    try:
+        from kernelrl.rl.server_sync import WeightSyncError
+    except ImportError:  # no vLLM installed: no weights were pushed, none failed to be
+        pass
+    else:
+        lost += (WeightSyncError,)
     for error in _chain(exc):
-        if isinstance(error, (EnvServiceLost, WeightSyncError)):
+        if isinstance(error, lost):
             return str(error)
         if isinstance(error, (requests.ConnectionError, ConnectionError)):
             return f"generation server or a peer unreachable: {_first_line(error)}"

@@ -256,7 +256,9 @@ def merged_lora_policy(trainer: Any) -> Iterator[Any]:
     Decoding a small model is bound by kernel launches, and unmerged adapters add four per
     adapted layer to every token; the copy samples the same policy (up to the rounding of the
     merge) with none of them. Sharded models (DeepSpeed, FSDP) generate unmerged: a copy would
-    gather every shard. The trained model is never touched; the copy lives for one generation.
+    gather every shard. The trained model is never touched. With ``compile_generation`` the
+    copy is kept across steps and refreshed in place (``refresh_in_place``), so that the
+    compiled decode step and its CUDA graphs, which hold the copy's weight tensors, stay valid.
     """
     from peft import PeftModel
 
@@ -264,14 +266,38 @@ def merged_lora_policy(trainer: Any) -> Iterator[Any]:
     sharded = trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled
     if sharded or not isinstance(model, PeftModel):
         yield trainer.model_wrapped
-    else:
+    elif not trainer.args.compile_generation:
         yield merged_copy(model)
+    else:
+        kept = getattr(trainer, "_kernelrl_generation_copy", None)
+        if kept is None:
+            kept = trainer._kernelrl_generation_copy = merged_copy(model).eval()
+        else:
+            refresh_in_place(kept, merged_copy(model))
+        yield kept
 
 
 def merged_copy(model: Any) -> Any:
     """A plain transformers model with a PEFT model's adapters merged into copies of its
     weights; ``model`` itself is left as it was."""
     return copy.deepcopy(model).merge_and_unload()
+
+
+@torch.no_grad()
+def refresh_in_place(kept: torch.nn.Module, fresh: torch.nn.Module) -> None:
+    """``fresh``'s weights copied into ``kept``'s own tensors: the same storage, new values."""
+    kept_state = kept.state_dict(keep_vars=True)
+    fresh_state = fresh.state_dict(keep_vars=True)
+    if kept_state.keys() != fresh_state.keys():
+        raise ValueError("the generation copy and the merged policy have different weights")
+    for name, tensor in kept_state.items():
+        tensor.copy_(fresh_state[name])
+
+
+def static_cache_length(prompt_length: int, max_new_tokens: int, bucket: int = 256) -> int:
+    """The static KV cache a compiled decode step is built for: prompts rounded up to
+    ``bucket`` tokens, so that a batch's longest prompt rarely changes the graph's shapes."""
+    return -(-prompt_length // bucket) * bucket + max_new_tokens
 
 
 def transformers_generate(
@@ -282,15 +308,28 @@ def transformers_generate(
     ``seed``: sampled under a forked RNG seeded with it, so the batch is reproducible across a
     resume while the trainer's own RNG stream (dropout, data order) is left untouched. One seed
     for the whole batch: ``generate`` samples all rows from one generator.
+    ``compile_generation``: a static KV cache and transformers' compiled decode step (TRL turns
+    compilation off; a copy that persists across steps makes it pay).
     """
     devices = [trainer.accelerator.device] if trainer.accelerator.device.type == "cuda" else []
-    with (
-        _override_attr(trainer.generation_config, "max_new_tokens", max_new_tokens),
-        _override_item(trainer.generation_kwargs, "max_new_tokens", max_new_tokens),
-        torch.random.fork_rng(devices=devices, enabled=seed is not None),
-        merged_lora_policy(trainer) as policy,
-        _override_attr(trainer, "model_wrapped", policy),
-    ):
+    config = trainer.generation_config
+    compiled = {}
+    if trainer.args.compile_generation and prompt_ids:
+        longest = max(len(ids) for ids in prompt_ids)
+        compiled = {
+            "cache_implementation": "static",
+            "max_cache_len": static_cache_length(longest, max_new_tokens),
+            "disable_compile": False,
+        }
+    with contextlib.ExitStack() as stack:
+        for key, value in {"max_new_tokens": max_new_tokens, **compiled}.items():
+            stack.enter_context(_override_attr(config, key, value))
+        stack.enter_context(
+            _override_item(trainer.generation_kwargs, "max_new_tokens", max_new_tokens)
+        )
+        stack.enter_context(torch.random.fork_rng(devices=devices, enabled=seed is not None))
+        policy = stack.enter_context(merged_lora_policy(trainer))
+        stack.enter_context(_override_attr(trainer, "model_wrapped", policy))
         if seed is not None:
             torch.manual_seed(seed)
         completion_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)

@@ -88,6 +88,14 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
             "counter, so a resumed run samples exactly what the uninterrupted run would"
         },
     )
+    compile_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "transformers generation (use_vllm: false) on a GPU: decode with a static KV "
+            "cache and transformers' compiled, CUDA-graphed step, from a merged copy of a LoRA "
+            "policy kept across steps and refreshed in place (the graphs hold its weights)"
+        },
+    )
     save_rollouts: bool = field(
         default=False,
         metadata={
@@ -245,6 +253,11 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
             )
             if on
         ]
+        if self.compile_generation and self.use_vllm:
+            raise ValueError(
+                "compile_generation is for transformers generation; vLLM compiles its own decode "
+                "(enforce_eager in vllm_engine_kwargs): set one of use_vllm, compile_generation"
+            )
         if self.use_vllm and self.vllm_importance_sampling_correction and truncated:
             # vLLM reports log-probabilities of the truncated distribution it sampled from, TRL
             # recomputes them over the whole vocabulary: every token's ratio is < 1 and their

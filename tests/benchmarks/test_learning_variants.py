@@ -146,3 +146,38 @@ def test_a_lora_checkpoint_is_evaluated_merged_into_the_sft_model(tmp_path: Path
     assert torch.allclose(got, expected, atol=1e-5)
     assert not torch.allclose(got, plain, atol=1e-3)  # the adapter changed the model
     assert (checkpoint / "merged" / "tokenizer.json").exists()
+
+
+def test_sweep_settings_reach_every_sweep_and_only_named_stages_run(tmp_path: Path) -> None:
+    """A GPU machine's sweeps (``--eval-set``) override the recipe in every evaluation's command;
+    ``--only`` runs the named stages and no other, up to ``--stop-after``."""
+    bench = _bench(tmp_path, "--eval-set", "client=transformers", "env_device=cuda")
+    argv = bench.eval_argv("model", tmp_path / "tasks", 4, tmp_path / "eval_sft")
+    assert argv[argv.index("--client") + 1] == "transformers"
+    assert argv[argv.index("--env_device") + 1] == "cuda"
+    assert argv.index("--client") > argv.index("--config")  # after the recipe: it overrides it
+
+    def stages(*extra: str) -> list[str]:
+        return learning.stages_to_run(learning.build_parser().parse_args(list(extra)))
+
+    assert stages("--only", "curriculum") == ["curriculum"]
+    assert stages("--only", "report", "eval_sft", "rl") == ["eval_sft", "rl", "report"]
+    assert stages("--only", "eval_sft", "report", "--stop-after", "eval_rl") == ["eval_sft"]
+    assert stages() == list(learning.STAGES)
+
+
+def test_the_rl_recipe_scores_the_stages_and_filters_the_curriculum(tmp_path: Path) -> None:
+    """The GPU recipe has no difficulty filter, the CPU recipe keeps easy tasks; stages are
+    scored with the reward training parses from the recipe, and a GPU recipe (bf16, which
+    training refuses on a CPU box) still gives its reward here."""
+    from kernelrl.launch.train_cli import parse_train_recipe
+
+    gpu = _bench(tmp_path, "--rl-recipe", "recipes/smollm2/learning/trloo_gpu.yaml")
+    cpu = _bench(tmp_path)
+    assert learning._recipe_value(gpu.rl_recipe, "task_difficulty", default="") == ""
+    assert learning._recipe_value(cpu.rl_recipe, "task_difficulty", default="") == "easy"
+    training_args, _ = parse_train_recipe(["--config", str(cpu.rl_recipe)])
+    assert cpu.reward_config == training_args.reward_config()
+    assert gpu.reward_config.speedup_weight == 1.0
+    with pytest.raises(KeyError):
+        learning._recipe_value(gpu.rl_recipe, "task_difficulty")

@@ -276,3 +276,16 @@ def test_the_old_pool_keys_name_the_new_ones(command, recipe, old, new, capsys) 
     assert main([command, "--config", str(REPO / recipe), f"--{old}", "1"]) != 0
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{old} was replaced by {new}" in message
+
+
+def test_a_training_failure_is_classified_without_vllm_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A machine without vLLM (a lent GPU machine) reports a failed run as itself: classifying
+    the error must not import vLLM, which once replaced a missing-file error by its ImportError."""
+    from kernelrl.data.loaders import LoaderError
+    from kernelrl.launch.train_cli import lost_peer_message
+
+    monkeypatch.setitem(sys.modules, "kernelrl.rl.server_sync", None)  # import fails, as there
+    assert lost_peer_message(LoaderError("no Parquet file at x.parquet")) is None
+    assert "unreachable" in lost_peer_message(ConnectionRefusedError("refused"))

@@ -312,6 +312,61 @@ def test_a_lora_policy_generates_from_a_merged_copy(model_dir: str, tmp_path: Pa
         torch.testing.assert_close(after[name], value, rtol=0, atol=0)
 
 
+def test_a_kept_generation_copy_follows_the_policy_in_place(model_dir: str, tmp_path: Path) -> None:
+    """With compile_generation the merged copy outlives a step: after the adapters move, it
+    samples what the adapted model samples, from the same weight tensors (the ones a compiled,
+    CUDA-graphed decode step holds)."""
+    run = lora_trainer(model_dir, tmp_path, compile_generation=True)
+    kept = generate_twice_across_an_update(run)
+    assert not hasattr(kept, "_compiled_call")  # on CPU transformers does not compile
+
+
+@pytest.mark.gpu
+def test_compiled_generation_follows_the_policy_on_a_gpu(model_dir: str, tmp_path: Path) -> None:
+    run = lora_trainer(model_dir, tmp_path, compile_generation=True, use_cpu=False)
+    kept = generate_twice_across_an_update(run)
+    assert next(kept.parameters()).is_cuda
+    assert hasattr(kept, "_compiled_call")  # the decode step ran compiled
+
+
+def test_compile_generation_is_refused_with_vllm(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="compile_generation"):
+        config(tmp_path, compile_generation=True, use_vllm=True)
+
+
+def lora_trainer(model_dir: str, tmp_path: Path, **overrides: Any) -> Recording:
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    return trainer(model_dir, config(tmp_path, **overrides), VerdictPool(verdict), peft_config=lora)
+
+
+def generate_twice_across_an_update(run: Recording) -> torch.nn.Module:
+    """Generate, move the adapters as an optimizer step would, generate again; checks that the
+    second generation used the same copy, refreshed in place, and sampled the adapted policy."""
+    from kernelrl.rl import compat
+
+    adapted = run.accelerator.unwrap_model(run.model_wrapped)
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    compat.transformers_generate(run, prompts, 6, seed=3)
+    kept = run._kernelrl_generation_copy
+    storage = {name: t.data_ptr() for name, t in kept.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in adapted.named_parameters():
+            if "lora_B" in name:
+                weight.add_(0.5 * torch.randn(weight.shape, generator=generator).to(weight))
+    sampled = compat.transformers_generate(run, prompts, 6, seed=3)
+    assert run._kernelrl_generation_copy is kept
+    assert {name: t.data_ptr() for name, t in kept.state_dict().items()} == storage
+    ids = torch.tensor(prompts, device=next(kept.parameters()).device)
+    with torch.no_grad():
+        torch.testing.assert_close(kept(ids).logits, adapted(ids).logits, rtol=1e-4, atol=1e-4)
+    with compat._override_attr(compat, "merged_lora_policy", _unmerged):
+        assert sampled == compat.transformers_generate(run, prompts, 6, seed=3)
+    return kept
+
+
 @contextlib.contextmanager
 def _unmerged(trainer: KernelGRPOTrainer):  # noqa: ANN202
     yield trainer.model_wrapped
