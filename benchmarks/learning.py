@@ -271,6 +271,16 @@ def _recipe_value(recipe: Path, key: str, default: Any = _REQUIRED) -> Any:
     return values[key]
 
 
+def override_flags(settings: list[str]) -> list[str]:
+    """``KEY=VALUE`` settings (``--rl-set``, ``--eval-set``) as the command-line flags that
+    override a recipe's keys."""
+    flags: list[str] = []
+    for setting in settings:
+        key, _, value = setting.partition("=")
+        flags += [f"--{key}", value]
+    return flags
+
+
 def recipe_reward(recipe: Path) -> Any:
     """The reward a training recipe defines, parsed as training parses it, without the rest
     (a GPU recipe's bf16 would be refused on a CPU box, and it does not touch the reward)."""
@@ -339,9 +349,7 @@ class Benchmark:
         argv += ["--benchmark_path", str(folder), "--samples", str(samples)]
         argv += ["--pass_k", "1", *([str(samples)] if samples > 1 else [])]
         argv += ["--output_dir", str(output)]
-        for setting in self.args.eval_set:
-            key, _, value = setting.partition("=")
-            argv += [f"--{key}", value]
+        argv += override_flags(self.args.eval_set)
         if any(output.name.startswith(f) or f in output.parts for f in self.args.force):
             argv += ["--overwrite", "true"]
         return argv
@@ -474,9 +482,7 @@ class Benchmark:
             str(self.args.rl_save_every),
         ]
         argv += ["--output_dir", str(self.rl_dir)]
-        for setting in self.args.rl_set:
-            key, _, value = setting.partition("=")
-            argv += [f"--{key}", value]
+        argv += override_flags(self.args.rl_set)
         if checkpoints(self.rl_dir):  # continue, as an uninterrupted run would have
             argv += ["--resume_from_checkpoint", "true"]
         self.run(self.stage_name("rl"), argv)
