@@ -40,13 +40,21 @@ judges the held-out stages' stored completions again, on the environment as it i
 first completions are kept under ``generated/``). RL continues from its latest
 checkpoint, so ``--rl-steps 30 --force rl select_rl eval_rl`` after a shorter run trains on.
 ``--rl-set learning_rate=5e-5 --rl-tag lr5e5`` runs an RL variant beside the others (its stages
-suffixed ``_lr5e5``, its row labelled with the overrides). ``--rl-from RUN --rl-tag gpu`` takes
-the RL stage from a run of ``benchmarks/learning_gpu_rl.sh`` on a GPU machine (``trloo_gpu.yaml``:
-far more rollouts per step than 2 cores afford) and validates, selects and evaluates its
-checkpoints here like any other; LoRA checkpoints are merged into the SFT model for evaluation.
+suffixed ``_lr5e5``, its row labelled with the overrides). Variants trained side by side are
+compared on validation by **select_variant** (``--rl-variants gpu gpu_lr6e4``: the tags, the
+recipe's own settings first): only the chosen one's held-out sweep is the RL result. Processes
+running stages of one folder at once (one per GPU) share ``stages.json`` safely.
+``--rl-from RUN --rl-tag gpu`` takes the RL stage from a run of ``benchmarks/learning_gpu_rl.sh``
+on a GPU machine (``trloo_gpu.yaml``: far more rollouts per step than 2 cores afford) and
+validates, selects and evaluates its checkpoints here like any other; LoRA checkpoints are
+merged into the SFT model for evaluation.
 Sweeps can run on a GPU machine instead (``--eval-set client=transformers env_device=cuda ...``
 with ``--only`` the stages to run there, ``benchmarks/learning_gpu.sh``): faster, so held-out
 samples can be larger; every stage compared in one table must then share those settings.
+So can SFT: ``--synth-set reference_solutions=2400`` gives it a reference per train task,
+``--sft-recipe recipes/smollm2/learning/sft_gpu.yaml`` trains on them there
+(``learning_gpu.sh BENCH - sft``), and ``--sft-model`` records where the chosen checkpoint lies
+on the machine that evaluates it.
 Before each heavy stage the script waits for ``--min-free-gb`` of memory; stage wall times,
 peak RSS and load averages are recorded.
 
@@ -58,6 +66,8 @@ integrity (see the README's reward table).
 from __future__ import annotations
 
 import argparse
+import copy
+import fcntl
 import json
 import math
 import os
@@ -93,6 +103,7 @@ STAGES = (  # eval_base after SFT: the stages are independent, and SFT is what o
     "curriculum",
     "rl",
     "select_rl",
+    "select_variant",
     "eval_rl",
     "train_check",
     "report",
@@ -305,10 +316,9 @@ class Benchmark:
         self.stages: dict[str, Any] = (
             json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
         )
+        self._saved = copy.deepcopy(self.stages)  # what this process last read or wrote
         self.synth_dir = self.out / "synth"
-        self.suffix = "" if args.advantage == "trloo" else f"_{args.advantage}"
-        self.suffix += "_passrate" if args.curriculum == "pass-rate" else ""
-        self.suffix += f"_{args.rl_tag}" if args.rl_tag else ""
+        self.suffix = self.rl_suffix(args.rl_tag)
         self.sft_dir = self.out / "sft_model"
         self.rl_dir = self.out / f"rl_model{self.suffix}"
         self.curriculum_parquet = self.out / "curriculum" / "data.parquet"
@@ -316,6 +326,15 @@ class Benchmark:
         # The RL recipe's own reward, so held-out reward and training reward are one function.
         self.rl_recipe = (ROOT / args.rl_recipe).resolve()
         self.reward_config = recipe_reward(self.rl_recipe)
+
+    def relocate_sft(self, model: str) -> None:
+        """The chosen SFT checkpoint at its path on this machine (a GPU machine it was copied
+        to); the path it was chosen at is kept beside it."""
+        chosen = self.stages["select_sft"]
+        if chosen["chosen"] != model:
+            chosen.setdefault("chosen_on_cpu_box", chosen["chosen"])
+            chosen["chosen"] = model
+            self.save()
 
     def log(self, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {message}"
@@ -327,7 +346,19 @@ class Benchmark:
         return name in self.stages and not any(name.startswith(f) for f in self.args.force)
 
     def save(self) -> None:
-        self.state_path.write_text(json.dumps(self.stages, indent=1))
+        """Write the records this process changed, keeping those another process wrote since:
+        on a machine of several GPUs one process per GPU runs its own stages in this folder."""
+        with open(self.out / ".stages.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            on_disk = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
+            for name, record in self.stages.items():
+                if self._saved.get(name) != record:
+                    on_disk[name] = record
+            partial = self.state_path.with_suffix(".json.partial")
+            partial.write_text(json.dumps(on_disk, indent=1))
+            partial.replace(self.state_path)
+        self.stages = on_disk
+        self._saved = copy.deepcopy(on_disk)
 
     def run(self, name: str, argv: list[str]) -> None:
         """Run one kernelrl command as stage ``name`` unless it is recorded as done."""
@@ -358,6 +389,7 @@ class Benchmark:
         sources = kernelbench_sources(self.args.kernelbench)
         argv = ["synth", "--config", str(RECIPES / "synth.yaml"), "--seed", str(self.args.seed)]
         argv += ["--output_dir", str(self.synth_dir)]
+        argv += override_flags(self.args.synth_set)
         if sources:
             argv += ["--benchmark_sources", *sources]
         self.run("synth", argv)
@@ -376,7 +408,7 @@ class Benchmark:
         self.save()
 
     def sft(self) -> None:
-        recipe = RECIPES / "sft.yaml"
+        recipe = (ROOT / self.args.sft_recipe).resolve()
         rows = self.stages["synth"]["sft_rows"]
         batch = _recipe_value(recipe, "per_device_train_batch_size") * _recipe_value(
             recipe, "gradient_accumulation_steps"
@@ -415,9 +447,42 @@ class Benchmark:
         self.log(f"[{stage}] chose {chosen}: validation {scores[chosen]}")
         return chosen
 
+    def rl_suffix(self, tag: str) -> str:
+        """The suffix of an RL run's stages: its advantage, curriculum and variant tag."""
+        suffix = "" if self.args.advantage == "trloo" else f"_{self.args.advantage}"
+        suffix += "_passrate" if self.args.curriculum == "pass-rate" else ""
+        return suffix + (f"_{tag}" if tag else "")
+
     def stage_name(self, name: str) -> str:
         """RL stages carry the advantage's suffix, so TRLOO's and GRPO's results sit side by side."""
         return f"{name}{self.suffix}" if name in RL_STAGES else name
+
+    def select_variant(self) -> str | None:
+        """Of RL variants trained side by side (``--rl-variants``: their ``--rl-tag``s, the
+        recipe's own settings first), the one whose chosen checkpoint scored best on
+        validation (then compile rate; then the earlier listed). Settings are chosen here, on
+        validation, so that only the chosen variant's held-out sweep is the RL result."""
+        tags = self.args.rl_variants
+        if not tags:
+            return None
+        if self.done("select_variant"):
+            return self.stages["select_variant"]["chosen"]
+        scores = {}
+        for order, tag in enumerate(tags):
+            stage = f"select_rl{self.rl_suffix(tag)}"
+            if stage not in self.stages:
+                raise SystemExit(f"select_variant: {stage} has not run (variant {tag!r})")
+            record = self.stages[stage]
+            scores[tag] = {**record["validation"][record["chosen"]], "checkpoint": record["chosen"]}
+            scores[tag]["order"] = -order
+        chosen = max(
+            scores,
+            key=lambda t: (scores[t]["correct"], scores[t]["compile"], scores[t]["order"]),
+        )
+        self.stages["select_variant"] = {"validation": scores, "chosen": chosen}
+        self.save()
+        self.log(f"[select_variant] chose {chosen!r}: validation {scores[chosen]}")
+        return chosen
 
     def curriculum(self, sft_model: str) -> Path:
         """The train tasks RL draws from: the whole train split (the recipe's difficulty tag
@@ -600,6 +665,8 @@ class Benchmark:
         chosen = self.stages.get(self.stage_name("select_rl"), {}).get("chosen")
         if chosen:  # two runs of one recipe on one device differ by the checkpoint chosen
             label += f", {Path(chosen).name}"
+        if self.stages.get("select_variant", {}).get("chosen") == self.args.rl_tag:
+            label += ", variant chosen on validation"
         return label
 
     def report_evals(self) -> dict[str, str]:
@@ -669,6 +736,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--validation-tasks", type=int, default=24)
     parser.add_argument("--samples", type=int, default=4, help="held-out samples per task (k)")
     parser.add_argument("--sft-epochs", type=float, default=1.0)
+    parser.add_argument(
+        "--sft-recipe",
+        default=str(RECIPES.relative_to(ROOT) / "sft.yaml"),
+        help="SFT's recipe (sft_gpu.yaml on a GPU machine: larger batches, bf16)",
+    )
     parser.add_argument("--rl-steps", type=int, default=16)
     parser.add_argument("--rl-save-every", type=int, default=8)
     parser.add_argument(
@@ -688,6 +760,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--curriculum-tasks", type=int, default=40, help="train tasks sampled for pass rates"
     )
     parser.add_argument(
+        "--synth-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="synthesis settings to override (e.g. reference_solutions=2400: SFT data for a "
+        "GPU machine's SFT)",
+    )
+    parser.add_argument(
         "--rl-set",
         nargs="*",
         default=[],
@@ -695,6 +775,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="RL recipe settings to override (e.g. learning_rate=5e-5); give them a --rl-tag",
     )
     parser.add_argument("--rl-tag", default="", help="suffix of this RL variant's stages")
+    parser.add_argument(
+        "--rl-variants",
+        nargs="*",
+        default=[],
+        metavar="TAG",
+        help="select_variant: the --rl-tag of each RL variant whose select_rl ran, the recipe's "
+        "own settings first; the one best on validation is the RL result",
+    )
     parser.add_argument(
         "--rl-recipe",
         default=str(RECIPES.relative_to(ROOT) / "trloo.yaml"),
@@ -707,6 +795,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a run folder of benchmarks/learning_gpu_rl.sh: RL ran there (a GPU machine); its "
         "checkpoints are validated, selected and evaluated here (give it a --rl-tag)",
+    )
+    parser.add_argument(
+        "--sft-model",
+        default="",
+        help="the SFT checkpoint select_sft chose, at its path on this machine (a GPU machine "
+        "it was copied to)",
     )
     parser.add_argument(
         "--eval-set",
@@ -750,6 +844,8 @@ def main() -> int:
     args = build_parser().parse_args()
 
     bench = Benchmark(args)
+    if args.sft_model:
+        bench.relocate_sft(args.sft_model)
     bench.log(f"learning benchmark v2 in {bench.out} ({os.cpu_count()} CPUs)")
     select_rl, eval_rl = bench.stage_name("select_rl"), bench.stage_name("eval_rl")
     steps = [
@@ -761,6 +857,7 @@ def main() -> int:
         ("curriculum", lambda: bench.curriculum(bench.stages["select_sft"]["chosen"])),
         ("rl", lambda: bench.rl(bench.stages["select_sft"]["chosen"])),
         ("select_rl", lambda: bench.select(select_rl, checkpoints(bench.rl_dir))),
+        ("select_variant", bench.select_variant),
         ("eval_rl", lambda: bench.evaluate(eval_rl, bench.stages[select_rl]["chosen"])),
         ("train_check", lambda: bench.train_check(bench.stages[select_rl]["chosen"])),
         ("report", bench.report),

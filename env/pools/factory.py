@@ -98,7 +98,8 @@ class EnvPoolConfig:
         default=None, metadata={"help": "CPU slots or GPUs of the pool (default: all)"}
     )
     env_per_gpu: int = field(
-        default=EVALS_PER_GPU, metadata={"help": "evaluations in flight per GPU"}
+        default=EVALS_PER_GPU,
+        metadata={"help": "evaluations in flight per GPU; 0 sizes them from the host's cores"},
     )
     env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
     env_time_reference_compile: bool = field(

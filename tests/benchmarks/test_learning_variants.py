@@ -181,3 +181,87 @@ def test_the_rl_recipe_scores_the_stages_and_filters_the_curriculum(tmp_path: Pa
     assert gpu.reward_config.speedup_weight == 1.0
     with pytest.raises(KeyError):
         learning._recipe_value(gpu.rl_recipe, "task_difficulty")
+
+
+def test_processes_sharing_a_folder_keep_each_others_records(tmp_path: Path) -> None:
+    """One process per GPU runs its stages in one folder: neither write loses the other's."""
+    first, second = _bench(tmp_path), _bench(tmp_path)
+    first.stages["select_rl_gpu"] = {"chosen": "a"}
+    first.save()
+    second.stages["select_rl_gpu_hot"] = {"chosen": "b"}
+    second.save()
+    first.stages["eval_sft"] = {"wall_s": 1.0}
+    first.save()
+    on_disk = _bench(tmp_path).stages
+    assert on_disk == {
+        "select_rl_gpu": {"chosen": "a"},
+        "select_rl_gpu_hot": {"chosen": "b"},
+        "eval_sft": {"wall_s": 1.0},
+    }
+    assert first.stages == on_disk
+
+
+def _validated(correct: float, compile_rate: float) -> dict:
+    return {"validation": {"ck": {"correct": correct, "compile": compile_rate}}, "chosen": "ck"}
+
+
+def test_the_variant_best_on_validation_is_chosen_and_ties_keep_the_recipe(
+    tmp_path: Path,
+) -> None:
+    bench = _bench(tmp_path, "--rl-variants", "gpu", "gpu_hot", "gpu_cold")
+    bench.stages = {
+        "select_rl_gpu": _validated(0.25, 0.8),
+        "select_rl_gpu_hot": _validated(0.3, 0.7),
+        "select_rl_gpu_cold": _validated(0.3, 0.7),
+    }
+    assert bench.select_variant() == "gpu_hot"
+    assert _bench(tmp_path).stages["select_variant"]["chosen"] == "gpu_hot"
+
+    tie = _bench(tmp_path / "tie", "--rl-variants", "gpu", "gpu_hot")
+    tie.stages = {"select_rl_gpu": _validated(0.3, 0.7), "select_rl_gpu_hot": _validated(0.3, 0.7)}
+    assert tie.select_variant() == "gpu"
+
+
+def test_a_variant_that_was_not_validated_stops_the_choice(tmp_path: Path) -> None:
+    bench = _bench(tmp_path, "--rl-variants", "gpu", "gpu_hot")
+    bench.stages = {"select_rl_gpu": _validated(0.25, 0.8)}
+    with pytest.raises(SystemExit, match="select_rl_gpu_hot has not run"):
+        bench.select_variant()
+
+
+def test_the_chosen_variants_row_says_it_was_chosen_on_validation(tmp_path: Path) -> None:
+    bench = _bench(tmp_path, "--rl-tag", "gpu_hot", "--rl-set", "learning_rate=6e-4")
+    bench.stages = {"select_variant": {"chosen": "gpu_hot"}}
+    assert bench.rl_label() == "after TRLOO, learning_rate=6e-4, variant chosen on validation"
+
+
+def test_the_sft_choice_is_recorded_at_its_path_on_this_machine(tmp_path: Path) -> None:
+    bench = _bench(tmp_path)
+    bench.stages = {"select_sft": {"chosen": "/cpu/checkpoint-60"}}
+    bench.save()
+    bench.relocate_sft("/gpu/sft")
+    bench.relocate_sft("/gpu/sft")
+    assert _bench(tmp_path).stages["select_sft"] == {
+        "chosen": "/gpu/sft",
+        "chosen_on_cpu_box": "/cpu/checkpoint-60",
+    }
+
+
+def test_synthesis_and_sft_take_the_gpu_machines_settings(tmp_path: Path) -> None:
+    recipe = "recipes/smollm2/learning/sft_gpu.yaml"
+    bench = _bench(tmp_path, "--synth-set", "reference_solutions=2400", "--sft-recipe", recipe)
+    ran: dict[str, list[str]] = {}
+
+    def run(name: str, argv: list[str]) -> None:
+        ran[name] = argv
+        bench.stages.setdefault(name, {"heldout_tasks": []})
+
+    bench.run = run
+    bench.synth()
+    assert ran["synth"][ran["synth"].index("--reference_solutions") + 1] == "2400"
+    bench.stages["synth"]["sft_rows"] = 2400
+    bench.sft()
+    argv = ran["sft"]
+    assert argv[argv.index("--config") + 1] == str(learning.ROOT / recipe)
+    # 2,400 rows in batches of 16: 150 steps, a candidate every 75
+    assert argv[argv.index("--save_steps") + 1] == "75"

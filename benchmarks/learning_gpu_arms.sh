@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# RL variants of the learning benchmark side by side on a machine of several GPUs, one variant
+# per GPU, each process on its GPU's share of the host's cores (benchmarks/learning_gpu.sh does
+# the work of each):
+#
+#   bash benchmarks/learning_gpu_arms.sh BENCH_DIR SFT_MODEL rl VARIANT... [-- kernelrl train args]
+#   bash benchmarks/learning_gpu_arms.sh BENCH_DIR SFT_MODEL evaluate VARIANT...
+#
+# VARIANT: TAG, or TAG:KEY=VALUE,KEY=VALUE (recipe overrides); the recipe's own settings first,
+# e.g. `gpu gpu_lr6e4:learning_rate=6e-4`. rl: each variant's RL run. evaluate: each variant's
+# checkpoints validated and chosen on its GPU (select_rl); the variant chosen on validation
+# (select_variant); then the held-out sweeps of the SFT model and of that variant's checkpoint
+# side by side, and, where BENCH_DIR/generated/eval_base.jsonl holds the base model's answers
+# sampled on the CPU box, those judged here (learning.py --replay). CURRICULUM, as for
+# learning_gpu.sh. Logs: BENCH_DIR/logs/gpu<i>_<what>.log.
+set -euo pipefail
+if [ $# -lt 4 ]; then
+  sed -n 2,15p "$0"
+  exit 2
+fi
+bench=$1 sft=$2 phase=$3
+shift 3
+here=$(cd "$(dirname "$0")" && pwd)
+tags=() sets=() train_args=()
+while [ $# -gt 0 ]; do
+  if [ "$1" = "--" ]; then
+    shift
+    train_args=("$@")
+    break
+  fi
+  tags+=("${1%%:*}")
+  if [[ $1 == *:* ]]; then sets+=("$(tr , ' ' <<< "${1#*:}")"); else sets+=(""); fi
+  shift
+done
+gpus=$(nvidia-smi -L | wc -l)
+if [ "${#tags[@]}" -gt "$gpus" ]; then
+  echo "${#tags[@]} variants but $gpus GPU(s): one variant per GPU" >&2
+  exit 2
+fi
+share=$(($(nproc) / gpus))
+mkdir -p "$bench/logs"
+
+on_gpu() {  # on_gpu GPU TAG SETTINGS LOG ARGS...: learning_gpu.sh ARGS on one GPU and its cores
+  local gpu=$1 tag=$2 settings=$3 log=$4
+  shift 4
+  local pin=()
+  if command -v taskset > /dev/null; then pin=(taskset -c $((gpu * share))-$(((gpu + 1) * share - 1))); fi
+  CUDA_VISIBLE_DEVICES=$gpu RL_TAG=$tag RL_SET=$settings ${pin[@]+"${pin[@]}"} \
+    bash "$here/learning_gpu.sh" "$bench" "$sft" "$@" > "$bench/logs/gpu${gpu}_$log.log" 2>&1
+}
+
+wait_all() {  # wait for every background job; fail if one failed, after all have ended
+  local status=0
+  for job in $(jobs -p); do wait "$job" || status=$?; done
+  return $status
+}
+
+case $phase in
+  rl)
+    for i in "${!tags[@]}"; do  # the checkpoints stay in BENCH_DIR; nothing is packed to $OUT
+      OUT='' on_gpu "$i" "${tags[$i]}" "${sets[$i]}" "rl_${tags[$i]}" rl \
+        ${train_args[@]+"${train_args[@]}"} &
+    done
+    wait_all ;;
+  evaluate)
+    for i in "${!tags[@]}"; do
+      on_gpu "$i" "${tags[$i]}" "${sets[$i]}" "select_${tags[$i]}" evaluate rl select_rl &
+    done
+    wait_all
+    RL_VARIANTS="${tags[*]}" on_gpu 0 "${tags[0]}" "" select_variant evaluate select_variant
+    chosen=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_variant"]["chosen"])' \
+      "$bench/stages.json")
+    for i in "${!tags[@]}"; do [ "${tags[$i]}" = "$chosen" ] && settings=${sets[$i]}; done
+    rl_gpu=$((gpus > 1 ? 1 : 0))
+    {
+      on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft
+      if [ -f "$bench/generated/eval_base.jsonl" ]; then
+        on_gpu 0 "$chosen" "$settings" eval_base evaluate eval_base --replay
+      fi
+    } &
+    if [ "$rl_gpu" -eq 0 ]; then wait_all; fi
+    on_gpu "$rl_gpu" "$chosen" "$settings" eval_rl evaluate eval_rl &
+    wait_all ;;
+  *) echo "phase: rl or evaluate, not $phase" >&2; exit 2 ;;
+esac

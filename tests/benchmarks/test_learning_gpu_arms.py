@@ -1,0 +1,82 @@
+"""benchmarks/learning_gpu_arms.sh: RL variants side by side, one per GPU. Its per-variant work
+(learning_gpu.sh) and the GPU count (nvidia-smi) are stood in for, to check what runs where: each
+variant on its own GPU with its overrides, the choice on validation feeding the held-out sweep."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learning_gpu_arms.sh"
+STAND_IN = """#!/usr/bin/env bash
+bench=$1; shift 2
+echo "gpu=$CUDA_VISIBLE_DEVICES tag=$RL_TAG set=[$RL_SET] variants=[${RL_VARIANTS:-}] $*" >> "$bench/calls.txt"
+if [ "$2" = select_variant ]; then echo '{"select_variant": {"chosen": "gpu_hot"}}' > "$bench/stages.json"; fi
+if [ "$RL_TAG" = "${FAIL_TAG:-}" ]; then exit 3; fi
+"""
+
+
+def _run(tmp_path: Path, *args: str, gpus: int = 2, **env: str) -> tuple[int, list[str]]:
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    scripts, bin_dir, bench = tmp_path / "b", tmp_path / "bin", tmp_path / "bench"
+    for folder in (scripts, bin_dir, bench):
+        folder.mkdir(exist_ok=True)
+    shutil.copy(SCRIPT, scripts / SCRIPT.name)
+    (scripts / "learning_gpu.sh").write_text(STAND_IN)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f'echo "GPU {i}: H100"\n' for i in range(gpus)))
+    smi.chmod(0o755)
+    status = subprocess.run(
+        ["bash", str(scripts / SCRIPT.name), str(bench), "/sft", *args],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
+        capture_output=True,
+        text=True,
+    ).returncode
+    calls = bench / "calls.txt"
+    return status, sorted(calls.read_text().splitlines()) if calls.exists() else []
+
+
+VARIANTS = ("gpu", "gpu_hot:learning_rate=6e-4,temperature=1.0")
+HOT = "set=[learning_rate=6e-4 temperature=1.0]"
+
+
+def test_each_variant_trains_on_its_own_gpu_with_its_overrides(tmp_path: Path) -> None:
+    status, calls = _run(tmp_path, "rl", *VARIANTS, "--", "--stop_after_s", "60")
+    assert status == 0
+    assert calls == [
+        "gpu=0 tag=gpu set=[] variants=[] rl --stop_after_s 60",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] rl --stop_after_s 60",
+    ]
+
+
+def test_the_variant_chosen_on_validation_is_the_one_swept_on_held_out_tasks(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "bench" / "generated").mkdir(parents=True)
+    (tmp_path / "bench" / "generated" / "eval_base.jsonl").write_text("")
+    status, calls = _run(tmp_path, "evaluate", *VARIANTS)
+    assert status == 0
+    assert calls == [
+        "gpu=0 tag=gpu set=[] variants=[] evaluate rl select_rl",
+        "gpu=0 tag=gpu set=[] variants=[gpu gpu_hot] evaluate select_variant",
+        f"gpu=0 tag=gpu_hot {HOT} variants=[] evaluate eval_base --replay",
+        f"gpu=0 tag=gpu_hot {HOT} variants=[] evaluate eval_sft",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] evaluate eval_rl",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] evaluate rl select_rl",
+    ]
+
+
+def test_a_failed_variant_fails_the_run_after_the_others_end(tmp_path: Path) -> None:
+    status, calls = _run(tmp_path, "rl", *VARIANTS, FAIL_TAG="gpu")
+    assert status == 3
+    assert len(calls) == 2
+
+
+def test_more_variants_than_gpus_are_refused(tmp_path: Path) -> None:
+    status, calls = _run(tmp_path, "rl", *VARIANTS, gpus=1)
+    assert status == 2 and calls == []
