@@ -461,25 +461,30 @@ class Benchmark:
         """Of RL variants trained side by side (``--rl-variants``: their ``--rl-tag``s, the
         recipe's own settings first), the one whose chosen checkpoint scored best on
         validation (then compile rate; then the earlier listed). Settings are chosen here, on
-        validation, so that only the chosen variant's held-out sweep is the RL result."""
+        validation, so that only the chosen variant's held-out sweep is the RL result. A variant
+        whose RL or validation failed is recorded as not validated, not chosen."""
         tags = self.args.rl_variants
         if not tags:
             return None
         if self.done("select_variant"):
             return self.stages["select_variant"]["chosen"]
-        scores = {}
+        scores, missing = {}, []
         for order, tag in enumerate(tags):
-            stage = f"select_rl{self.rl_suffix(tag)}"
-            if stage not in self.stages:
-                raise SystemExit(f"select_variant: {stage} has not run (variant {tag!r})")
-            record = self.stages[stage]
+            record = self.stages.get(f"select_rl{self.rl_suffix(tag)}")
+            if record is None:  # its RL or its validation failed: it cannot be chosen
+                missing.append(tag)
+                continue
             scores[tag] = {**record["validation"][record["chosen"]], "checkpoint": record["chosen"]}
             scores[tag]["order"] = -order
+        if not scores:
+            raise SystemExit(f"select_variant: no variant of {tags} was validated (select_rl)")
         chosen = max(
             scores,
             key=lambda t: (scores[t]["correct"], scores[t]["compile"], scores[t]["order"]),
         )
         self.stages["select_variant"] = {"validation": scores, "chosen": chosen}
+        if missing:
+            self.stages["select_variant"]["not_validated"] = missing
         self.save()
         self.log(f"[select_variant] chose {chosen!r}: validation {scores[chosen]}")
         return chosen

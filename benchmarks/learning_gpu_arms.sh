@@ -5,17 +5,20 @@
 #
 #   bash benchmarks/learning_gpu_arms.sh BENCH_DIR SFT_MODEL rl VARIANT... [-- kernelrl train args]
 #   bash benchmarks/learning_gpu_arms.sh BENCH_DIR SFT_MODEL evaluate VARIANT...
+#   bash benchmarks/learning_gpu_arms.sh BENCH_DIR SFT_MODEL|- all VARIANT... [-- kernelrl train args]
 #
 # VARIANT: TAG, or TAG:KEY=VALUE,KEY=VALUE (recipe overrides); the recipe's own settings first,
 # e.g. `gpu gpu_lr6e4:learning_rate=6e-4`. rl: each variant's RL run. evaluate: each variant's
 # checkpoints validated and chosen on its GPU (select_rl); the variant chosen on validation
 # (select_variant); then the held-out sweeps of the SFT model and of that variant's checkpoint
 # side by side, and, where BENCH_DIR/generated/eval_base.jsonl holds the base model's answers
-# sampled on the CPU box, those judged here (learning.py --replay). CURRICULUM, as for
-# learning_gpu.sh. Logs: BENCH_DIR/logs/gpu<i>_<what>.log.
+# sampled on the CPU box, those judged here (learning.py --replay); a variant whose RL or
+# validation failed is left out of the choice. all: rl then evaluate, after SFT and its choice
+# here when SFT_MODEL is - (learning_gpu.sh sft). CURRICULUM, as for learning_gpu.sh. Logs:
+# BENCH_DIR/logs/gpu<i>_<what>.log.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n 2,15p "$0"
+  sed -n 2,19p "$0"
   exit 2
 fi
 bench=$1 sft=$2 phase=$3
@@ -55,31 +58,46 @@ wait_all() {  # wait for every background job; fail if one failed, after all hav
   return $status
 }
 
+train() {  # each variant's RL run; the checkpoints stay in BENCH_DIR, nothing is packed to $OUT
+  for i in "${!tags[@]}"; do
+    OUT='' on_gpu "$i" "${tags[$i]}" "${sets[$i]}" "rl_${tags[$i]}" rl \
+      ${train_args[@]+"${train_args[@]}"} &
+  done
+  wait_all
+}
+
+evaluate() {  # validation per variant, the choice among those validated, the held-out sweeps
+  for i in "${!tags[@]}"; do
+    on_gpu "$i" "${tags[$i]}" "${sets[$i]}" "select_${tags[$i]}" evaluate rl select_rl &
+  done
+  wait_all || echo "a variant was not validated (its log in $bench/logs); choosing among the others" >&2
+  RL_VARIANTS="${tags[*]}" on_gpu 0 "${tags[0]}" "" select_variant evaluate select_variant
+  local chosen settings rl_gpu
+  chosen=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_variant"]["chosen"])' \
+    "$bench/stages.json")
+  for i in "${!tags[@]}"; do [ "${tags[$i]}" = "$chosen" ] && settings=${sets[$i]}; done
+  rl_gpu=$((gpus > 1 ? 1 : 0))
+  {
+    on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft
+    if [ -f "$bench/generated/eval_base.jsonl" ]; then
+      on_gpu 0 "$chosen" "$settings" eval_base evaluate eval_base --replay
+    fi
+  } &
+  if [ "$rl_gpu" -eq 0 ]; then wait_all; fi
+  on_gpu "$rl_gpu" "$chosen" "$settings" eval_rl evaluate eval_rl &
+  wait_all
+}
+
 case $phase in
-  rl)
-    for i in "${!tags[@]}"; do  # the checkpoints stay in BENCH_DIR; nothing is packed to $OUT
-      OUT='' on_gpu "$i" "${tags[$i]}" "${sets[$i]}" "rl_${tags[$i]}" rl \
-        ${train_args[@]+"${train_args[@]}"} &
-    done
-    wait_all ;;
-  evaluate)
-    for i in "${!tags[@]}"; do
-      on_gpu "$i" "${tags[$i]}" "${sets[$i]}" "select_${tags[$i]}" evaluate rl select_rl &
-    done
-    wait_all
-    RL_VARIANTS="${tags[*]}" on_gpu 0 "${tags[0]}" "" select_variant evaluate select_variant
-    chosen=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_variant"]["chosen"])' \
-      "$bench/stages.json")
-    for i in "${!tags[@]}"; do [ "${tags[$i]}" = "$chosen" ] && settings=${sets[$i]}; done
-    rl_gpu=$((gpus > 1 ? 1 : 0))
-    {
-      on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft
-      if [ -f "$bench/generated/eval_base.jsonl" ]; then
-        on_gpu 0 "$chosen" "$settings" eval_base evaluate eval_base --replay
-      fi
-    } &
-    if [ "$rl_gpu" -eq 0 ]; then wait_all; fi
-    on_gpu "$rl_gpu" "$chosen" "$settings" eval_rl evaluate eval_rl &
-    wait_all ;;
-  *) echo "phase: rl or evaluate, not $phase" >&2; exit 2 ;;
+  rl) train ;;
+  evaluate) evaluate ;;
+  all)
+    if [ "$sft" = - ]; then  # SFT and its choice here first (GPU 0), then RL from the chosen model
+      on_gpu 0 "${tags[0]}" "" sft sft
+      sft=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_sft"]["chosen"])' \
+        "$bench/stages.json")
+    fi
+    train || echo "a variant's RL failed (its log in $bench/logs); evaluating the others" >&2
+    evaluate ;;
+  *) echo "phase: rl, evaluate or all, not $phase" >&2; exit 2 ;;
 esac

@@ -13,14 +13,18 @@ import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learning_gpu_arms.sh"
 STAND_IN = """#!/usr/bin/env bash
-bench=$1; shift 2
-echo "gpu=$CUDA_VISIBLE_DEVICES tag=$RL_TAG set=[$RL_SET] variants=[${RL_VARIANTS:-}] $*" >> "$bench/calls.txt"
-if [ "$2" = select_variant ]; then echo '{"select_variant": {"chosen": "gpu_hot"}}' > "$bench/stages.json"; fi
-if [ "$RL_TAG" = "${FAIL_TAG:-}" ]; then exit 3; fi
+bench=$1 sft=$2; shift 2
+echo "gpu=$CUDA_VISIBLE_DEVICES tag=$RL_TAG set=[$RL_SET] variants=[${RL_VARIANTS:-}] sft=$sft $*" >> "$bench/calls.txt"
+stage=${2:-$1}
+if [ "$1" = sft ]; then echo '{"select_sft": {"chosen": "/gpu/ck-75"}}' > "$bench/stages.json"; fi
+if [ "$stage" = select_variant ]; then echo '{"select_variant": {"chosen": "gpu_hot"}}' > "$bench/stages.json"; fi
+if [ "$RL_TAG" = "${FAIL_TAG:-}" ] && [ "$1" = rl ]; then exit 3; fi
 """
 
 
-def _run(tmp_path: Path, *args: str, gpus: int = 2, **env: str) -> tuple[int, list[str]]:
+def _run(
+    tmp_path: Path, *args: str, gpus: int = 2, sft: str = "/sft", **env: str
+) -> tuple[int, list[str]]:
     if shutil.which("bash") is None:
         pytest.skip("needs bash")
     scripts, bin_dir, bench = tmp_path / "b", tmp_path / "bin", tmp_path / "bench"
@@ -32,7 +36,7 @@ def _run(tmp_path: Path, *args: str, gpus: int = 2, **env: str) -> tuple[int, li
     smi.write_text("#!/bin/sh\n" + "".join(f'echo "GPU {i}: H100"\n' for i in range(gpus)))
     smi.chmod(0o755)
     status = subprocess.run(
-        ["bash", str(scripts / SCRIPT.name), str(bench), "/sft", *args],
+        ["bash", str(scripts / SCRIPT.name), str(bench), sft, *args],
         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **env},
         capture_output=True,
         text=True,
@@ -49,8 +53,8 @@ def test_each_variant_trains_on_its_own_gpu_with_its_overrides(tmp_path: Path) -
     status, calls = _run(tmp_path, "rl", *VARIANTS, "--", "--stop_after_s", "60")
     assert status == 0
     assert calls == [
-        "gpu=0 tag=gpu set=[] variants=[] rl --stop_after_s 60",
-        f"gpu=1 tag=gpu_hot {HOT} variants=[] rl --stop_after_s 60",
+        "gpu=0 tag=gpu set=[] variants=[] sft=/sft rl --stop_after_s 60",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/sft rl --stop_after_s 60",
     ]
 
 
@@ -62,12 +66,12 @@ def test_the_variant_chosen_on_validation_is_the_one_swept_on_held_out_tasks(
     status, calls = _run(tmp_path, "evaluate", *VARIANTS)
     assert status == 0
     assert calls == [
-        "gpu=0 tag=gpu set=[] variants=[] evaluate rl select_rl",
-        "gpu=0 tag=gpu set=[] variants=[gpu gpu_hot] evaluate select_variant",
-        f"gpu=0 tag=gpu_hot {HOT} variants=[] evaluate eval_base --replay",
-        f"gpu=0 tag=gpu_hot {HOT} variants=[] evaluate eval_sft",
-        f"gpu=1 tag=gpu_hot {HOT} variants=[] evaluate eval_rl",
-        f"gpu=1 tag=gpu_hot {HOT} variants=[] evaluate rl select_rl",
+        "gpu=0 tag=gpu set=[] variants=[] sft=/sft evaluate rl select_rl",
+        "gpu=0 tag=gpu set=[] variants=[gpu gpu_hot] sft=/sft evaluate select_variant",
+        f"gpu=0 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_base --replay",
+        f"gpu=0 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_sft",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_rl",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate rl select_rl",
     ]
 
 
@@ -80,3 +84,14 @@ def test_a_failed_variant_fails_the_run_after_the_others_end(tmp_path: Path) -> 
 def test_more_variants_than_gpus_are_refused(tmp_path: Path) -> None:
     status, calls = _run(tmp_path, "rl", *VARIANTS, gpus=1)
     assert status == 2 and calls == []
+
+
+def test_all_trains_sft_first_then_rl_from_the_chosen_checkpoint_and_evaluates_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A variant whose RL failed does not stop the others' evaluation."""
+    status, calls = _run(tmp_path, "all", *VARIANTS, sft="-", FAIL_TAG="gpu")
+    assert status == 0
+    assert "gpu=0 tag=gpu set=[] variants=[] sft=- sft" in calls
+    assert "gpu=0 tag=gpu set=[] variants=[] sft=/gpu/ck-75 rl" in calls
+    assert f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/gpu/ck-75 evaluate eval_rl" in calls

@@ -222,11 +222,16 @@ def test_the_variant_best_on_validation_is_chosen_and_ties_keep_the_recipe(
     assert tie.select_variant() == "gpu"
 
 
-def test_a_variant_that_was_not_validated_stops_the_choice(tmp_path: Path) -> None:
-    bench = _bench(tmp_path, "--rl-variants", "gpu", "gpu_hot")
+def test_a_variant_that_was_not_validated_is_left_out_of_the_choice(tmp_path: Path) -> None:
+    bench = _bench(tmp_path, "--rl-variants", "gpu_hot", "gpu")
     bench.stages = {"select_rl_gpu": _validated(0.25, 0.8)}
-    with pytest.raises(SystemExit, match="select_rl_gpu_hot has not run"):
-        bench.select_variant()
+    assert bench.select_variant() == "gpu"
+    assert bench.stages["select_variant"]["not_validated"] == ["gpu_hot"]
+
+    none = _bench(tmp_path / "none", "--rl-variants", "gpu", "gpu_hot")
+    none.stages = {}
+    with pytest.raises(SystemExit, match="no variant of"):
+        none.select_variant()
 
 
 def test_the_chosen_variants_row_says_it_was_chosen_on_validation(tmp_path: Path) -> None:
