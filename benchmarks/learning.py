@@ -71,13 +71,17 @@ import fcntl
 import json
 import math
 import os
+import queue
 import random
 import re
 import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +214,33 @@ def wait_for_memory(min_gb: float, log: Any) -> None:
         log(f"  waited {waited:.0f} s")
 
 
-def run_stage(name: str, argv: list[str], out: Path, log: Any, min_gb: float) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Placement:
+    """Where a stage's command runs on a machine of several GPUs: one GPU and its share of the
+    host's cores (a process given every GPU would drive them as one, ``nn.DataParallel``)."""
+
+    gpu: str
+    cores: frozenset[int]
+
+
+def placements(gpus: list[str]) -> list[Placement]:
+    """One placement per GPU, this process's cores split evenly between them."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = max(len(cores) // len(gpus), 1)
+    return [
+        Placement(gpu, frozenset(cores[i * share : (i + 1) * share] or cores))
+        for i, gpu in enumerate(gpus)
+    ]
+
+
+def run_stage(
+    name: str,
+    argv: list[str],
+    out: Path,
+    log: Any,
+    min_gb: float,
+    placement: Placement | None = None,
+) -> dict[str, Any]:
     """Run one kernelrl command, its output to ``logs/<name>.log``; wall time, peak RSS."""
     wait_for_memory(min_gb, log)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -221,8 +251,18 @@ def run_stage(name: str, argv: list[str], out: Path, log: Any, min_gb: float) ->
     started = time.time()
     time_bin = shutil.which("time") or "/usr/bin/time"
     wrapped = [time_bin, "-v", *command] if Path(time_bin).exists() else command
+    env, pin = None, None
+    if placement is not None:
+        cores = placement.cores
+
+        def pin() -> None:  # in the child, before it execs: its GPU's share of the cores
+            os.sched_setaffinity(0, cores)
+
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": placement.gpu}
     with open(log_path, "w") as handle:
-        process = subprocess.run(wrapped, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.run(
+            wrapped, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, env=env, preexec_fn=pin
+        )
     wall = time.time() - started
     text = log_path.read_text(errors="replace")
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
@@ -234,6 +274,8 @@ def run_stage(name: str, argv: list[str], out: Path, log: Any, min_gb: float) ->
         "load_avg_end": round(os.getloadavg()[0], 2),
         "log": str(log_path),
     }
+    if placement is not None:
+        info["gpu"] = placement.gpu
     log(
         f"[{name}] exit {process.returncode} after {wall / 60:.1f} min, peak RSS {info['peak_rss_gb']} GB"
     )
@@ -317,6 +359,7 @@ class Benchmark:
             json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
         )
         self._saved = copy.deepcopy(self.stages)  # what this process last read or wrote
+        self._records = threading.Lock()  # stages run from threads: one sweep per GPU
         self.synth_dir = self.out / "synth"
         self.suffix = self.rl_suffix(args.rl_tag)
         self.sft_dir = self.out / "sft_model"
@@ -360,18 +403,26 @@ class Benchmark:
         self.stages = on_disk
         self._saved = copy.deepcopy(on_disk)
 
-    def run(self, name: str, argv: list[str]) -> None:
+    def run(self, name: str, argv: list[str], placement: Placement | None = None) -> None:
         """Run one kernelrl command as stage ``name`` unless it is recorded as done."""
         if self.done(name):
             return
         adopted = adopt_from_log(self.out / "logs" / f"{name}.log")
         if adopted is not None and not any(name.startswith(f) for f in self.args.force):
             self.log(f"[{name}] finished earlier ({adopted['wall_s'] / 60:.1f} min)")
-            self.stages[name] = adopted
+            record = adopted
         else:
-            self.stages[name] = run_stage(name, argv, self.out, self.log, self.args.min_free_gb)
-        self.stages[name]["argv"] = argv
-        self.save()
+            record = run_stage(
+                name, argv, self.out, self.log, self.args.min_free_gb, placement=placement
+            )
+        with self._records:
+            self.stages[name] = {**record, "argv": argv}
+            self.save()
+
+    def placements(self) -> list[Placement | None]:
+        """Where this invocation's stages run: one placement per ``--sweep-gpus`` GPU, or the
+        process's own environment."""
+        return list(placements(self.args.sweep_gpus)) if self.args.sweep_gpus else [None]
 
     # ------------------------------------------------------------------ stage commands
     def eval_argv(self, model: str, folder: Path, samples: int, output: Path) -> list[str]:
@@ -419,7 +470,7 @@ class Benchmark:
         argv += ["--save_strategy", "steps", "--save_steps", str(math.ceil(steps / 2))]
         if checkpoints(self.sft_dir):  # an interrupted run goes on from its last checkpoint
             argv += ["--resume_from_checkpoint", "true"]
-        self.run("sft", argv)
+        self.run("sft", argv, self.placements()[0])
 
     def select(self, stage: str, candidates: list[Path]) -> str:
         """The candidate with the best validation correct@1 (then compile rate; then the later
@@ -428,13 +479,28 @@ class Benchmark:
             return self.stages[stage]["chosen"]
         if not candidates:
             raise SystemExit(f"{stage}: no checkpoint to choose from")
+        outputs = {
+            path: self.out / "validation" / f"val_{stage.removeprefix('select_')}_{path.name}"
+            for path in candidates
+        }
+        models = {path: self.model_folder(str(path)) for path in candidates}
+        free: queue.Queue[Placement | None] = queue.Queue()
+        for placement in self.placements():
+            free.put(placement)
+
+        def validate(path: Path) -> None:  # one sweep per GPU at a time
+            placement = free.get()
+            try:
+                argv = self.eval_argv(models[path], self.folders["validation"], 2, outputs[path])
+                self.run(outputs[path].name, argv, placement)
+            finally:
+                free.put(placement)
+
+        with ThreadPoolExecutor(free.qsize()) as pool:
+            list(pool.map(validate, candidates))
         scores = {}
         for index, path in enumerate(candidates):
-            name = f"val_{stage.removeprefix('select_')}_{path.name}"
-            output = self.out / "validation" / name
-            model = self.model_folder(str(path))
-            self.run(name, self.eval_argv(model, self.folders["validation"], 2, output))
-            by_task = attempts(output / "samples.jsonl", self.reward_config)
+            by_task = attempts(outputs[path] / "samples.jsonl", self.reward_config)
             flat = [a for rows in by_task.values() for a in rows]
             mean = {m: sum(a[m] for a in flat) / max(len(flat), 1) for m in ("correct", "compile")}
             scores[str(path)] = {**mean, "attempts": len(flat), "order": index}
@@ -823,6 +889,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="run these stages and no other (a stage whose input another machine made: the "
         "curriculum or the evaluations on a GPU machine, the report here)",
+    )
+    parser.add_argument(
+        "--sweep-gpus",
+        nargs="*",
+        default=[],
+        metavar="GPU",
+        help="GPUs to run on (indices as CUDA_VISIBLE_DEVICES names them): a choice's "
+        "validation sweeps spread over them, one per GPU, and SFT on the first",
     )
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--min-free-gb", type=float, default=6.0)

@@ -19,11 +19,12 @@
 #
 # Environment: RL_TAG (default gpu) names the RL variant, RL_SET its recipe overrides
 # ("learning_rate=6e-4 ..."), CURRICULUM pass-rate (default) or difficulty (RL on the whole
-# train split, filtered by the recipe's task_difficulty); benchmarks/learning_gpu_arms.sh runs
-# variants side by side, one per GPU.
+# train split, filtered by the recipe's task_difficulty), SWEEP_GPUS ("0 1": a choice's
+# validation sweeps side by side, one per GPU, SFT on the first); benchmarks/learning_gpu_arms.sh
+# runs variants side by side, one per GPU.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n 2,24p "$0"
+  sed -n 2,25p "$0"
   exit 2
 fi
 bench=$1 sft=$2 phase=$3
@@ -36,6 +37,7 @@ common=(--out "$bench" --samples 4 --curriculum "$curriculum" --curriculum-tasks
   --eval-set client=transformers env_device=cuda dtype=bfloat16 env_workers=12 env_per_gpu=0
   generation_batch=128 overlap=false env_time_reference_compile=false)
 if [ "$sft" != - ]; then common+=(--sft-model "$sft"); fi
+if [ -n "${SWEEP_GPUS:-}" ]; then common+=(--sweep-gpus $SWEEP_GPUS); fi
 case $curriculum in
   pass-rate) tasks=$bench/curriculum/data.parquet ;;
   difficulty) tasks=$bench/synth/tasks/train/data.parquet ;;

@@ -92,8 +92,9 @@ case $phase in
   rl) train ;;
   evaluate) evaluate ;;
   all)
-    if [ "$sft" = - ]; then  # SFT and its choice here first (GPU 0), then RL from the chosen model
-      on_gpu 0 "${tags[0]}" "" sft sft
+    if [ "$sft" = - ]; then  # SFT here (GPU 0), its candidates validated on every GPU, then RL
+      SWEEP_GPUS=$(seq -s ' ' 0 $((gpus - 1))) bash "$here/learning_gpu.sh" "$bench" - sft \
+        > "$bench/logs/gpus_sft.log" 2>&1
       sft=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_sft"]["chosen"])' \
         "$bench/stages.json")
     fi

@@ -14,7 +14,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "learning_gpu_arms.sh"
 STAND_IN = """#!/usr/bin/env bash
 bench=$1 sft=$2; shift 2
-echo "gpu=$CUDA_VISIBLE_DEVICES tag=$RL_TAG set=[$RL_SET] variants=[${RL_VARIANTS:-}] sft=$sft $*" >> "$bench/calls.txt"
+echo "gpu=${CUDA_VISIBLE_DEVICES:-${SWEEP_GPUS// /,}} tag=$RL_TAG set=[$RL_SET] variants=[${RL_VARIANTS:-}] sft=$sft $*" >> "$bench/calls.txt"
 stage=${2:-$1}
 if [ "$1" = sft ]; then echo '{"select_sft": {"chosen": "/gpu/ck-75"}}' > "$bench/stages.json"; fi
 if [ "$stage" = select_variant ]; then echo '{"select_variant": {"chosen": "gpu_hot"}}' > "$bench/stages.json"; fi
@@ -92,6 +92,6 @@ def test_all_trains_sft_first_then_rl_from_the_chosen_checkpoint_and_evaluates_t
     """A variant whose RL failed does not stop the others' evaluation."""
     status, calls = _run(tmp_path, "all", *VARIANTS, sft="-", FAIL_TAG="gpu")
     assert status == 0
-    assert "gpu=0 tag=gpu set=[] variants=[] sft=- sft" in calls
+    assert "gpu=0,1 tag= set=[] variants=[] sft=- sft" in calls
     assert "gpu=0 tag=gpu set=[] variants=[] sft=/gpu/ck-75 rl" in calls
     assert f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/gpu/ck-75 evaluate eval_rl" in calls

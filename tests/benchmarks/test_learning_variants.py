@@ -3,6 +3,7 @@ the others under their own names, their overrides reach the trainer, and the rep
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -257,7 +258,7 @@ def test_synthesis_and_sft_take_the_gpu_machines_settings(tmp_path: Path) -> Non
     bench = _bench(tmp_path, "--synth-set", "reference_solutions=2400", "--sft-recipe", recipe)
     ran: dict[str, list[str]] = {}
 
-    def run(name: str, argv: list[str]) -> None:
+    def run(name: str, argv: list[str], placement: object = None) -> None:
         ran[name] = argv
         bench.stages.setdefault(name, {"heldout_tasks": []})
 
@@ -270,3 +271,37 @@ def test_synthesis_and_sft_take_the_gpu_machines_settings(tmp_path: Path) -> Non
     assert argv[argv.index("--config") + 1] == str(learning.ROOT / recipe)
     # 2,400 rows in batches of 16: 150 steps, a candidate every 75
     assert argv[argv.index("--save_steps") + 1] == "75"
+
+
+def test_a_choices_validation_sweeps_run_at_once_one_per_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --sweep-gpus 0 1 the two candidates are validated together (each waits for the
+    other at a barrier, which sequential sweeps would never pass), each on its own GPU and its
+    half of the cores, and the better one is chosen."""
+    import threading
+
+    bench = _bench(tmp_path, "--sweep-gpus", "0", "1")
+    bench.stages = {"select_sft": {"chosen": "sft-model"}}
+    together = threading.Barrier(2, timeout=10)
+    placed: dict[str, tuple[str, frozenset[int]]] = {}
+
+    def fake_run_stage(name, argv, out, log, min_gb, placement=None):
+        together.wait()
+        placed[name] = (placement.gpu, placement.cores)
+        return {"wall_s": 0.0, "returncode": 0}
+
+    scores = {"val_rl_checkpoint-5": 0.5, "val_rl_checkpoint-10": 0.25}
+    monkeypatch.setattr(learning, "run_stage", fake_run_stage)
+    monkeypatch.setattr(
+        learning,
+        "attempts",
+        lambda path, config: {"t": [{"correct": scores[path.parent.name], "compile": 1.0}]},
+    )
+    candidates = [tmp_path / "checkpoint-5", tmp_path / "checkpoint-10"]
+    assert bench.select("select_rl", candidates) == str(candidates[0])
+    assert sorted(gpu for gpu, _ in placed.values()) == ["0", "1"]
+    first, second = (cores for _, cores in placed.values())
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert first and second and not first & second
+    assert {bench.stages[name]["argv"][0] for name in scores} == {"eval"}
