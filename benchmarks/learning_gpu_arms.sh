@@ -40,14 +40,17 @@ if [ "${#tags[@]}" -gt "$gpus" ]; then
   echo "${#tags[@]} variants but $gpus GPU(s): one variant per GPU" >&2
   exit 2
 fi
-share=$(($(nproc) / gpus))
+read -r -a cores <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+share=$((${#cores[@]} / gpus))  # 0: fewer cores than GPUs, nothing pinned
 mkdir -p "$bench/logs"
 
 on_gpu() {  # on_gpu GPU TAG SETTINGS LOG ARGS...: learning_gpu.sh ARGS on one GPU and its cores
   local gpu=$1 tag=$2 settings=$3 log=$4
   shift 4
   local pin=()
-  if command -v taskset > /dev/null; then pin=(taskset -c $((gpu * share))-$(((gpu + 1) * share - 1))); fi
+  if [ "$share" -gt 0 ] && command -v taskset > /dev/null; then
+    pin=(taskset -c "$(tr ' ' , <<< "${cores[*]:gpu * share:share}")")
+  fi
   CUDA_VISIBLE_DEVICES=$gpu RL_TAG=$tag RL_SET=$settings ${pin[@]+"${pin[@]}"} \
     bash "$here/learning_gpu.sh" "$bench" "$sft" "$@" > "$bench/logs/gpu${gpu}_$log.log" 2>&1
 }

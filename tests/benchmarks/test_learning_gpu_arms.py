@@ -16,6 +16,7 @@ STAND_IN = """#!/usr/bin/env bash
 bench=$1 sft=$2; shift 2
 echo "gpu=${CUDA_VISIBLE_DEVICES:-${SWEEP_GPUS// /,}} tag=$RL_TAG set=[$RL_SET] variants=[${RL_VARIANTS:-}] sft=$sft $*" >> "$bench/calls.txt"
 stage=${2:-$1}
+python3 -c 'import os, sys; print(sys.argv[1], *sorted(os.sched_getaffinity(0)))' "${CUDA_VISIBLE_DEVICES:-}" >> "$bench/cores.txt"
 if [ "$1" = sft ]; then echo '{"select_sft": {"chosen": "/gpu/ck-75"}}' > "$bench/stages.json"; fi
 if [ "$stage" = select_variant ]; then echo '{"select_variant": {"chosen": "gpu_hot"}}' > "$bench/stages.json"; fi
 if [ "$RL_TAG" = "${FAIL_TAG:-}" ] && [ "$1" = rl ]; then exit 3; fi
@@ -95,3 +96,15 @@ def test_all_trains_sft_first_then_rl_from_the_chosen_checkpoint_and_evaluates_t
     assert "gpu=0,1 tag= set=[] variants=[] sft=- sft" in calls
     assert "gpu=0 tag=gpu set=[] variants=[] sft=/gpu/ck-75 rl" in calls
     assert f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/gpu/ck-75 evaluate eval_rl" in calls
+
+
+def test_each_variant_runs_on_its_own_share_of_the_cores(tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores")
+    status, _ = _run(tmp_path, "rl", *VARIANTS)
+    assert status == 0
+    cores = {
+        line.split()[0]: set(line.split()[1:])
+        for line in (tmp_path / "bench" / "cores.txt").read_text().splitlines()
+    }
+    assert cores["0"] and cores["1"] and not cores["0"] & cores["1"]
