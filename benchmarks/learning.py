@@ -422,7 +422,7 @@ class Benchmark:
     def placements(self) -> list[Placement | None]:
         """Where this invocation's stages run: one placement per ``--sweep-gpus`` GPU, or the
         process's own environment."""
-        return list(placements(self.args.sweep_gpus)) if self.args.sweep_gpus else [None]
+        return [*placements(self.args.sweep_gpus)] if self.args.sweep_gpus else [None]
 
     # ------------------------------------------------------------------ stage commands
     def eval_argv(self, model: str, folder: Path, samples: int, output: Path) -> list[str]:

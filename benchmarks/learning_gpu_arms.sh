@@ -55,6 +55,11 @@ on_gpu() {  # on_gpu GPU TAG SETTINGS LOG ARGS...: learning_gpu.sh ARGS on one G
     bash "$here/learning_gpu.sh" "$bench" "$sft" "$@" > "$bench/logs/gpu${gpu}_$log.log" 2>&1
 }
 
+chosen_in() {  # chosen_in STAGE: what the stage chose, from stages.json
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["chosen"])' \
+    "$bench/stages.json" "$1"
+}
+
 wait_all() {  # wait for every background job; fail if one failed, after all have ended
   local status=0
   for job in $(jobs -p); do wait "$job" || status=$?; done
@@ -76,8 +81,7 @@ evaluate() {  # validation per variant, the choice among those validated, the he
   wait_all || echo "a variant was not validated (its log in $bench/logs); choosing among the others" >&2
   RL_VARIANTS="${tags[*]}" on_gpu 0 "${tags[0]}" "" select_variant evaluate select_variant
   local chosen settings rl_gpu
-  chosen=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_variant"]["chosen"])' \
-    "$bench/stages.json")
+  chosen=$(chosen_in select_variant)
   for i in "${!tags[@]}"; do [ "${tags[$i]}" = "$chosen" ] && settings=${sets[$i]}; done
   rl_gpu=$((gpus > 1 ? 1 : 0))
   {
@@ -98,8 +102,7 @@ case $phase in
     if [ "$sft" = - ]; then  # SFT here (GPU 0), its candidates validated on every GPU, then RL
       SWEEP_GPUS=$(seq -s ' ' 0 $((gpus - 1))) bash "$here/learning_gpu.sh" "$bench" - sft \
         > "$bench/logs/gpus_sft.log" 2>&1
-      sft=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_sft"]["chosen"])' \
-        "$bench/stages.json")
+      sft=$(chosen_in select_sft)
     fi
     train || echo "a variant's RL failed (its log in $bench/logs); evaluating the others" >&2
     evaluate ;;
