@@ -24,6 +24,9 @@ One command runs the whole experiment on the 2-core CPU box and writes its numbe
    sample of train tasks (``--curriculum-tasks``, ``--samples`` each, the held-out sweep's
    settings), and RL trains only on the tasks it solves sometimes, neither never nor always
    (a group of equal rewards has no advantage); its stages carry ``_passrate``.
+   ``--curriculum beyond-references`` trains on the train tasks longer than any reference
+   solution (the synthesis's ``reference_max_pointwise``, which also keeps validation and
+   held-out to such chains); its stages carry ``_beyond``.
 5. **eval_rl**: the chosen RL checkpoint on the held-out sample. With the pass-rate
    curriculum, **train_check** then samples the SFT model and that checkpoint anew on RL's own
    train tasks (``train_check*.md``): whether RL learned even the tasks it trained on.
@@ -119,8 +122,10 @@ EVALS = {
     "eval_rl_grpo": "after GRPO",
     "eval_rl_passrate": "after TRLOO, pass-rate curriculum",
 }
-# Named with a suffix for an advantage other than TRLOO, for the pass-rate curriculum and for
-# a --rl-tag (a variant with --rl-set overrides).
+#: The suffix of the RL stages trained on each curriculum's tasks.
+CURRICULUM_SUFFIX = {"difficulty": "", "pass-rate": "_passrate", "beyond-references": "_beyond"}
+# Named with a suffix for an advantage other than TRLOO, for a curriculum (CURRICULUM_SUFFIX) and
+# for a --rl-tag (a variant with --rl-set overrides).
 RL_STAGES = ("rl", "select_rl", "eval_rl", "train_check")
 BASE_MODEL = "smollm2-135m-instruct"
 
@@ -516,7 +521,7 @@ class Benchmark:
     def rl_suffix(self, tag: str) -> str:
         """The suffix of an RL run's stages: its advantage, curriculum and variant tag."""
         suffix = "" if self.args.advantage == "trloo" else f"_{self.args.advantage}"
-        suffix += "_passrate" if self.args.curriculum == "pass-rate" else ""
+        suffix += CURRICULUM_SUFFIX[self.args.curriculum]
         return suffix + (f"_{tag}" if tag else "")
 
     def stage_name(self, name: str) -> str:
@@ -560,8 +565,10 @@ class Benchmark:
         filters it), or with ``--curriculum pass-rate`` those of a sample that the SFT model
         solved in some but not all of its samples. Chosen from train tasks only."""
         train = self.synth_dir / "tasks" / "train" / "data.parquet"
-        if self.args.curriculum != "pass-rate":
+        if self.args.curriculum == "difficulty":
             return train
+        if self.args.curriculum == "beyond-references":
+            return self.beyond_references(train)
         parquet = self.curriculum_parquet
         if self.done("curriculum") and parquet.exists():
             return parquet
@@ -596,6 +603,41 @@ class Benchmark:
         self.stages["curriculum"] = {"pass_rates": rates, "kept": kept, "difficulty": difficulty}
         self.save()
         self.log(f"[curriculum] {len(kept)} of {len(rates)} train tasks solved sometimes")
+        return parquet
+
+    def beyond_references(self, train: Path) -> Path:
+        """The train tasks longer than any reference solution (synthesis's
+        ``reference_max_pointwise``): chains SFT saw no example of, the ones the evaluation
+        splits hold, where RL has something to add to what SFT copied."""
+        parquet = self.curriculum_parquet
+        if self.done("curriculum") and parquet.exists():
+            return parquet
+        import datasets
+
+        from kernelrl.data.synth.graph import pointwise_in
+
+        recipe = json.loads((self.synth_dir / "recipe.json").read_text())
+        tier = recipe.get("reference_max_pointwise", 0)
+        if not tier:
+            raise SystemExit(
+                "curriculum beyond-references: the synthesis has no reference tier "
+                "(--synth-set reference_max_pointwise=N)"
+            )
+        rows = [
+            row
+            for row in datasets.Dataset.from_parquet(str(train))
+            if pointwise_in(row["combination"]) > tier
+        ]
+        if not rows:
+            raise SystemExit(f"curriculum: no train task has more than {tier} pointwise operators")
+        parquet.parent.mkdir(parents=True, exist_ok=True)
+        datasets.Dataset.from_list(rows).to_parquet(str(parquet))
+        self.stages["curriculum"] = {
+            "kept": sorted(row["id"] for row in rows),
+            "rule": f"more than {tier} pointwise operators",
+        }
+        self.save()
+        self.log(f"[curriculum] {len(rows)} train tasks longer than the references")
         return parquet
 
     def rl(self, sft_model: str) -> None:
@@ -724,8 +766,8 @@ class Benchmark:
     def rl_label(self) -> str:
         """How this invocation's RL run is named in the report's rows and curves."""
         label = f"after {self.args.advantage.upper()}"
-        if self.args.curriculum == "pass-rate":
-            label += ", pass-rate curriculum"
+        if self.args.curriculum != "difficulty":
+            label += f", {self.args.curriculum} curriculum"
         if self.args.rl_from:
             runs = self.stages[self.stage_name("rl")]["runs"]
             ranks = runs[0].get("ranks", 1)
@@ -822,10 +864,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--curriculum",
-        choices=("difficulty", "pass-rate"),
+        choices=tuple(CURRICULUM_SUFFIX),
         default="difficulty",
-        help="RL's train tasks: the recipe's difficulty tag, or those of a sample that the SFT "
-        "model solves sometimes (stages suffixed _passrate)",
+        help="RL's train tasks: the recipe's difficulty tag; those of a sample that the SFT "
+        "model solves sometimes (stages suffixed _passrate); or those longer than the "
+        "synthesis's reference tier (stages suffixed _beyond)",
     )
     parser.add_argument(
         "--curriculum-tasks", type=int, default=40, help="train tasks sampled for pass rates"

@@ -18,8 +18,9 @@
 # and one judge. The report is written on the CPU box: learning.py --out BENCH_DIR --only report.
 #
 # Environment: RL_TAG (default gpu) names the RL variant, RL_SET its recipe overrides
-# ("learning_rate=6e-4 ..."), CURRICULUM pass-rate (default) or difficulty (RL on the whole
-# train split, filtered by the recipe's task_difficulty), SWEEP_GPUS ("0 1": a choice's
+# ("learning_rate=6e-4 ..."), CURRICULUM pass-rate (default), difficulty (RL on the whole
+# train split, filtered by the recipe's task_difficulty) or beyond-references (the train tasks
+# longer than any reference solution; run the curriculum phase first), SWEEP_GPUS ("0 1": a choice's
 # validation sweeps side by side, one per GPU, SFT on the first); benchmarks/learning_gpu_arms.sh
 # runs variants side by side, one per GPU.
 set -euo pipefail
@@ -39,9 +40,9 @@ common=(--out "$bench" --samples 4 --curriculum "$curriculum" --curriculum-tasks
 if [ "$sft" != - ]; then common+=(--sft-model "$sft"); fi
 if [ -n "${SWEEP_GPUS:-}" ]; then common+=(--sweep-gpus $SWEEP_GPUS); fi
 case $curriculum in
-  pass-rate) tasks=$bench/curriculum/data.parquet ;;
+  pass-rate | beyond-references) tasks=$bench/curriculum/data.parquet ;;
   difficulty) tasks=$bench/synth/tasks/train/data.parquet ;;
-  *) echo "CURRICULUM: pass-rate or difficulty, not $curriculum" >&2; exit 2 ;;
+  *) echo "CURRICULUM: pass-rate, difficulty or beyond-references, not $curriculum" >&2; exit 2 ;;
 esac
 overrides=()
 for setting in ${settings[@]+"${settings[@]}"}; do overrides+=("--${setting%%=*}" "${setting#*=}"); done

@@ -67,6 +67,9 @@ wait_all() {  # wait for every background job; fail if one failed, after all hav
 }
 
 train() {  # each variant's RL run; the checkpoints stay in BENCH_DIR, nothing is packed to $OUT
+  if [ "${CURRICULUM:-pass-rate}" != difficulty ]; then  # the variants' shared train tasks first
+    on_gpu 0 "${tags[0]}" "" curriculum curriculum
+  fi
   for i in "${!tags[@]}"; do
     OUT='' on_gpu "$i" "${tags[$i]}" "${sets[$i]}" "rl_${tags[$i]}" rl \
       ${train_args[@]+"${train_args[@]}"} &

@@ -15,7 +15,7 @@ from kernelrl.data.curate.decontaminate import DecontaminateConfig
 from kernelrl.data.curate.dedup import DedupConfig
 from kernelrl.data.curate.sft_select import SelectConfig
 from kernelrl.data.curate.validate import ValidateConfig
-from kernelrl.data.synth.graph import DTYPES, FAMILIES, PROFILES, DrawConfig
+from kernelrl.data.synth.graph import DTYPES, FAMILIES, PROFILES, DrawConfig, Graph
 from kernelrl.env.pools import EnvPoolConfig
 
 
@@ -84,6 +84,13 @@ class SynthConfig(EnvPoolConfig):
         default=20,
         metadata={"help": "training tasks given a Triton reference (kept only if judged correct)"},
     )
+    reference_max_pointwise: int = field(
+        default=0,
+        metadata={
+            "help": "reference solutions only for chains of at most this many pointwise "
+            "operators, validation and held-out only from longer ones (0: no such tier)"
+        },
+    )
     env_workers: int | None = field(
         default=2, metadata={"help": "CPU slots or GPUs of the evaluation pool"}
     )
@@ -118,6 +125,19 @@ class SynthConfig(EnvPoolConfig):
             raise ValueError("heldout_share + validation_share must lie in [0, 1)")
         if self.num_tasks < 1 or self.max_pointwise < 1:
             raise ValueError("num_tasks and max_pointwise must be at least 1")
+        if not 0 <= self.reference_max_pointwise < self.max_pointwise:
+            raise ValueError(
+                "reference_max_pointwise must lie in [0, max_pointwise): the evaluation splits "
+                f"need longer chains, got {self.reference_max_pointwise} of {self.max_pointwise}"
+            )
+
+    @property
+    def eval_min_pointwise(self) -> int:
+        """The shortest chain the evaluation splits may hold: one past the reference tier."""
+        return self.reference_max_pointwise + 1 if self.reference_max_pointwise else 0
+
+    def in_reference_tier(self, graph: Graph) -> bool:
+        return not self.reference_max_pointwise or graph.pointwise <= self.reference_max_pointwise
 
     def draw_config(self) -> DrawConfig:
         weights = self.family_weights or [1.0] * len(self.families)

@@ -20,6 +20,7 @@ from kernelrl.data.synth.check import check_task
 from kernelrl.data.synth.config import SynthConfig
 from kernelrl.data.synth.graph import draw
 from kernelrl.data.synth.render import render_task
+from kernelrl.data.synth.tolerance import measured_tolerances
 
 
 def task_id(seed: int, index: int) -> str:
@@ -36,7 +37,7 @@ def generate_tasks(
     seen: set[str] = set()
     rows: list[dict[str, Any]] = []
     failures: Counter[str] = Counter()
-    duplicates = attempts = 0
+    duplicates = attempts = widened = 0
     limit = int(config.num_tasks * config.max_attempts_factor)
     with timed(report), step_progress(console, "generate", config.num_tasks) as progress:
         while len(rows) < config.num_tasks and attempts < limit:
@@ -53,6 +54,10 @@ def generate_tasks(
                 failures[problem.split(":")[0]] += 1
                 report.remove(f"draw_{attempts}", "check_failed", f"{graph.combination}: {problem}")
                 continue
+            measured = measured_tolerances(graph, source)
+            if measured is not None:
+                widened += 1
+                source = render_task(graph, config.size_profile, measured)
             rows.append(
                 {
                     "id": task_id(config.seed, len(rows)),
@@ -65,7 +70,10 @@ def generate_tasks(
             progress.advance()
     report.count_in, report.count_out = attempts, len(rows)
     report.notes.update(
-        drawn=attempts, duplicates_skipped=duplicates, check_failures=dict(failures)
+        drawn=attempts,
+        duplicates_skipped=duplicates,
+        check_failures=dict(failures),
+        tolerances_widened=widened,
     )
     log_step(report, console)
     return rows, report

@@ -44,6 +44,13 @@ CORE_FAMILY = {
     "linear": "matmul",
 }
 REDUCING = ("sum", "mean", "amax")
+
+
+def pointwise_in(combination: str) -> int:
+    """``Graph.pointwise`` read back from a combination (``Graph.combination``)."""
+    return sum(kind not in CORE_FAMILY for kind in combination.split(">"))
+
+
 GROWING = ("exp", "square")
 #: What ``exp`` may follow (None: the input itself, a standard normal): operators whose output is
 #: bounded, or of unit scale, whatever the row length. After a chain of multiplications by other
@@ -101,6 +108,11 @@ class Graph:
     @property
     def ops(self) -> tuple[Op, ...]:
         return self.prologue + ((self.core,) if self.core else ()) + self.epilogue
+
+    @property
+    def pointwise(self) -> int:
+        """How many pointwise operators the chain holds: the length a reference tier bounds."""
+        return len(self.prologue) + len(self.epilogue)
 
     @property
     def combination(self) -> str:

@@ -91,12 +91,19 @@ def _with_graph_columns(
     return Dataset.from_list(rows, features=SYNTH_FEATURES)
 
 
-def _sandbox_set(tasks: Dataset, config: SynthConfig) -> tuple[list[str], list[str]]:
-    """(seeded sample of all tasks, reference candidates among training tasks)."""
+def _sandbox_set(
+    tasks: Dataset, graphs: dict[str, Graph], config: SynthConfig
+) -> tuple[list[str], list[str]]:
+    """(seeded sample of all tasks, reference candidates among training tasks of the
+    reference tier)."""
     ids = tasks["id"]
     rng = random.Random(config.seed + 1)
     sample = rng.sample(ids, min(config.sandbox_sample, len(ids)))
-    train = [i for i, s in enumerate(tasks["split"]) if s == "train"]
+    train = [
+        i
+        for i, s in enumerate(tasks["split"])
+        if s == "train" and config.in_reference_tier(graphs[ids[i]])
+    ]
     candidates = pick_candidates(
         [ids[i] for i in train],
         [tasks["family"][i] for i in train],
@@ -139,14 +146,18 @@ def run_synthesis(
 
     combos = [graphs[i].combination for i in tasks["id"]]
     assignment = split_combinations(
-        combos, config.heldout_share, config.validation_share, config.seed
+        combos,
+        config.heldout_share,
+        config.validation_share,
+        config.seed,
+        config.eval_min_pointwise,
     )
     tasks = _with_graph_columns(tasks, graphs, assignment)
-    problems = check_split(tasks["combination"], tasks["split"])
+    problems = check_split(tasks["combination"], tasks["split"], config.eval_min_pointwise)
     if problems:  # split_combinations guarantees none; a violation is a bug of ours
         raise RuntimeError(f"split violates its promise: {problems[:3]}")
 
-    sample, candidates = _sandbox_set(tasks, config)
+    sample, candidates = _sandbox_set(tasks, graphs, config)
     wanted = set(sample) | (set(candidates) if config.validate_candidates else set())
     sandbox_ids = [i for i, task_id in enumerate(tasks["id"]) if task_id in wanted]
     sft = samples = None
@@ -188,7 +199,9 @@ def run_synthesis(
             reports.extend(step_reports)
 
     splits = {name: tasks.filter(lambda r, n=name: r["split"] == n) for name in SPLITS}
-    summary = _summary(config, tasks, splits, sample, candidates, sandbox_failed, samples, sft)
+    summary = _summary(
+        config, tasks, graphs, splits, sample, candidates, sandbox_failed, samples, sft
+    )
     summary["seconds"] = round(time.perf_counter() - started, 1)
     _write(out, config, splits, sft, samples, reports, summary, command)
     if console is not None:
@@ -208,6 +221,7 @@ def run_synthesis(
 def _summary(
     config: SynthConfig,
     tasks: Dataset,
+    graphs: dict[str, Graph],
     splits: dict[str, Dataset],
     sample: list[str],
     candidates: list[str],
@@ -228,6 +242,11 @@ def _summary(
         "families": dict(Counter(tasks["family"])),
         "dtypes": dict(Counter(tasks["dtype"])),
         "difficulty": dict(Counter(tasks["difficulty"])),
+        "pointwise": {
+            n: dict(sorted(Counter(graphs[i].pointwise for i in d["id"]).items()))
+            for n, d in splits.items()
+        },
+        "reference_max_pointwise": config.reference_max_pointwise,
         "sandbox": {
             "validated": sum(bool(v) for v in tasks["validated"]),
             "sample": len(sample),

@@ -112,9 +112,12 @@ def operand_shapes(graph: Graph) -> list[tuple[str, list[str]]]:
     return out
 
 
-def render_task(graph: Graph, size_profile: str = "cuda") -> str:
+def render_task(
+    graph: Graph, size_profile: str = "cuda", tolerance: tuple[float, float] | None = None
+) -> str:
     """The task source. ``size_profile``: which sizes the globals hold (``cuda`` or ``cpu``);
-    the other kind's sizes go to ``KERNELRL["sizes"]``."""
+    the other kind's sizes go to ``KERNELRL["sizes"]``. ``tolerance``: (atol, rtol) measured
+    for it (``tolerance.measured_tolerances``), widening the graph's own where wider."""
     dtype = _TORCH_DTYPE[graph.dtype]
     linear = graph.core is not None and graph.core.kind == "linear"
     operands = operand_shapes(graph)
@@ -165,6 +168,8 @@ def render_task(graph: Graph, size_profile: str = "cuda") -> str:
         else {"cpu": {}, "cuda": other_values},
     }
     tol = tolerances(graph)
+    if tolerance is not None:
+        tol = tolerance if tol is None else (max(tol[0], tolerance[0]), max(tol[1], tolerance[1]))
     if tol is not None:
         meta["atol"], meta["rtol"] = tol
     lines += ["", "", f"KERNELRL = {meta!r}", ""]

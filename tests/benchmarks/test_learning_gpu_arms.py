@@ -51,11 +51,27 @@ HOT = "set=[learning_rate=6e-4 temperature=1.0]"
 
 
 def test_each_variant_trains_on_its_own_gpu_with_its_overrides(tmp_path: Path) -> None:
-    status, calls = _run(tmp_path, "rl", *VARIANTS, "--", "--stop_after_s", "60")
+    status, calls = _run(
+        tmp_path, "rl", *VARIANTS, "--", "--stop_after_s", "60", CURRICULUM="difficulty"
+    )
     assert status == 0
     assert calls == [
         "gpu=0 tag=gpu set=[] variants=[] sft=/sft rl --stop_after_s 60",
         f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/sft rl --stop_after_s 60",
+    ]
+
+
+@pytest.mark.parametrize("curriculum", ["beyond-references", "pass-rate"])
+def test_a_curriculum_is_chosen_once_before_the_variants_train_on_it(
+    tmp_path: Path, curriculum: str
+) -> None:
+    status, _ = _run(tmp_path, "rl", *VARIANTS, CURRICULUM=curriculum)
+    assert status == 0
+    calls = (tmp_path / "bench" / "calls.txt").read_text().splitlines()
+    assert calls[0] == "gpu=0 tag=gpu set=[] variants=[] sft=/sft curriculum"
+    assert sorted(calls[1:]) == [
+        "gpu=0 tag=gpu set=[] variants=[] sft=/sft rl",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/sft rl",
     ]
 
 
@@ -77,7 +93,7 @@ def test_the_variant_chosen_on_validation_is_the_one_swept_on_held_out_tasks(
 
 
 def test_a_failed_variant_fails_the_run_after_the_others_end(tmp_path: Path) -> None:
-    status, calls = _run(tmp_path, "rl", *VARIANTS, FAIL_TAG="gpu")
+    status, calls = _run(tmp_path, "rl", *VARIANTS, FAIL_TAG="gpu", CURRICULUM="difficulty")
     assert status == 3
     assert len(calls) == 2
 

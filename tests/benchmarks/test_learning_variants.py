@@ -305,3 +305,24 @@ def test_a_choices_validation_sweeps_run_at_once_one_per_gpu(
     if len(os.sched_getaffinity(0)) >= 2:
         assert first and second and not first & second
     assert {bench.stages[name]["argv"][0] for name in scores} == {"eval"}
+
+
+def test_beyond_references_trains_on_the_chains_no_reference_showed(tmp_path: Path) -> None:
+    import datasets
+
+    train = tmp_path / "synth" / "tasks" / "train"
+    train.mkdir(parents=True)
+    combos = {"short": "relu>sum", "edge": "relu>exp>sum", "long": "relu>exp>sum>neg>abs"}
+    rows = [{"id": task, "combination": combo} for task, combo in combos.items()]
+    datasets.Dataset.from_list(rows).to_parquet(str(train / "data.parquet"))
+    recipe = tmp_path / "synth" / "recipe.json"
+    bench = _bench(tmp_path, "--curriculum", "beyond-references", "--rl-tag", "hot")
+    assert bench.stage_name("eval_rl") == "eval_rl_beyond_hot"
+    assert bench.rl_label() == "after TRLOO, beyond-references curriculum"
+    recipe.write_text('{"reference_max_pointwise": 0}')
+    with pytest.raises(SystemExit, match="no reference tier"):
+        bench.curriculum("sft-model")
+    recipe.write_text('{"reference_max_pointwise": 2}')
+    parquet = bench.curriculum("sft-model")
+    assert [row["id"] for row in datasets.Dataset.from_parquet(str(parquet))] == ["long"]
+    assert bench.stages["curriculum"]["kept"] == ["long"]

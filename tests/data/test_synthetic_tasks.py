@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from kernelrl.data.curate.decontaminate import Benchmark, DecontaminateConfig, decontaminate
 from kernelrl.data.curate.dedup import dedup
@@ -19,7 +20,7 @@ from kernelrl.data.schema import make_dataset
 from kernelrl.data.synth.check import check_task
 from kernelrl.data.synth.config import synth_config
 from kernelrl.data.synth.generate import generate_tasks
-from kernelrl.data.synth.graph import FAMILIES, POINTWISE, Graph, Op, draw
+from kernelrl.data.synth.graph import FAMILIES, POINTWISE, Graph, Op, draw, pointwise_in
 from kernelrl.data.synth.pipeline import run_synthesis
 from kernelrl.data.synth.references import reference_sft
 from kernelrl.data.synth.render import render_task
@@ -91,6 +92,21 @@ def test_split_by_combination_holds_its_promise():
     only = ["relu>exp", "relu>exp", "sum"]
     assert check_split(only, ["train", "heldout", "train"])  # same combination in both
     assert check_split(["relu", "sum"], ["train", "heldout"])  # sum never seen in train
+
+
+def test_evaluation_splits_hold_only_chains_longer_than_the_reference_tier():
+    rng = random.Random(0)
+    config = _config(Path("/nonexistent"), max_pointwise=6).draw_config()
+    combos = [draw(rng, config).combination for _ in range(3000)]
+    assignment = split_combinations(combos, 0.1, 0.05, seed=0, min_pointwise=4)
+    splits = [assignment[c] for c in combos]
+    assert check_split(combos, splits, min_pointwise=4) == []
+    evaluated = [c for c, s in zip(combos, splits, strict=True) if s != "train"]
+    assert len(evaluated) >= 0.12 * len(combos)  # the shares are still reached
+    assert min(pointwise_in(c) for c in evaluated) >= 4
+    assert min(pointwise_in(c) for c in combos) < 4  # shorter chains exist, and stay in train
+    # the check reports a short chain in an evaluation split
+    assert check_split(["relu>sum", "relu>sum>exp"], ["train", "heldout"], min_pointwise=3)
 
 
 def test_operator_that_appears_once_never_leaves_train():
@@ -202,6 +218,38 @@ def test_pipeline_writes_splits_and_references_for_train_tasks_only(tmp_path, va
     assert steps["dedup"]["count_out"] == steps["dedup"]["count_in"] == 80
 
 
+def test_references_cover_short_chains_and_evaluation_the_longer_ones(tmp_path):
+    config = _config(
+        tmp_path,
+        num_tasks=80,
+        seed=2,
+        families=["elementwise", "reduction"],
+        max_pointwise=4,
+        reference_max_pointwise=2,
+        sandbox_sample=1,
+        reference_solutions=2,
+        validate_candidates=False,
+    )
+    result = run_synthesis(config)
+    pointwise = {
+        row["id"]: Graph.from_dict(json.loads(row["graph"])).pointwise
+        for split in result.splits.values()
+        for row in split
+    }
+    assert result.sft is not None and len(result.sft) == 2
+    assert all(pointwise[task] <= 2 for task in result.sft["task_id"])
+    for name in ("validation", "heldout"):
+        assert len(result.splits[name]) and all(
+            pointwise[t] >= 3 for t in result.splits[name]["id"]
+        )
+    assert any(pointwise[t] >= 3 for t in result.splits["train"]["id"])  # what RL learns on
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["reference_max_pointwise"] == 2
+    assert sum(summary["pointwise"]["heldout"].values()) == len(result.splits["heldout"])
+    with pytest.raises(ValueError, match="reference_max_pointwise"):
+        _config(tmp_path, max_pointwise=3, reference_max_pointwise=3)
+
+
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "synth" / "synthetic_cpu.yaml"
 
 
@@ -239,3 +287,48 @@ def test_drawing_rules_keep_gpu_sized_references_finite():
         kinds = [None] + [op.kind for op in graph.ops]
         for before, kind in zip(kinds, kinds[1:], strict=False):
             assert kind != "exp" or before in EXP_AFTER, graph.combination
+
+
+def test_a_half_precision_sum_gets_the_tolerance_a_fused_kernel_needs(tmp_path):
+    from kernelrl.data.synth.tolerance import _sizes, measured_tolerances
+    from kernelrl.env.task import DEFAULT_TOLERANCES
+
+    rows, _ = generate_tasks(_config(tmp_path, num_tasks=1, families=["reduction"]))
+    graph: Graph = rows[0]["graph"]
+    cuda = graph.sizes["cuda"]
+    long_row = dataclasses.replace(cuda, dims=(("batch_size", 1024), ("dim", 8192)))
+    half_sum = dataclasses.replace(
+        graph,
+        dtype="float16",
+        prologue=(Op("mul_input"), Op("add_input")),
+        core=Op("sum"),
+        epilogue=(),
+        sizes={**graph.sizes, "cuda": long_row},
+    )
+    source = render_task(half_sum)
+    widened = measured_tolerances(half_sum, source)
+    assert widened is not None
+    # what a fused kernel returns (the chain in fp32, rounded once) fails the dtype's default
+    # tolerance and passes the measured one, on inputs the measurement did not see
+    namespace: dict = {}
+    exec(compile(source, "<task>", "exec"), namespace)  # noqa: S102 - generated here
+    namespace.update(_sizes(half_sum))
+    torch.manual_seed(123)
+    x, y0, y1 = namespace["get_inputs"]()
+    eager = namespace["Model"]()(x, y0, y1)
+    fused = torch.sum(x.float() * y0.float() + y1.float(), dim=-1, keepdim=True).half()
+    atol, rtol = DEFAULT_TOLERANCES["float16"]
+    assert not torch.allclose(fused, eager, atol=atol, rtol=rtol)
+    assert torch.allclose(fused, eager, atol=widened[0], rtol=widened[1])
+    # the task's source carries it, and the environment reads it from there
+    assert f"'atol': {widened[0]}" in render_task(half_sum, "cuda", widened)
+    # float32 chains round at fp32 either way, and short half-precision rows need nothing more
+    assert measured_tolerances(dataclasses.replace(half_sum, dtype="float32"), source) is None
+    short = dataclasses.replace(
+        half_sum,
+        sizes={
+            **graph.sizes,
+            "cuda": dataclasses.replace(long_row, dims=(("batch_size", 8), ("dim", 16))),
+        },
+    )
+    assert measured_tolerances(short, render_task(short)) is None
