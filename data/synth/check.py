@@ -31,7 +31,8 @@ from kernelrl.env.task import init_args
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _module(source: str, overrides: dict[str, Any]) -> dict[str, Any]:
+def task_namespace(source: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The task module's globals, with size globals replaced by ``overrides``."""
     namespace: dict[str, Any] = {"__name__": "synthetic_task"}
     exec(compile(source, "<synthetic task>", "exec"), namespace)  # noqa: S102 - our own code
     namespace.update(overrides)
@@ -50,12 +51,12 @@ def check_task(graph: Graph, source: str, size_profile: str) -> str | None:
     dtype = _DTYPES[graph.dtype]
     other = "cpu" if size_profile == "cuda" else "cuda"
     try:
-        cuda = _module(source, graph.sizes["cuda"].values if other == "cuda" else {})
+        cuda = task_namespace(source, graph.sizes["cuda"].values if other == "cuda" else {})
         with torch.device("meta"):
             out = _call(cuda)
         if tuple(out.shape) != graph.output_shape("cuda") or out.dtype != dtype:
             return f"meta output {tuple(out.shape)} {out.dtype}, expected {graph.output_shape('cuda')} {dtype}"
-        cpu = _module(source, graph.sizes["cpu"].values if other == "cpu" else {})
+        cpu = task_namespace(source, graph.sizes["cpu"].values if other == "cpu" else {})
         outputs = []
         for seed in (1, 2):
             torch.manual_seed(seed)

@@ -290,7 +290,7 @@ def test_drawing_rules_keep_gpu_sized_references_finite():
 
 
 def test_a_half_precision_sum_gets_the_tolerance_a_fused_kernel_needs(tmp_path):
-    from kernelrl.data.synth.tolerance import _sizes, measured_tolerances
+    from kernelrl.data.synth.tolerance import measured_tolerances, sample_sizes
     from kernelrl.env.task import DEFAULT_TOLERANCES
 
     rows, _ = generate_tasks(_config(tmp_path, num_tasks=1, families=["reduction"]))
@@ -312,7 +312,7 @@ def test_a_half_precision_sum_gets_the_tolerance_a_fused_kernel_needs(tmp_path):
     # tolerance and passes the measured one, on inputs the measurement did not see
     namespace: dict = {}
     exec(compile(source, "<task>", "exec"), namespace)  # noqa: S102 - generated here
-    namespace.update(_sizes(half_sum))
+    namespace.update(sample_sizes(half_sum))
     torch.manual_seed(123)
     x, y0, y1 = namespace["get_inputs"]()
     eager = namespace["Model"]()(x, y0, y1)
