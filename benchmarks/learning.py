@@ -562,16 +562,17 @@ class Benchmark:
 
     def curriculum(self, sft_model: str) -> Path:
         """The train tasks RL draws from: the whole train split (the recipe's difficulty tag
-        filters it), or with ``--curriculum pass-rate`` those of a sample that the SFT model
-        solved in some but not all of its samples. Chosen from train tasks only."""
+        filters it); with ``--curriculum pass-rate`` those of a sample that the SFT model
+        solved in some but not all of its samples; with ``beyond-references`` those longer
+        than any reference solution. Chosen from train tasks only."""
         train = self.synth_dir / "tasks" / "train" / "data.parquet"
         if self.args.curriculum == "difficulty":
             return train
-        if self.args.curriculum == "beyond-references":
-            return self.beyond_references(train)
         parquet = self.curriculum_parquet
         if self.done("curriculum") and parquet.exists():
             return parquet
+        if self.args.curriculum == "beyond-references":
+            return self.beyond_references(train)
         import datasets
 
         difficulty = _recipe_value(self.rl_recipe, "task_difficulty", default="")
@@ -609,9 +610,6 @@ class Benchmark:
         """The train tasks longer than any reference solution (synthesis's
         ``reference_max_pointwise``): chains SFT saw no example of, the ones the evaluation
         splits hold, where RL has something to add to what SFT copied."""
-        parquet = self.curriculum_parquet
-        if self.done("curriculum") and parquet.exists():
-            return parquet
         import datasets
 
         from kernelrl.data.synth.graph import pointwise_in
@@ -630,6 +628,7 @@ class Benchmark:
         ]
         if not rows:
             raise SystemExit(f"curriculum: no train task has more than {tier} pointwise operators")
+        parquet = self.curriculum_parquet
         parquet.parent.mkdir(parents=True, exist_ok=True)
         datasets.Dataset.from_list(rows).to_parquet(str(parquet))
         self.stages["curriculum"] = {

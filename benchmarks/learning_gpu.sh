@@ -20,9 +20,9 @@
 # Environment: RL_TAG (default gpu) names the RL variant, RL_SET its recipe overrides
 # ("learning_rate=6e-4 ..."), CURRICULUM pass-rate (default), difficulty (RL on the whole
 # train split, filtered by the recipe's task_difficulty) or beyond-references (the train tasks
-# longer than any reference solution; run the curriculum phase first), SWEEP_GPUS ("0 1": a choice's
-# validation sweeps side by side, one per GPU, SFT on the first); benchmarks/learning_gpu_arms.sh
-# runs variants side by side, one per GPU.
+# longer than any reference solution; run the curriculum phase first), SWEEP_GPUS ("0 1": a
+# choice's validation sweeps side by side, one per GPU, SFT on the first);
+# benchmarks/learning_gpu_arms.sh runs variants side by side, one per GPU.
 set -euo pipefail
 if [ $# -lt 3 ]; then
   sed -n 2,25p "$0"

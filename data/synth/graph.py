@@ -45,12 +45,6 @@ CORE_FAMILY = {
 }
 REDUCING = ("sum", "mean", "amax")
 
-
-def pointwise_in(combination: str) -> int:
-    """``Graph.pointwise`` read back from a combination (``Graph.combination``)."""
-    return sum(kind not in CORE_FAMILY for kind in combination.split(">"))
-
-
 GROWING = ("exp", "square")
 #: What ``exp`` may follow (None: the input itself, a standard normal): operators whose output is
 #: bounded, or of unit scale, whatever the row length. After a chain of multiplications by other
@@ -66,6 +60,11 @@ SCALARS: dict[str, tuple[Any, ...]] = {
     "clamp": ((-1.0, 1.0), (-0.5, 0.5), (0.0, 2.0), (-2.0, 0.25)),
     "leaky_relu": (0.01, 0.1, 0.2),
 }
+
+
+def pointwise_in(combination: str) -> int:
+    """``Graph.pointwise`` read back from a combination (``Graph.combination``)."""
+    return sum(kind not in CORE_FAMILY for kind in combination.split(">"))
 
 
 @dataclass(frozen=True)
