@@ -11,14 +11,14 @@
 # e.g. `gpu gpu_lr6e4:learning_rate=6e-4`. rl: each variant's RL run. evaluate: each variant's
 # checkpoints validated and chosen on its GPU (select_rl); the variant chosen on validation
 # (select_variant); then the held-out sweeps of the SFT model and of that variant's checkpoint
-# side by side, and, where BENCH_DIR/generated/eval_base.jsonl holds the base model's answers
-# sampled on the CPU box, those judged here (learning.py --replay); a variant whose RL or
-# validation failed is left out of the choice. all: rl then evaluate, after SFT and its choice
-# here when SFT_MODEL is - (learning_gpu.sh sft). CURRICULUM, as for learning_gpu.sh. Logs:
-# BENCH_DIR/logs/gpu<i>_<what>.log.
+# side by side, then the base model's: its answers sampled on the CPU box judged here where
+# BENCH_DIR/generated/eval_base.jsonl holds them (learning.py --replay), else sampled here; a
+# variant whose RL or validation failed is left out of the choice. all: rl then evaluate, after
+# SFT and its choice here when SFT_MODEL is - (learning_gpu.sh sft). CURRICULUM, as for
+# learning_gpu.sh. Logs: BENCH_DIR/logs/gpu<i>_<what>.log.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n 2,19p "$0"
+  sed -n 2,18p "$0"
   exit 2
 fi
 bench=$1 sft=$2 phase=$3
@@ -87,11 +87,11 @@ evaluate() {  # validation per variant, the choice among those validated, the he
   chosen=$(chosen_in select_variant)
   for i in "${!tags[@]}"; do [ "${tags[$i]}" = "$chosen" ] && settings=${sets[$i]}; done
   rl_gpu=$((gpus > 1 ? 1 : 0))
+  local base=(eval_base)  # the CPU box's answers judged here, else the base model sampled here
+  if [ -f "$bench/generated/eval_base.jsonl" ]; then base+=(--replay); fi
   {
     on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft
-    if [ -f "$bench/generated/eval_base.jsonl" ]; then
-      on_gpu 0 "$chosen" "$settings" eval_base evaluate eval_base --replay
-    fi
+    on_gpu 0 "$chosen" "$settings" eval_base evaluate "${base[@]}"
   } &
   if [ "$rl_gpu" -eq 0 ]; then wait_all; fi
   on_gpu "$rl_gpu" "$chosen" "$settings" eval_rl evaluate eval_rl &

@@ -92,6 +92,13 @@ def test_the_variant_chosen_on_validation_is_the_one_swept_on_held_out_tasks(
     ]
 
 
+def test_without_the_cpu_box_answers_the_base_model_is_sampled_here(tmp_path: Path) -> None:
+    status, calls = _run(tmp_path, "evaluate", *VARIANTS)
+    assert status == 0
+    assert f"gpu=0 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_base" in calls
+    assert not any("--replay" in call for call in calls)
+
+
 def test_a_failed_variant_fails_the_run_after_the_others_end(tmp_path: Path) -> None:
     status, calls = _run(tmp_path, "rl", *VARIANTS, FAIL_TAG="gpu", CURRICULUM="difficulty")
     assert status == 3
