@@ -124,6 +124,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--code", default="tl.log(", help="count answers containing this")
     args = parser.parse_args(argv)
     tasks = args.out / "synth" / "tasks"
+    if not (tasks / "heldout" / "data.parquet").exists():
+        raise SystemExit(
+            f"no synthetic tasks under {tasks}: the synthesis's folder (synth/) of the run that "
+            "wrote the sweeps, copied into OUT where the sweeps were fetched without it"
+        )
     operators = core_operators(tasks / "heldout" / "data.parquet")
     heldout = {}
     for stage in args.stages:

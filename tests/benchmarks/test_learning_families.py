@@ -80,3 +80,9 @@ def test_answers_and_rollouts_are_counted_by_core_operator(
     rows = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
     assert rows["log_softmax"] == "| log_softmax | 2 | 1 -> 0 | 1 -> 0 | 1 of 3 / 0 of 0 | 1 of 2 |"
     assert rows["elementwise"] == "| elementwise | 1 | 0 -> 1 | 0 -> 1 | 0 of 0 / 2 of 3 | 1 of 2 |"
+
+
+def test_a_folder_without_its_synthesis_is_refused_with_what_to_copy(tmp_path: Path) -> None:
+    _sweep(tmp_path / "eval_sft", [("t0", Status.CORRECT, "x")])
+    with pytest.raises(SystemExit, match="no synthetic tasks under"):
+        learning_families.main([str(tmp_path), "--stages", "eval_sft"])
