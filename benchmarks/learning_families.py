@@ -124,12 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--code", default="tl.log(", help="count answers containing this")
     args = parser.parse_args(argv)
     tasks = args.out / "synth" / "tasks"
-    if not (tasks / "heldout" / "data.parquet").exists():
+    heldout_tasks = tasks / "heldout" / "data.parquet"
+    if not heldout_tasks.exists():
         raise SystemExit(
             f"no synthetic tasks under {tasks}: the synthesis's folder (synth/) of the run that "
             "wrote the sweeps, copied into OUT where the sweeps were fetched without it"
         )
-    operators = core_operators(tasks / "heldout" / "data.parquet")
+    operators = core_operators(heldout_tasks)
     heldout = {}
     for stage in args.stages:
         samples = args.out / stage / "samples.jsonl"
