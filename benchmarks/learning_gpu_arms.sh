@@ -11,11 +11,11 @@
 # e.g. `gpu gpu_lr6e4:learning_rate=6e-4`. rl: each variant's RL run. evaluate: each variant's
 # checkpoints validated and chosen on its GPU (select_rl); the variant chosen on validation
 # (select_variant); then the held-out sweeps of the SFT model and of that variant's checkpoint
-# side by side, then the base model's: its answers sampled on the CPU box judged here where
-# BENCH_DIR/generated/eval_base.jsonl holds them (learning.py --replay), else sampled here; a
-# variant whose RL or validation failed is left out of the choice. all: rl then evaluate, after
-# SFT and its choice here when SFT_MODEL is - (learning_gpu.sh sft). CURRICULUM, as for
-# learning_gpu.sh. Logs: BENCH_DIR/logs/gpu<i>_<what>.log.
+# side by side, and the base model's after SFT's, or beside both on a third GPU: its answers
+# sampled on the CPU box judged here where BENCH_DIR/generated/eval_base.jsonl holds them
+# (learning.py --replay), else sampled here; a variant whose RL or validation failed is left
+# out of the choice. all: rl then evaluate, after SFT and its choice here when SFT_MODEL is -
+# (learning_gpu.sh sft). CURRICULUM, as for learning_gpu.sh. Logs: BENCH_DIR/logs/gpu<i>_<what>.log.
 set -euo pipefail
 if [ $# -lt 4 ]; then
   sed -n 2,18p "$0"
@@ -86,13 +86,16 @@ evaluate() {  # validation per variant, the choice among those validated, the he
   local chosen settings rl_gpu
   chosen=$(chosen_in select_variant)
   for i in "${!tags[@]}"; do [ "${tags[$i]}" = "$chosen" ] && settings=${sets[$i]}; done
-  rl_gpu=$((gpus > 1 ? 1 : 0))
+  rl_gpu=$((gpus > 1 ? 1 : 0)) base_gpu=$((gpus > 2 ? 2 : 0))
   local base=(eval_base)  # the CPU box's answers judged here, else the base model sampled here
   if [ -f "$bench/generated/eval_base.jsonl" ]; then base+=(--replay); fi
-  {
-    on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft
-    on_gpu 0 "$chosen" "$settings" eval_base evaluate "${base[@]}"
-  } &
+  sweep_base() { on_gpu "$base_gpu" "$chosen" "$settings" eval_base evaluate "${base[@]}"; }
+  if [ "$base_gpu" -eq 0 ]; then  # after SFT's sweep on its GPU, else on a GPU of its own
+    { on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft && sweep_base; } &
+  else
+    on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft &
+    sweep_base &
+  fi
   if [ "$rl_gpu" -eq 0 ]; then wait_all; fi
   on_gpu "$rl_gpu" "$chosen" "$settings" eval_rl evaluate eval_rl &
   wait_all

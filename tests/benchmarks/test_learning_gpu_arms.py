@@ -99,6 +99,17 @@ def test_without_the_cpu_box_answers_the_base_model_is_sampled_here(tmp_path: Pa
     assert not any("--replay" in call for call in calls)
 
 
+def test_with_a_third_gpu_the_base_model_is_swept_beside_the_others(tmp_path: Path) -> None:
+    status, calls = _run(tmp_path, "evaluate", *VARIANTS, gpus=4)
+    assert status == 0
+    sweeps = [call for call in calls if "eval_" in call]
+    assert sweeps == [
+        f"gpu=0 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_sft",
+        f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_rl",
+        f"gpu=2 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_base",
+    ]
+
+
 def test_a_failed_variant_fails_the_run_after_the_others_end(tmp_path: Path) -> None:
     status, calls = _run(tmp_path, "rl", *VARIANTS, FAIL_TAG="gpu", CURRICULUM="difficulty")
     assert status == 3
