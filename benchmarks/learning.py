@@ -132,10 +132,13 @@ BASE_MODEL = "smollm2-135m-instruct"
 
 # ---------------------------------------------------------------------------------- tasks
 def kernelbench_sources(kernelbench: Path | None) -> list[str]:
-    """Decontamination sources: KernelBench levels 1-3 when a checkout is given."""
+    """Decontamination sources: KernelBench levels 1-3 when a checkout is given (the repository
+    or its KernelBench/ folder)."""
+    from kernelrl.eval.benchmarks import kernelbench_levels_folder
+
     if kernelbench is None:
         return []
-    levels = [kernelbench / f"level{n}" for n in (1, 2, 3)]
+    levels = [kernelbench_levels_folder(kernelbench) / f"level{n}" for n in (1, 2, 3)]
     missing = [str(p) for p in levels if not p.is_dir()]
     if missing:
         raise SystemExit(f"--kernelbench: no {', '.join(missing)}")
@@ -763,8 +766,14 @@ class Benchmark:
 
     # ------------------------------------------------------------------ report
     def rl_label(self) -> str:
-        """How this invocation's RL run is named in the report's rows and curves."""
-        label = f"after {self.args.advantage.upper()}"
+        """How this invocation's RL run is named in the report's rows and curves: after its
+        advantage, the variant's own (``--rl-set advantage=grpo``) where it overrides the flag's."""
+        settings = list(self.args.rl_set or [])
+        advantage = self.args.advantage
+        for setting in [s for s in settings if s.startswith("advantage=")]:
+            advantage = setting.partition("=")[2]
+            settings.remove(setting)
+        label = f"after {advantage.upper()}"
         if self.args.curriculum != "difficulty":
             label += f", {self.args.curriculum} curriculum"
         if self.args.rl_from:
@@ -772,8 +781,8 @@ class Benchmark:
             ranks = runs[0].get("ranks", 1)
             device = f"{ranks} x {runs[0]['device']}" if ranks > 1 else runs[0]["device"]
             label += f", {device}, {Path(runs[0]['recipe']).name}"
-        if self.args.rl_set:
-            label += ", " + " ".join(self.args.rl_set)
+        if settings:
+            label += ", " + " ".join(settings)
         chosen = self.stages.get(self.stage_name("select_rl"), {}).get("chosen")
         if chosen:  # two runs of one recipe on one device differ by the checkpoint chosen
             label += f", {Path(chosen).name}"
@@ -841,7 +850,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kernelbench",
         type=Path,
         default=ROOT / ".kb" / "KernelBench" if (ROOT / ".kb" / "KernelBench").is_dir() else None,
-        help="KernelBench/ folder of a checkout, to decontaminate against (levels 1-3)",
+        help="a KernelBench checkout (or its KernelBench/ folder), to decontaminate against "
+        "(levels 1-3)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--heldout-tasks", type=int, default=40)

@@ -32,13 +32,17 @@ def problem_id(task: Task) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def load_kernelbench_folder(root: str | Path, backend: str = "triton") -> list[Task]:
-    """A KernelBench checkout: ``<root>/KernelBench/level1/1_Square_matrix_multiplication_.py``.
-
-    ``root`` may be the repository or its ``KernelBench/`` folder.
-    """
+def kernelbench_levels_folder(root: str | Path) -> Path:
+    """The folder of a KernelBench checkout's ``level<N>/`` folders: ``root`` may be the
+    repository or its ``KernelBench/`` folder, as people point at either."""
     root = Path(root)
-    base = root / "KernelBench" if (root / "KernelBench").is_dir() else root
+    return root / "KernelBench" if (root / "KernelBench").is_dir() else root
+
+
+def load_kernelbench_folder(root: str | Path, backend: str = "triton") -> list[Task]:
+    """A KernelBench checkout: ``<root>/KernelBench/level1/1_Square_matrix_multiplication_.py``
+    (``root``: see ``kernelbench_levels_folder``)."""
+    base = kernelbench_levels_folder(root)
     levels = sorted(
         (int(m.group(1)), d)
         for d in (base.iterdir() if base.is_dir() else [])

@@ -44,6 +44,11 @@ def test_a_tagged_variant_has_its_own_stages_and_passes_its_overrides(tmp_path: 
     assert argv[argv.index("--output_dir") + 1] == str(tmp_path / "rl_model_passrate_hot")
 
 
+def test_a_variant_that_overrides_the_advantage_is_named_after_it(tmp_path: Path) -> None:
+    bench = _bench(tmp_path, "--rl-set", "advantage=grpo", "learning_rate=6e-4", "--rl-tag", "g")
+    assert bench.rl_label() == "after GRPO, learning_rate=6e-4"
+
+
 def test_the_report_labels_every_recorded_rl_run(tmp_path: Path) -> None:
     bench = _bench(tmp_path)
     bench.stages = {
@@ -326,3 +331,21 @@ def test_beyond_references_trains_on_the_chains_no_reference_showed(tmp_path: Pa
     parquet = bench.curriculum("sft-model")
     assert [row["id"] for row in datasets.Dataset.from_parquet(str(parquet))] == ["long"]
     assert bench.stages["curriculum"]["kept"] == ["long"]
+
+
+@pytest.mark.parametrize("pointed_at", ["repository", "its KernelBench folder"])
+def test_kernelbench_is_found_from_the_checkout_or_its_levels_folder(
+    tmp_path: Path, pointed_at: str
+) -> None:
+    levels = tmp_path / "KernelBench" / "KernelBench"
+    for n in (1, 2, 3):
+        (levels / f"level{n}").mkdir(parents=True)
+    root = tmp_path / "KernelBench" if pointed_at == "repository" else levels
+    assert learning.kernelbench_sources(root) == [
+        f"kernelbench:{levels}/level{n}" for n in (1, 2, 3)
+    ]
+
+
+def test_a_folder_without_kernelbench_levels_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="level1"):
+        learning.kernelbench_sources(tmp_path)
