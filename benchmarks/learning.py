@@ -662,6 +662,8 @@ class Benchmark:
             str(self.args.rl_save_every),
         ]
         argv += ["--output_dir", str(self.rl_dir)]
+        # completions repeated in a group, a step or a resumed run are evaluated once
+        argv += ["--env_store_path", str(self.rl_dir / "env_results.sqlite")]
         argv += override_flags(self.args.rl_set)
         if checkpoints(self.rl_dir):  # continue, as an uninterrupted run would have
             argv += ["--resume_from_checkpoint", "true"]

@@ -39,9 +39,12 @@ if [ "$ranks" -gt 1 ]; then  # the recipe's 16 prompts x 8 samples per step, spl
 fi
 started=$(date +%s)
 status=0
+# The run's results store: a completion repeated in a group, a step or a resumed run is
+# evaluated once (half of a step's 128 rollouts repeated one another; benchmarks/README.md).
 "${launch[@]}" train --config "$root/$recipe" \
   --model_name_or_path "$model" --tasks "parquet:$tasks" --output_dir "$run" \
-  "${options[@]}" "$@" 2>&1 | tee -a "$run/train.log" || status=$?
+  --env_store_path "$run/env_results.sqlite" "${options[@]}" "$@" 2>&1 |
+  tee -a "$run/train.log" || status=$?
 python3 - "$run" "$started" "$status" "$recipe" "$ranks" "$@" <<'PY'
 import json, sys, time
 from pathlib import Path

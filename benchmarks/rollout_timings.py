@@ -21,17 +21,25 @@ from typing import Any
 
 
 def evaluation_results(run: Path) -> list[dict[str, Any]]:
-    """Every turn's environment result in a run's rollout files."""
+    """Every evaluation behind a run's rollout files, once: turns answered by the run's results
+    store (``env_store_path``) carry the result of the evaluation they repeat, timestamp and
+    all, and took none of its time."""
     files = sorted((run / "rollouts").glob("rank*.jsonl"))
     if not files:
         raise SystemExit(f"{run}: no rollouts/rank*.jsonl (was the run saved with save_rollouts?)")
-    results = []
+    results: dict[tuple[Any, ...], dict[str, Any]] = {}
     for file in files:
         for line in file.read_text().splitlines():
             for turn in json.loads(line).get("turns", []):
-                if turn.get("result"):
-                    results.append(turn["result"])
-    return results
+                result = turn.get("result")
+                if result:
+                    key = (
+                        result.get("task_hash"),
+                        result.get("solution_hash"),
+                        result.get("timestamp"),
+                    )
+                    results.setdefault(key, result)
+    return list(results.values())
 
 
 def timing_summary(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

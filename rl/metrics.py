@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kernelrl.env.result import Status
+from kernelrl.env.result import EvalResult, Status
 from kernelrl.rewards import weighted_total
 from kernelrl.rl.steps import RewardedTurns, RolloutBatch, TurnAdvantages
 
@@ -57,6 +57,14 @@ def trained_reward_metrics(
     return out
 
 
+def repeated_share(results: list[EvalResult]) -> float:
+    """The share of a batch's evaluations whose (task, solution) another evaluation of the batch
+    already had: what a results store (``env_store_path``) answers without evaluating again."""
+    if not results:
+        return 0.0
+    return 1.0 - len({(r.task_hash, r.solution_hash) for r in results}) / len(results)
+
+
 def rollout_metrics(
     batch: RolloutBatch,
     local: RewardedTurns,
@@ -93,6 +101,9 @@ def rollout_metrics(
     out["env/harness_error_frac"] = statuses[Status.HARNESS_ERROR] / evaluated
     out["env/unscored_turn_frac"] = unscored / generated
     out["env/correct_final"] = float(np.mean(finals))
+    out["env/repeated_frac"] = repeated_share(
+        [r for t in trajectories for r in t.results() if r is not None]
+    )
     out["rejection/rate"] = ((keep < 1) & valid).sum().item() / max(valid.sum().item(), 1)
     for key in REJECTION_KEYS:
         out[f"rejection/{key}"] = float(local.rejection.get(key, 0))

@@ -42,6 +42,8 @@ def test_a_tagged_variant_has_its_own_stages_and_passes_its_overrides(tmp_path: 
     assert argv[argv.index("--learning_rate") + 1] == "5e-5"
     assert argv[argv.index("--temperature") + 1] == "1.0"
     assert argv[argv.index("--output_dir") + 1] == str(tmp_path / "rl_model_passrate_hot")
+    store = argv[argv.index("--env_store_path") + 1]
+    assert store == str(tmp_path / "rl_model_passrate_hot" / "env_results.sqlite")
 
 
 def test_a_variant_that_overrides_the_advantage_is_named_after_it(tmp_path: Path) -> None:

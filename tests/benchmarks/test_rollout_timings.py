@@ -31,7 +31,15 @@ def _result(status: Status, total: float, cuda_init: float) -> EvalResult:
         status=status,
         phase_seconds={"total": total},
         sandbox={"cuda_init_seconds": cuda_init, "isolation": "namespaces"},
+        solution_hash=f"{status}-{total}",
+        timestamp=total,
     )
+
+
+def test_a_turn_answered_by_the_store_is_not_counted_as_an_evaluation(tmp_path: Path) -> None:
+    evaluated = _result(Status.CORRECT, 2.0, 3.0)
+    run = _run(tmp_path / "a", [evaluated, evaluated, _result(Status.CORRECT, 4.0, 3.0)])
+    assert len(rollout_timings.evaluation_results(run)) == 2
 
 
 def test_each_timing_is_summarised_per_run_and_unjudged_turns_are_left_out(tmp_path: Path) -> None:

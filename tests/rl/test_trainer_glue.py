@@ -17,7 +17,7 @@ from rl_support import VerdictPool, task_rows, tiny_model
 
 from kernelrl.env.result import Status
 from kernelrl.rl.config import KernelGRPOConfig, train_config
-from kernelrl.rl.metrics import trained_reward_metrics
+from kernelrl.rl.metrics import repeated_share, trained_reward_metrics
 from kernelrl.rl.steps import over_tokens, turn_map
 from kernelrl.rl.trainer import KernelGRPOTrainer, engine_kwargs
 
@@ -152,6 +152,24 @@ def test_trained_reward_metrics_cover_every_turn() -> None:
     assert out["frac_reward_zero_std"] == pytest.approx(1 / 4)
     assert out["rewards/c0/mean"] == pytest.approx((1 + 0 + 1 + 0) / 4)
     assert out["rewards/c1/mean"] == pytest.approx((0 + 1 + 0 + 0) / 4)
+
+
+def test_repeated_share_counts_evaluations_of_a_pair_seen_before_in_the_batch() -> None:
+    from kernelrl.env.result import EvalResult, Status
+
+    def judged(task: str, solution: str) -> EvalResult:
+        return EvalResult(task, "triton", Status.CORRECT, task_hash=task, solution_hash=solution)
+
+    # task a: one completion three times and another once; task b: the first one's text
+    batch = [
+        judged("a", "x"),
+        judged("a", "x"),
+        judged("a", "x"),
+        judged("a", "y"),
+        judged("b", "x"),
+    ]
+    assert repeated_share(batch) == pytest.approx(2 / 5)
+    assert repeated_share([]) == 0.0
 
 
 def test_step_trains_turn_level_trloo_laid_over_tokens(model_dir: str, tmp_path: Path) -> None:
