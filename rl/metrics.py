@@ -86,12 +86,13 @@ def rollout_metrics(
     reasons = collections.Counter(t.stop_reason for t in trajectories)
     for reason in STOP_REASONS:
         out[f"turns/stop_{reason}"] = reasons[reason] / len(trajectories)
-    statuses: collections.Counter = collections.Counter()
+    judged: list[EvalResult] = []
     finals: list[bool] = []
     for trajectory in trajectories:
         results = trajectory.results()
-        statuses.update(str(r.status) for r in results if r is not None)
+        judged += [r for r in results if r is not None]
         finals.append(bool(results and results[-1] is not None and results[-1].correct))
+    statuses = collections.Counter(str(r.status) for r in judged)
     evaluated = max(sum(statuses.values()), 1)
     for status in Status:
         out[f"env/{status}"] = statuses[status] / evaluated
@@ -101,9 +102,7 @@ def rollout_metrics(
     out["env/harness_error_frac"] = statuses[Status.HARNESS_ERROR] / evaluated
     out["env/unscored_turn_frac"] = unscored / generated
     out["env/correct_final"] = float(np.mean(finals))
-    out["env/repeated_frac"] = repeated_share(
-        [r for t in trajectories for r in t.results() if r is not None]
-    )
+    out["env/repeated_frac"] = repeated_share(judged)
     out["rejection/rate"] = ((keep < 1) & valid).sum().item() / max(valid.sum().item(), 1)
     for key in REJECTION_KEYS:
         out[f"rejection/{key}"] = float(local.rejection.get(key, 0))

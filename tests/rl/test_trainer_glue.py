@@ -15,7 +15,7 @@ import pytest
 import torch
 from rl_support import VerdictPool, task_rows, tiny_model
 
-from kernelrl.env.result import Status
+from kernelrl.env.result import EvalResult, Status
 from kernelrl.rl.config import KernelGRPOConfig, train_config
 from kernelrl.rl.metrics import repeated_share, trained_reward_metrics
 from kernelrl.rl.steps import over_tokens, turn_map
@@ -155,8 +155,6 @@ def test_trained_reward_metrics_cover_every_turn() -> None:
 
 
 def test_repeated_share_counts_evaluations_of_a_pair_seen_before_in_the_batch() -> None:
-    from kernelrl.env.result import EvalResult, Status
-
     def judged(task: str, solution: str) -> EvalResult:
         return EvalResult(task, "triton", Status.CORRECT, task_hash=task, solution_hash=solution)
 
