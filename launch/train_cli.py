@@ -209,8 +209,13 @@ def _train(argv: list[str]) -> int:
     except RecipeError as exc:
         print(f"kernelrl train: error: {exc}", file=sys.stderr)
         return 2
+    from kernelrl.rl.grad_guard import NonFiniteGradientError
+
     try:
         summary = run_training(training_args, model_args)
+    except NonFiniteGradientError as exc:
+        print(f"kernelrl train: error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except Exception as exc:
         message = lost_peer_message(exc)
         if message is None:

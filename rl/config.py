@@ -112,6 +112,14 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
         },
     )
 
+    max_nonfinite_grad_steps: int = field(
+        default=3,
+        metadata={
+            "help": "an optimizer step whose gradients hold NaN or inf is skipped (the weights "
+            "stay as they were); this many such steps in a row stop training with an error"
+        },
+    )
+
     # ------------------------------------------------------------------ composed parts
     # Parsed as their own dataclasses next to this one (TRAIN_RECIPE); set by ``compose``.
     reward: RewardConfig = field(default_factory=RewardConfig, init=False, repr=False)

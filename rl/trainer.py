@@ -54,6 +54,7 @@ from kernelrl.env.task import task_from_row
 from kernelrl.rewards import build_reward_funcs
 from kernelrl.rl import compat, steps, weight_sync
 from kernelrl.rl.config import KernelGRPOConfig
+from kernelrl.rl.grad_guard import NonFiniteGradientGuard
 from kernelrl.rl.metrics import rollout_metrics, trained_reward_metrics
 from kernelrl.rl.rollout import (
     MultiTurnRollout,
@@ -130,6 +131,14 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         except BaseException:
             self.close()
             raise
+        # logged into this step's metrics (TRL's log_metric would land in the next step's)
+        train_metrics = compat.metrics(self, "train")
+        self.add_callback(
+            NonFiniteGradientGuard(
+                args.max_nonfinite_grad_steps,
+                lambda name, value: train_metrics[name].append(value),
+            )
+        )
         if self.use_vllm:
             weight_sync.install(self.vllm_generation)
         self.rollout = MultiTurnRollout(

@@ -65,6 +65,35 @@ def tiny_model(folder: Path) -> str:
     return str(folder)
 
 
+def tiny_trainer(tmp_path: Path, pool: Any, rows: int = 1, **overrides: Any) -> Any:
+    """A KernelGRPOTrainer on ``tiny_model`` (CPU, fp32, transformers generation, two samples a
+    prompt) over ``rows`` bundled tasks, judged by ``pool``; ``overrides`` are config keys."""
+    from transformers import AutoTokenizer
+
+    from kernelrl.data.schema import make_dataset
+    from kernelrl.rl.config import train_config
+    from kernelrl.rl.trainer import KernelGRPOTrainer
+
+    folder = tiny_model(tmp_path / "tiny")
+    values: dict[str, Any] = {
+        "output_dir": str(tmp_path / "out"),
+        "use_cpu": True,
+        "bf16": False,
+        "use_vllm": False,
+        "num_generations": 2,
+        "per_device_train_batch_size": 2,
+        "max_steps": 1,
+        "report_to": [],
+    }
+    return KernelGRPOTrainer(
+        model=folder,
+        args=train_config(**{**values, **overrides}),
+        train_dataset=make_dataset(task_rows(rows), "tasks"),
+        processing_class=AutoTokenizer.from_pretrained(folder, padding_side="left"),
+        pool=pool,
+    )
+
+
 def result(task: Task, status: Status, feedback: str = "") -> EvalResult:
     return EvalResult(
         task_id=task.id,

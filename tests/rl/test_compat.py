@@ -188,32 +188,11 @@ def test_trainer_touches_no_private_library_symbol_outside_compat() -> None:
 
 def test_trainer_instance_has_the_attributes_compat_reads(tmp_path: Path) -> None:
     """Attributes GRPOTrainer sets in ``__init__`` (a tiny model, transformers generation)."""
-    from rl_support import VerdictPool, task_rows, tiny_model
-    from transformers import AutoTokenizer
+    from rl_support import VerdictPool, tiny_trainer
 
-    from kernelrl.data.schema import make_dataset
     from kernelrl.env.result import Status
-    from kernelrl.rl.config import KernelGRPOConfig
-    from kernelrl.rl.trainer import KernelGRPOTrainer
 
-    folder = tiny_model(tmp_path / "tiny")
-    args = KernelGRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        use_cpu=True,
-        bf16=False,
-        use_vllm=False,
-        num_generations=2,
-        per_device_train_batch_size=2,
-        max_steps=1,
-        report_to=[],
-    )
-    trainer = KernelGRPOTrainer(
-        model=folder,
-        args=args,
-        train_dataset=make_dataset(task_rows(1), "tasks"),
-        processing_class=AutoTokenizer.from_pretrained(folder, padding_side="left"),
-        pool=VerdictPool(lambda *_: Status.FORMAT_ERROR),
-    )
+    trainer = tiny_trainer(tmp_path, VerdictPool(lambda *_: Status.FORMAT_ERROR))
     for name in compat.GRPO_TRAINER_ATTRIBUTES:
         assert hasattr(trainer, name), f"GRPOTrainer no longer sets {name}"
     assert set(compat.resume_state(trainer)) == {"step", "buffered_inputs"}
