@@ -10,8 +10,8 @@ moments untouched, as ``torch.amp.GradScaler`` does for fp16. A run whose gradie
 non-finite is broken, not unlucky, so it stops with an error after ``max_in_a_row`` such steps.
 
 Data-parallel ranks see the same all-reduced gradients and so make the same decision. Under
-DeepSpeed the engine owns the gradients and steps inside ``backward``; the guard sees no
-gradient there and does nothing.
+DeepSpeed the engine owns the gradients and steps inside ``backward``, before any callback, so
+the trainer does not install the guard there.
 """
 
 from __future__ import annotations

@@ -131,14 +131,15 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         except BaseException:
             self.close()
             raise
-        # logged into this step's metrics (TRL's log_metric would land in the next step's)
-        train_metrics = compat.metrics(self, "train")
-        self.add_callback(
-            NonFiniteGradientGuard(
-                args.max_nonfinite_grad_steps,
-                lambda name, value: train_metrics[name].append(value),
+        if not self.is_deepspeed_enabled:  # DeepSpeed's engine steps inside backward
+            # logged into this step's metrics (TRL's log_metric would land in the next step's)
+            train_metrics = compat.metrics(self, "train")
+            self.add_callback(
+                NonFiniteGradientGuard(
+                    args.max_nonfinite_grad_steps,
+                    lambda name, value: train_metrics[name].append(value),
+                )
             )
-        )
         if self.use_vllm:
             weight_sync.install(self.vllm_generation)
         self.rollout = MultiTurnRollout(
