@@ -46,12 +46,9 @@ class NonFiniteGradientGuard(TrainerCallback):
         self.max_in_a_row = max_in_a_row
         self.log_metric = log_metric
         self.in_a_row = 0
-        self.skipped = 0
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        model = kwargs.get("model")
-        if model is None:
-            return
+        model = kwargs["model"]
         finite = gradients_finite(model.parameters())
         if finite is None:
             return
@@ -60,7 +57,6 @@ class NonFiniteGradientGuard(TrainerCallback):
             self.in_a_row = 0
             return
         model.zero_grad(set_to_none=True)
-        self.skipped += 1
         self.in_a_row += 1
         if self.in_a_row >= self.max_in_a_row:
             raise NonFiniteGradientError(
