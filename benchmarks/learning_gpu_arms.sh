@@ -14,13 +14,11 @@
 # side by side, and the base model's after SFT's, or beside both on a third GPU: its answers
 # sampled on the CPU box judged here where BENCH_DIR/generated/eval_base.jsonl holds them
 # (learning.py --replay), else sampled here; a variant whose RL or validation failed is left
-# out of the choice; on a machine of one GPU, two sweeps share it (a 135M policy's sweep leaves
-# most of the GPU idle while its kernels are judged). all: rl then evaluate, after SFT and its
-# choice here when SFT_MODEL is - (learning_gpu.sh sft). CURRICULUM, as for learning_gpu.sh.
-# Logs: BENCH_DIR/logs/gpu<i>_<what>.log.
+# out of the choice. all: rl then evaluate, after SFT and its choice here when SFT_MODEL is -
+# (learning_gpu.sh sft). CURRICULUM, as for learning_gpu.sh. Logs: BENCH_DIR/logs/gpu<i>_<what>.log.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n 2,20p "$0"
+  sed -n 2,18p "$0"
   exit 2
 fi
 bench=$1 sft=$2 phase=$3
@@ -98,6 +96,7 @@ evaluate() {  # validation per variant, the choice among those validated, the he
     on_gpu 0 "$chosen" "$settings" eval_sft evaluate eval_sft &
     sweep_base &
   fi
+  if [ "$rl_gpu" -eq 0 ]; then wait_all; fi
   on_gpu "$rl_gpu" "$chosen" "$settings" eval_rl evaluate eval_rl &
   wait_all
 }
@@ -107,7 +106,7 @@ case $phase in
   evaluate) evaluate ;;
   all)
     if [ "$sft" = - ]; then  # SFT here (GPU 0), its candidates validated on every GPU, then RL
-      SWEEP_GPUS=$(if [ "$gpus" -eq 1 ]; then echo 0 0; else seq -s ' ' 0 $((gpus - 1)); fi) bash "$here/learning_gpu.sh" "$bench" - sft \
+      SWEEP_GPUS=$(seq -s ' ' 0 $((gpus - 1))) bash "$here/learning_gpu.sh" "$bench" - sft \
         > "$bench/logs/gpus_sft.log" 2>&1
       sft=$(chosen_in select_sft)
     fi
