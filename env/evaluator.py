@@ -22,6 +22,7 @@ from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan, memory_plan
 from kernelrl.env.backends import get_backend, solution_kernel_names
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
+from kernelrl.env.gpu_claim import GpuClaim
 from kernelrl.env.integrity import dynamic_checks
 from kernelrl.env.integrity.static_checks import NOT_HACKS, run_static_checks
 from kernelrl.env.parse import FormatError, extract_solution
@@ -116,6 +117,8 @@ class Evaluator:
             if self.device_kind == "cuda"
             else None
         )
+        # Other evaluators on this GPU time each other's kernels (gpu_claim.py).
+        self.gpu_claim = GpuClaim.for_device(self.device) if self.device_kind == "cuda" else None
         self.timing_cache = timing_cache or ReferenceTimingCache()
         self.gpu_lock = threading.Lock()
         self.versions = library_versions()
@@ -126,6 +129,8 @@ class Evaluator:
 
     def close(self) -> None:
         self.children.close()
+        if self.gpu_claim is not None:
+            self.gpu_claim.close()
 
     def __enter__(self) -> Evaluator:
         return self
@@ -153,7 +158,8 @@ class Evaluator:
         waited = time.perf_counter()
         release = self.gpu_memory.acquire(plan.total_bytes) if plan else _nothing_reserved
         result.phase_seconds["admission"] = time.perf_counter() - waited
-        self._run_admitted(task, source, own_names, result, plan, release)
+        with self.gpu_claim.held() if self.gpu_claim else contextlib.nullcontext():
+            self._run_admitted(task, source, own_names, result, plan, release)
 
     def _run_admitted(
         self,
@@ -314,6 +320,7 @@ class Evaluator:
         )
 
         timing_seed = secrets.randbits(31)
+        sharers = set(self.gpu_claim.others()) if self.gpu_claim else set()
         with self._device_to_itself(session, result.phase_seconds) as settle_until:
             timing_started = time.perf_counter()
             session.send_time(timing_seed, max(settle_until - timing_started, 0.0))
@@ -330,13 +337,17 @@ class Evaluator:
             if self.device_kind == "cuda" and config.time_reference_compile:
                 result.ref_compile = self._reference_timing(task, True, timing_config)
             result.phase_seconds["reference_timing"] = time.perf_counter() - started
+        if self.gpu_claim:
+            sharers.update(self.gpu_claim.others())
         # How the timed calls computed is judged before what they answered: a broken rule (work
         # on a side stream, say) also makes kept outputs wrong, and the rule is the finding.
         violations = dynamic_checks.check_timing_report(timing, task.backend, timing_wall)
         if violations:
             self._violate(result, violations)
             return
-        result.timing_meaningful = self.device_kind == "cuda"
+        result.timing_meaningful = self.device_kind == "cuda" and not sharers
+        if sharers:
+            result.sandbox["gpu_shared_with"] = sorted(sharers)
         if self.device_kind != "cuda":
             violations = dynamic_checks.check_cpu_profile(timing["profile"])
         else:
@@ -345,14 +356,18 @@ class Evaluator:
             result.own_kernel_share = summary["own_share"]
             result.custom_kernel_launches = round(summary["own_launches_per_call"])
             violations = dynamic_checks.check_gpu_profile(
-                timing["profile"], summary, result.runtime.median_ms, glue_is_task=glue_is_task
+                timing["profile"],
+                summary,
+                result.runtime.median_ms,
+                glue_is_task=glue_is_task,
+                timed_alone=not sharers,
             )
         if violations:
             self._violate(result, violations)
             return
         if not self._timed_outputs_correct(task, session, timing, reference, timing_seed, result):
             return
-        if self.device_kind == "cuda":
+        if result.timing_meaningful:
             result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
             result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
 

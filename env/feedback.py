@@ -42,9 +42,9 @@ def _timing_lines(result: EvalResult) -> list[str]:
         return []
     runtime = result.runtime
     if not result.timing_meaningful:
-        return [
-            f"Timing on {result.device_name} (Triton interpreter) is not meaningful; correctness only."
-        ]
+        shared = result.sandbox.get("gpu_shared_with")
+        why = f"other evaluators (pids {shared}) used the GPU" if shared else "Triton interpreter"
+        return [f"Timing on {result.device_name} ({why}) is not meaningful; correctness only."]
     lines = [
         f"Runtime {runtime.median_ms:.4f} ms (median of {runtime.reps}, IQR {runtime.spread:.1%}) on {result.device_name}."
     ]

@@ -20,6 +20,8 @@ python3 -c 'import os, sys; print(sys.argv[1], *sorted(os.sched_getaffinity(0)))
 if [ "$1" = sft ]; then echo '{"select_sft": {"chosen": "/gpu/ck-75"}}' > "$bench/stages.json"; fi
 if [ "$stage" = select_variant ]; then echo '{"select_variant": {"chosen": "gpu_hot"}}' > "$bench/stages.json"; fi
 if [ "$RL_TAG" = "${FAIL_TAG:-}" ] && [ "$1" = rl ]; then exit 3; fi
+if [ "$stage" = eval_rl ]; then echo "start eval_rl" >> "$bench/order.txt"; fi
+if [ "$stage" = eval_sft ]; then sleep 0.5; echo "end eval_sft" >> "$bench/order.txt"; fi
 """
 
 
@@ -130,6 +132,16 @@ def test_all_trains_sft_first_then_rl_from_the_chosen_checkpoint_and_evaluates_t
     assert "gpu=0,1 tag= set=[] variants=[] sft=- sft" in calls
     assert "gpu=0 tag=gpu set=[] variants=[] sft=/gpu/ck-75 rl" in calls
     assert f"gpu=1 tag=gpu_hot {HOT} variants=[] sft=/gpu/ck-75 evaluate eval_rl" in calls
+
+
+def test_on_one_gpu_the_held_out_sweeps_run_one_after_the_other(tmp_path: Path) -> None:
+    """Two environments on one GPU time each other's kernels and overdraw its memory
+    (benchmarks/README.md, eighteenth session): SFT's sweep ends before RL's starts."""
+    status, calls = _run(tmp_path, "evaluate", VARIANTS[1], gpus=1)
+    assert status == 0
+    assert f"gpu=0 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_rl" in calls
+    order = (tmp_path / "bench" / "order.txt").read_text().splitlines()
+    assert order == ["end eval_sft", "start eval_rl"]
 
 
 def test_each_variant_runs_on_its_own_share_of_the_cores(tmp_path: Path) -> None:

@@ -45,6 +45,18 @@ def test_events_that_saw_less_than_the_profiler_are_unconfirmed() -> None:
     assert _gpu_verdict(kernels, median_ms=0.02) == {"timing_unconfirmed"}
 
 
+def test_on_a_shared_gpu_only_the_agreement_of_the_two_timings_is_not_asked() -> None:
+    """Another process's kernels stretch either timing; the rest of the evidence is this
+    process's own (CUPTI records only its kernels) and is judged as ever."""
+    kernels = [("relu_kernel", 100.0, 7), ("relu_kernel", 100.0, 9)] * 5
+    profile = _profile(kernels)
+    summary = dynamic_checks.summarize_profile(profile, ["relu_kernel"])
+    alone = dynamic_checks.check_gpu_profile(profile, summary, 0.02)
+    shared = dynamic_checks.check_gpu_profile(profile, summary, 0.02, timed_alone=False)
+    assert _names(alone) == {"timing_unconfirmed", "side_stream"}
+    assert _names(shared) == {"side_stream"}
+
+
 def test_a_torch_kernel_that_is_not_glue_is_a_fallback() -> None:
     gemm = "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x32"
     kernels = [("relu_kernel", 10.0, 7), (gemm, 90.0, 7)] * 5

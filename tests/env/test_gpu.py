@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -162,6 +164,26 @@ def test_a_measurement_has_the_gpu_to_itself() -> None:
         assert result.status is Status.CORRECT, result.feedback
     for result in beside:
         assert result.runtime.median_ms < 1.1 * baseline, (result.runtime, baseline)
+
+
+def test_an_evaluation_beside_another_evaluators_work_is_judged_but_not_timed() -> None:
+    """Another evaluator's sandboxes cannot be paused for a measurement: one timed while they
+    work is judged on correctness, its timing not used and its disagreement with the profile
+    not held against it."""
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    busy = (Path(__file__).parents[1] / "solutions" / "gpu_load" / "busy_neighbour.py").read_text()
+    config = EvalConfig(device="cuda", static_checks=False)
+    with LocalPool(config, workers=1, per_gpu=1) as other, LocalPool(config, workers=1) as mine:
+        (alone,) = mine.evaluate([RELU], [good])
+        neighbours = other.submit([RELU] * 3, [busy] * 3)
+        time.sleep(1.0)
+        (beside,) = mine.evaluate([RELU], [good])
+        neighbours = [future.result() for future in neighbours]
+    assert alone.timing_meaningful and "gpu_shared_with" not in alone.sandbox
+    assert beside.status is Status.CORRECT, beside.feedback
+    assert beside.sandbox["gpu_shared_with"] == [os.getpid()]
+    assert not beside.timing_meaningful and beside.speedup_vs_eager is None
+    assert all(r.status is Status.CORRECT for r in neighbours)
 
 
 def test_libdevice_which_the_cpu_cannot_run_is_correct_on_the_gpu(gpu_pool: LocalPool) -> None:
