@@ -67,8 +67,14 @@ def solution_key(solution: str) -> str:
 def is_cacheable(result: EvalResult) -> bool:
     """A verdict about the solution, not about the infrastructure that evaluated it: neither a
     failure of the pool (``POOL_ERROR_KEY``) nor a ``harness_error`` (kernelrl's harness failed;
-    served again, it would poison every rerun of that completion with our failure)."""
-    return result.scored and POOL_ERROR_KEY not in result.sandbox
+    served again, it would poison every rerun of that completion with our failure), nor a
+    verdict timed beside another evaluator's work (``gpu_shared_with``: its timing unused, which
+    a rerun on a GPU of its own would not repeat)."""
+    return (
+        result.scored
+        and POOL_ERROR_KEY not in result.sandbox
+        and "gpu_shared_with" not in result.sandbox
+    )
 
 
 class ResultsStore:

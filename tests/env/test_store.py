@@ -97,6 +97,9 @@ def test_harness_errors_are_stored_but_never_served(tmp_path: Path) -> None:
         assert store.get(RELU, GOOD, "cpu (x86_64)") is None
     assert not is_cacheable(ours)
     assert is_cacheable(make_result(Status.RUNTIME_ERROR))  # the solution's crash: a verdict
+    shared = make_result(Status.CORRECT)
+    shared.sandbox["gpu_shared_with"] = [1234]  # judged, but timed beside another's work
+    assert is_cacheable(make_result(Status.CORRECT)) and not is_cacheable(shared)
 
 
 def test_reads_back_as_hf_dataset(tmp_path: Path) -> None:
