@@ -143,10 +143,6 @@ class RewardConfig:
             raise ValueError("integrity_penalty_per_check must be >= 0 (the component is -penalty)")
         if not 0.0 <= self.profiling_cpu_fallback <= 1.0:
             raise ValueError("profiling_cpu_fallback must lie in [0, 1], like a kernel-time share")
-        if self.reward_funcs is not None:
-            from kernelrl.rewards.components import components_of
-
-            components_of(self)  # a bad name or import path fails when the recipe is parsed
 
     def _apply(self, preset: dict[str, Any]) -> None:
         """Set the preset's keys; a key the recipe set to another value is refused (the preset

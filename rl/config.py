@@ -21,7 +21,7 @@ from trl import GRPOConfig, ModelConfig
 
 from kernelrl.env.pools import EnvPoolConfig
 from kernelrl.prompts import MultiTurnConfig
-from kernelrl.rewards import RewardConfig
+from kernelrl.rewards import RewardConfig, components_of
 from kernelrl.rl.advantages import ADVANTAGE_ESTIMATORS
 from kernelrl.rl.rejection import RejectionSampling
 
@@ -194,6 +194,7 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
         self, reward: RewardConfig, rejection: RejectionSampling, environment: EnvPoolConfig
     ) -> KernelGRPOConfig:
         """Hang the parts parsed next to this config on it (each checked its own keys)."""
+        components_of(reward)  # a bad reward_funcs name or import path fails at parse time
         self.reward, self.rejection, self.environment = reward, rejection, environment
         self.check_overlap()
         return self

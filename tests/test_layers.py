@@ -60,3 +60,73 @@ def test_trusted_code_parses_python_through_the_one_lock() -> None:
         if "ast.parse(" in line or "inspect.getsource(" in line
     ]
     assert direct == []
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by its dotted name (``kernelrl.env.task``)."""
+    found = {"kernelrl": ROOT / "__init__.py"}
+    for folder in ALLOWED:
+        if (ROOT / f"{folder}.py").exists():
+            found[f"kernelrl.{folder}"] = ROOT / f"{folder}.py"
+        for path in sorted((ROOT / folder).rglob("*.py")) if (ROOT / folder).is_dir() else []:
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(("kernelrl", *parts))] = path
+    return found
+
+
+def file_imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package modules ``path`` imports anywhere in it (top level, functions and
+    ``TYPE_CHECKING`` blocks alike: a cycle of type hints is a cycle of design too); ``from
+    package import name`` counts as importing ``package.name`` where that is a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            found.update(name for name in names if name in modules)
+            if not all(name in modules for name in names):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name in modules}
+
+
+def test_no_import_cycle_between_files() -> None:
+    """The layer rule checks folders; within a folder, files may still import each other in a
+    circle, which makes the import order matter and the parts impossible to read apart."""
+    modules = module_files()
+    graph = {name: file_imports(path, modules) - {name} for name, path in modules.items()}
+    # A package's __init__ re-exports its modules: the edges out of it are not the modules'.
+    graph = {
+        name: {t for t in targets if not name.startswith(t + ".")}
+        for name, targets in graph.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)

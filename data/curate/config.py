@@ -21,7 +21,7 @@ from kernelrl.data.curate.dedup import DedupConfig
 from kernelrl.data.curate.difficulty import DifficultyConfig
 from kernelrl.data.curate.sft_select import SelectConfig
 from kernelrl.data.curate.trajectories_to_sft import RevisionConfig
-from kernelrl.data.curate.validate import ValidateConfig
+from kernelrl.data.curate.validate_config import ValidateConfig
 from kernelrl.env.pools import EnvPoolConfig
 
 STEPS = ("normalize", "dedup", "decontaminate", "validate", "difficulty", "sft")

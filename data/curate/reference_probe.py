@@ -36,7 +36,7 @@ from kernelrl.env.sandbox.session import SandboxSession, reference_as_solution
 from kernelrl.env.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.data.curate.validate import ValidateConfig
+    from kernelrl.data.curate.validate_config import ValidateConfig
 
 # Values of each output kept to compare two runs: a strided sample taken in the sandbox, so that
 # a 6 GiB output of a KernelBench task costs 8 MiB on the socket and here, whatever its size.

@@ -23,7 +23,7 @@ from kernelrl.data.curate.reference_probe import OutputDigest, Probe, ReferenceP
 from kernelrl.env.task import Task
 
 if TYPE_CHECKING:
-    from kernelrl.data.curate.validate import ValidateConfig
+    from kernelrl.data.curate.validate_config import ValidateConfig
 
 
 def seeds_for(task: Task, seed: int, input_sets: int) -> tuple[int, list[int]]:

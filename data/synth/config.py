@@ -14,7 +14,7 @@ from typing import Any
 from kernelrl.data.curate.decontaminate import DecontaminateConfig
 from kernelrl.data.curate.dedup import DedupConfig
 from kernelrl.data.curate.sft_select import SelectConfig
-from kernelrl.data.curate.validate import ValidateConfig
+from kernelrl.data.curate.validate_config import ValidateConfig
 from kernelrl.data.synth.graph import DTYPES, FAMILIES, PROFILES, DrawConfig, Graph
 from kernelrl.env.pools import EnvPoolConfig
 

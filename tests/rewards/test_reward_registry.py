@@ -131,9 +131,11 @@ def test_custom_components_by_dotted_path() -> None:
         (["format_reward", "format_reward"], "names a component twice"),
     ],
 )
-def test_bad_reward_funcs_fail_when_the_config_is_built(specs: list[str], message: str) -> None:
+def test_bad_reward_funcs_fail_when_the_recipe_is_parsed(specs: list[str], message: str) -> None:
+    with pytest.raises(RecipeError, match=message):
+        parse_train_recipe([*SMOKE, "--reward_funcs", *specs])
     with pytest.raises(ValueError, match=message):
-        RewardConfig(reward_funcs=specs)
+        components_of(RewardConfig(reward_funcs=specs))
 
 
 def test_custom_component_from_a_recipe() -> None:
