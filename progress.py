@@ -35,7 +35,7 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
-__all__ = ["INTERVAL_ENV", "Progress", "interval_s", "plain_line"]
+__all__ = ["INTERVAL_ENV", "Progress", "Stages", "clock", "interval_s", "plain_line", "rate"]
 
 INTERVAL_ENV = "KERNELRL_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL_S = 30.0
@@ -67,11 +67,12 @@ def default_columns() -> tuple[ProgressColumn, ...]:
     )
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """``h:mm:ss`` of a duration (negative durations are 0)."""
     return str(timedelta(seconds=int(max(0.0, seconds))))
 
 
-def _rate(per_second: float) -> str:
+def rate(per_second: float) -> str:
     """Slow steps (a few validations a minute) read better per minute or hour than as 0.0/s."""
     if per_second >= 1:
         return f"{per_second:.1f}/s"
@@ -95,19 +96,19 @@ def plain_line(
     """One progress line. The rate is the average since the step started in this process
     (``done_here`` items in ``elapsed_s``), not rich's 30-second window, which has no sample at
     all when one item takes longer than that; resumed items count in done/total, not the rate."""
-    rate = done_here / elapsed_s if elapsed_s > 0 and done_here > 0 else None
-    rate_text = _rate(rate) if rate is not None else "no rate yet"
+    speed = done_here / elapsed_s if elapsed_s > 0 and done_here > 0 else None
+    rate_text = rate(speed) if speed is not None else "no rate yet"
     if total:
         share = min(100, int(100 * completed / total))
         head = f"{description}: {_count(completed)}/{_count(total)} ({share}%) {rate_text}"
         if completed >= total:
-            tail = f"done in {_clock(elapsed_s)}"
+            tail = f"done in {clock(elapsed_s)}"
         else:
-            eta = _clock((total - completed) / rate) if rate else "unknown"
-            tail = f"ETA {eta}, elapsed {_clock(elapsed_s)}"
+            eta = clock((total - completed) / speed) if speed else "unknown"
+            tail = f"ETA {eta}, elapsed {clock(elapsed_s)}"
     else:
         head = f"{description}: {_count(completed)} done, {rate_text}"
-        tail = f"elapsed {_clock(elapsed_s)}"
+        tail = f"elapsed {clock(elapsed_s)}"
     extra = "".join(
         f", {key} {value:.4g}" if isinstance(value, float) else f", {key} {value}"
         for key, value in (fields or {}).items()
@@ -231,3 +232,66 @@ class Progress:
             task.completed - initial,
             task.fields,
         )
+
+
+class Stages:
+    """Named stages of a start-up, for the minutes before a progress bar exists (a model
+    loads, an inference engine starts, sandboxes are forked) when a job would otherwise look
+    dead: a line as each stage begins, one every ``interval`` seconds while it lasts (on a
+    terminal too: the libraries' own start-up logs run in between), and one at the end::
+
+        start-up: policy model, vLLM engine and environment pool ...
+        start-up: policy model, vLLM engine and environment pool, elapsed 0:00:30
+        start-up: ready in 0:01:12
+
+    Use as ``with Stages(console, "start-up") as stages: stages.begin("model"); ...``.
+    """
+
+    def __init__(self, console: Console, name: str, *, interval: float | None = None) -> None:
+        self.console = console
+        self.name = name
+        self.interval = interval if interval is not None else interval_s()
+        self.stage = ""
+        self._started = time.monotonic()
+        self._stage_started = self._started
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Stages:
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._tick, name="kernelrl-stages", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        elapsed = clock(time.monotonic() - self._started)
+        if kind is None:
+            self._print(f"{self.name}: ready in {elapsed}")
+        else:
+            self._print(f"{self.name}: stopped during {self.stage or 'start-up'} after {elapsed}")
+
+    def begin(self, stage: str) -> None:
+        """A new stage starts now (the previous one, if any, is done)."""
+        with self._lock:
+            self.stage = stage
+            self._stage_started = time.monotonic()
+        self._print(f"{self.name}: {stage} ...")
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                stage, since = self.stage, self._stage_started
+            if stage:
+                self._print(f"{self.name}: {stage}, elapsed {clock(time.monotonic() - since)}")
+
+    def _print(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)

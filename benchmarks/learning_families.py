@@ -31,18 +31,27 @@ def core_operators(tasks_parquet: Path) -> dict[str, str]:
     return operators
 
 
+def scored_tasks(samples: Path) -> set[str]:
+    """The tasks with at least one scored final answer in a sweep."""
+    from kernelrl.env.result import is_scored
+    from kernelrl.eval.metrics import last_view
+    from kernelrl.eval.records import read_records
+
+    return {r.task_id for r in last_view(read_records(samples)) if is_scored(r.result)}
+
+
 def heldout_by_operator(
-    samples: Path, operators: dict[str, str], code: str
+    samples: Path, operators: dict[str, str], code: str, tasks: set[str] | None = None
 ) -> dict[str, Counter[str]]:
     """operator -> attempts, correct answers and answers containing ``code`` (final turns;
-    unscored ones left out, as in every rate of the report)."""
+    unscored ones left out, as in every rate of the report); only ``tasks`` where given."""
     from kernelrl.env.result import is_scored
     from kernelrl.eval.metrics import last_view
     from kernelrl.eval.records import read_records
 
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for record in last_view(read_records(samples)):
-        if not is_scored(record.result):
+        if not is_scored(record.result) or (tasks is not None and record.task_id not in tasks):
             continue
         count = counts[operators[record.task_id]]
         count["attempts"] += 1
@@ -88,6 +97,58 @@ def rollouts_by_operator(run: Path, operators: dict[str, str]) -> dict[str, Coun
     return counts
 
 
+def by_operator(rows: list[dict[str, Any]], stages: list[str], k: int) -> dict[str, Any]:
+    """From answer rows (``learning_answers``) of one seed and split: per core operator, the
+    tasks scored at every stage (at least ``k`` scored answers at each: the tasks the report's
+    paired differences use), their answers and correct answers per stage. A task some stage
+    could not judge is left out of every stage's count, and named, so that each column of the
+    table counts the same tasks."""
+    answers: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    operator_of: dict[str, str] = {}
+    for row in rows:
+        operator_of[row["task_id"]] = row["operator"]
+        if row["scored"]:
+            answers[row["stage"]][row["task_id"]].append(row["correct"])
+    paired = [t for t in sorted(operator_of) if all(len(answers[s][t]) >= k for s in stages)]
+    operators: dict[str, dict[str, Any]] = {}
+    for task in paired:
+        entry = operators.setdefault(
+            operator_of[task],
+            {"tasks": 0, "attempts": dict.fromkeys(stages, 0), "correct": dict.fromkeys(stages, 0)},
+        )
+        entry["tasks"] += 1
+        for stage in stages:
+            entry["attempts"][stage] += len(answers[stage][task])
+            entry["correct"][stage] += int(sum(answers[stage][task]))
+    left_out = sorted(set(operator_of) - set(paired))
+    return {"stages": stages, "operators": dict(sorted(operators.items())), "left_out": left_out}
+
+
+def operator_markdown(counts: dict[str, Any], labels: dict[str, str]) -> str:
+    """``by_operator`` as a table; its totals row is the stages' correct answers on the paired
+    tasks, the numerators of the report's correct@1."""
+    stages = counts["stages"]
+    names = " -> ".join(labels.get(s, s) for s in stages)
+    lines = [
+        f"| core operator | tasks | answers per stage | correct, {names} |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    total = {"tasks": 0, "attempts": 0, "correct": dict.fromkeys(stages, 0)}
+    for operator, entry in counts["operators"].items():
+        attempts = entry["attempts"][stages[0]]
+        correct = " -> ".join(str(entry["correct"][s]) for s in stages)
+        lines.append(f"| {operator} | {entry['tasks']} | {attempts} | {correct} |")
+        total["tasks"] += entry["tasks"]
+        total["attempts"] += attempts
+        for stage in stages:
+            total["correct"][stage] += entry["correct"][stage]
+    correct = " -> ".join(str(total["correct"][s]) for s in stages)
+    lines.append(f"| all | {total['tasks']} | {total['attempts']} | {correct} |")
+    if counts["left_out"]:
+        lines += ["", f"Left out (not judged at every stage): {', '.join(counts['left_out'])}."]
+    return "\n".join(lines) + "\n"
+
+
 def table(
     heldout: dict[str, dict[str, Counter[str]]],
     rollouts: dict[str, Counter[str]] | None,
@@ -131,17 +192,25 @@ def main(argv: list[str] | None = None) -> None:
             "wrote the sweeps, copied into OUT where the sweeps were fetched without it"
         )
     operators = core_operators(heldout_tasks)
-    heldout = {}
-    for stage in args.stages:
-        samples = args.out / stage / "samples.jsonl"
+    sweeps = {stage: args.out / stage / "samples.jsonl" for stage in args.stages}
+    for samples in sweeps.values():
         if not samples.exists():
             raise SystemExit(f"no held-out sweep {samples}")
-        heldout[stage] = heldout_by_operator(samples, operators, args.code)
+    # Only the tasks every stage judged, as in the report's paired differences: a task one
+    # stage lost to a harness error would count in the others' columns alone.
+    scored = {stage: scored_tasks(samples) for stage, samples in sweeps.items()}
+    paired = set.intersection(*scored.values())
+    heldout = {s: heldout_by_operator(p, operators, args.code, paired) for s, p in sweeps.items()}
+    left_out = sorted(set.union(*scored.values()) - paired)
     rollouts = None
     if args.rollouts:
         train = core_operators(tasks / "train" / "data.parquet")
         rollouts = rollouts_by_operator(args.rollouts, train)
     print(table(heldout, rollouts, args.code))
+    if left_out:
+        print(
+            f"\nLeft out of the held-out columns (not judged at every stage): {', '.join(left_out)}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""The learning benchmark's numbers: per-attempt outcomes, bootstrap intervals, plot and table.
+"""The learning benchmark's statistics, plot and table.
 
 Kept apart from ``learning.py`` (which runs the stages) so that the statistics can be read and
-tested on their own. Intervals are percentile bootstraps over tasks (the unit of held-out
-generalisation), then over the samples of each task for per-attempt rates; differences between
-stages resample the same tasks for both (paired).
+tested on their own. A run's intervals (``estimate``) are percentile bootstraps over tasks (the
+unit of held-out generalisation), then over the samples of each task for per-attempt rates;
+differences between stages resample the same tasks for both (paired). RL - SFT over several
+runs (``pooled``) resamples seeds and tasks, the two sources of its spread.
 """
 
 from __future__ import annotations
@@ -24,32 +25,6 @@ ATTEMPT_METRICS = {
     "reward": "mean reward",
 }
 RATES = tuple(m for m in ATTEMPT_METRICS if m != "reward")
-
-
-def attempts(samples_path: Path, reward_config: Any) -> dict[str, list[dict[str, float]]]:
-    """task id -> per-sample outcomes of the final turn; harness errors are left out (unscored:
-    a failure of ours is never counted against the model)."""
-    from kernelrl.env.result import Status
-    from kernelrl.eval.metrics import compiled, last_view
-    from kernelrl.eval.records import read_records
-    from kernelrl.rewards import is_scored, total_reward
-
-    by_task: dict[str, list[dict[str, float]]] = {}
-    for record in last_view(read_records(samples_path)):
-        result = record.result
-        if not is_scored(result):
-            continue
-        by_task.setdefault(record.task_id, []).append(
-            {
-                "correct": float(bool(result.correct)),
-                "format_error": float(result.status is Status.FORMAT_ERROR),
-                "token_limit": float(record.finish_reason == "length"),
-                "compile": float(compiled(result)),
-                "integrity": float(result.status is Status.INTEGRITY_VIOLATION),
-                "reward": float(total_reward(result, reward_config)),
-            }
-        )
-    return by_task
 
 
 def _pass_at_k(rows: np.ndarray, k: int) -> float:
@@ -120,6 +95,111 @@ def estimate(
                     "excludes_zero": bool(low > 0 or high < 0),
                 }
     return table
+
+
+#: The pooled analysis's bootstrap (docs/learning-protocol.md, "Analysis"): fixed before any run.
+POOLED_RESAMPLES = 10_000
+POOLED_SEED = 20261130
+
+
+def cell_matrix(
+    runs_by_seed: dict[int, dict[str, dict[str, list[dict[str, float]]]]],
+    sft: str,
+    rl: str,
+    k: int,
+) -> tuple[list[int], list[str], dict[str, np.ndarray]]:
+    """(seeds, tasks, name -> seeds x tasks matrix): a cell is one task in one seed's run.
+    ``sft`` and ``rl``: each stage's mean correctness over the task's scored answers;
+    ``correct``: their difference (RL - SFT, correct@1); ``pass@k``: the difference of their
+    pass@k. NaN where either stage has fewer than ``k`` scored answers to the task (a harness
+    error left it unjudged)."""
+    seeds = sorted(runs_by_seed)
+    tasks = sorted(
+        {t for runs in runs_by_seed.values() for s in (sft, rl) for t in runs.get(s, {})}
+    )
+    names = (sft, rl, "correct", f"pass@{k}")
+    cells = {m: np.full((len(seeds), len(tasks)), np.nan) for m in names}
+    for i, seed in enumerate(seeds):
+        runs = runs_by_seed[seed]
+        for j, task in enumerate(tasks):
+            answers = [runs.get(stage, {}).get(task, []) for stage in (sft, rl)]
+            if min(len(a) for a in answers) < k:
+                continue
+            before, after = (np.array([a["correct"] for a in stage]) for stage in answers)
+            cells[sft][i, j], cells[rl][i, j] = before.mean(), after.mean()
+            cells["correct"][i, j] = after.mean() - before.mean()
+            cells[f"pass@{k}"][i, j] = _pass_at_k(after, k) - _pass_at_k(before, k)
+    return seeds, tasks, cells
+
+
+def two_way_bootstrap(
+    cells: np.ndarray, resamples: int = POOLED_RESAMPLES, seed: int = POOLED_SEED
+) -> dict[str, Any]:
+    """The mean of a seeds x tasks matrix of paired differences, with a 95% percentile interval
+    from a bootstrap that resamples seeds and tasks independently, each with replacement (the
+    two are crossed: every seed's run answers the same tasks): a resample draws |S| seeds and
+    |T| tasks, and its statistic is the mean over the drawn grid's judged cells, a seed or task
+    drawn twice counting twice. Draws: ``numpy.random.default_rng(seed)``, then for each
+    resample ``integers(0, |S|, |S|)`` and ``integers(0, |T|, |T|)``, in that order."""
+    judged = ~np.isnan(cells)
+    if not judged.any():
+        raise ValueError("no task was judged at both stages in any seed")
+    values = np.where(judged, cells, 0.0)
+    n_seeds, n_tasks = cells.shape
+    rng = np.random.default_rng(seed)
+    stats = np.empty(resamples)
+    for b in range(resamples):
+        seed_counts = np.bincount(rng.integers(0, n_seeds, n_seeds), minlength=n_seeds)
+        task_counts = np.bincount(rng.integers(0, n_tasks, n_tasks), minlength=n_tasks)
+        weight = seed_counts[:, None] * task_counts[None, :] * judged
+        total = weight.sum()
+        stats[b] = (weight * values).sum() / total if total else np.nan
+    stats = stats[~np.isnan(stats)]
+    return {
+        "gain": float(values[judged].mean()),
+        "ci_low": float(np.quantile(stats, 0.025)),
+        "ci_high": float(np.quantile(stats, 0.975)),
+        "cells": int(judged.sum()),
+    }
+
+
+def pooled(
+    runs_by_seed: dict[int, dict[str, dict[str, list[dict[str, float]]]]],
+    k: int,
+    sft: str = "sft",
+    rl: str = "rl",
+    resamples: int = POOLED_RESAMPLES,
+    seed: int = POOLED_SEED,
+) -> dict[str, Any]:
+    """RL - SFT pooled over seeds (``two_way_bootstrap``), and for each seed over its tasks
+    alone (the same bootstrap on its row), for correct@1 and pass@k; with each stage's mean
+    over the judged cells."""
+    seeds, tasks, cells = cell_matrix(runs_by_seed, sft, rl, k)
+
+    def summary(rows: slice) -> dict[str, Any]:
+        judged = ~np.isnan(cells["correct"][rows])
+        return {
+            **two_way_bootstrap(cells["correct"][rows], resamples, seed),
+            sft: float(cells[sft][rows][judged].mean()),
+            rl: float(cells[rl][rows][judged].mean()),
+            f"pass@{k}": two_way_bootstrap(cells[f"pass@{k}"][rows], resamples, seed),
+        }
+
+    per_seed = {
+        str(run_seed): summary(slice(i, i + 1))
+        for i, run_seed in enumerate(seeds)
+        if not np.isnan(cells["correct"][i]).all()
+    }
+    return {
+        **summary(slice(None)),
+        "metric": "correct@1",
+        "seeds": seeds,
+        "tasks": len(tasks),
+        "k": k,
+        "resamples": resamples,
+        "bootstrap_seed": seed,
+        "per_seed": per_seed,
+    }
 
 
 def _entry(value: float, stats: np.ndarray, n: int, tasks: int) -> dict[str, Any]:

@@ -47,6 +47,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.env.pools.service import read_token
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "data" / "solutions" / "triton"
 # Cheap bundled tasks (well under a second per evaluation on CPU): throughput is the service's.
@@ -131,6 +133,7 @@ class Service:
         self.process: subprocess.Popen | None = None
         self.starts: list[float] = []
         self.ready = False  # between the ready banner and the next stop
+        self.token = ""  # the service's bearer token, read after each start
         self.env = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
 
     def start(self, ready_timeout_s: float = 600.0) -> float:
@@ -145,6 +148,7 @@ class Service:
             "--store_path", str(self.store_path), "--http_port", str(self.port),
             "--http_body_timeout_s", str(c.body_timeout_s),
             "--http_max_body_mb", str(c.max_body_mb),
+            "--allow_inline_tasks", "true",  # bad clients send their own (broken) tasks
         ]  # fmt: skip
         log = open(self.folder / f"serve{len(self.starts)}.log", "w")  # noqa: SIM115 - child's
         self.process = subprocess.Popen(
@@ -160,6 +164,7 @@ class Service:
                 break
             if time.monotonic() - started > ready_timeout_s:
                 raise RuntimeError("serve did not come up in time")
+        self.token = read_token(c.name)  # each start writes a new one
         self.starts.append(time.monotonic() - started)
         self.ready = True
         return self.starts[-1]
@@ -225,6 +230,7 @@ async def http(
     path: str,
     body: bytes = b"",
     *,
+    token: str,
     content_length: int | None = None,
     trickle_s: float | None = None,
     disconnect_after_s: float | None = None,
@@ -239,6 +245,7 @@ async def http(
         length = len(body) if content_length is None else content_length
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {token}\r\n"
             f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
         )
         writer.write(head.encode())
@@ -333,6 +340,11 @@ class Load:
     def now(self) -> float:
         return round(time.monotonic() - self.t0, 2)
 
+    async def http(self, method: str, path: str, body: bytes = b"", **options: Any) -> Reply:
+        """One exchange with the service, presenting its current token (a restarted service
+        has a new one)."""
+        return await http(self.port, method, path, body, token=self.service.token, **options)
+
     async def good_client(self, index: int) -> None:
         while not self.stopping:
             fresh = self.random.random() < self.config.fresh_fraction
@@ -354,8 +366,8 @@ class Load:
         delay = 0.5
         while True:
             sent_while_ready = self.service.ready
-            reply = await http(
-                self.port, "POST", "/evaluate", body, timeout_s=self.config.request_timeout_s
+            reply = await self.http(
+                "POST", "/evaluate", body, timeout_s=self.config.request_timeout_s
             )
             if sent_while_ready and reply.code == 404 and _serve_starting(reply):
                 self.route_missing_after_ready += 1
@@ -411,28 +423,28 @@ class Load:
     async def bad_request(self, kind: str) -> Reply:
         relu = self.solutions["01_relu"]
         if kind == "malformed_json":
-            return await http(self.port, "POST", "/evaluate", b'{"task_id": "01_relu", "sol')
+            return await self.http("POST", "/evaluate", b'{"task_id": "01_relu", "sol')
         if kind == "wrong_schema":
             body = json.dumps({"task": "01_relu", "code": relu, "timeout_s": "soon"})
-            return await http(self.port, "POST", "/evaluate", body.encode())
+            return await self.http("POST", "/evaluate", body.encode())
         if kind == "oversized":  # a body the client really sends, twice the limit
             size = int(self.config.max_body_mb * (1 << 20)) * 2
             body = json.dumps({"task_id": "01_relu", "solution": relu + "#" * size})
-            return await http(self.port, "POST", "/evaluate", body.encode())
+            return await self.http("POST", "/evaluate", body.encode())
         if kind == "slow_body":  # one byte every half second: would take minutes
             body = json.dumps({"task_id": "01_relu", "solution": relu}).encode()
-            return await http(self.port, "POST", "/evaluate", body, trickle_s=0.5)
+            return await self.http("POST", "/evaluate", body, trickle_s=0.5)
         if kind == "task_not_loading":
             body = json.dumps({"task": {"source": "x = 1", "id": "nope"}, "solution": relu})
-            return await http(self.port, "POST", "/evaluate", body.encode())
+            return await self.http("POST", "/evaluate", body.encode())
         if kind == "reference_failing":
             task = {"source": BROKEN_REFERENCE, "id": f"broken_{next(self.ids)}"}
             body = json.dumps({"task": task, "solution": relu + f"\n# {next(self.ids)}\n"})
-            return await http(self.port, "POST", "/evaluate", body.encode())
+            return await self.http("POST", "/evaluate", body.encode())
         if kind == "hanging_solution":
             solution = HANGING + f"\n# hang {next(self.ids)}\n"
             body = json.dumps({"task_id": "01_relu", "solution": solution})
-            return await http(self.port, "POST", "/evaluate", body.encode())
+            return await self.http("POST", "/evaluate", body.encode())
         raise ValueError(kind)
 
     async def disconnect_client(self, index: int) -> None:
@@ -446,7 +458,7 @@ class Load:
             # Long enough for the request to reach the service on a loaded box (the proxy,
             # then the actor): a hang-up before that cancels nothing because nothing started.
             after = self.random.uniform(0.5, 4.0)
-            reply = await http(self.port, "POST", "/evaluate", body, disconnect_after_s=after)
+            reply = await self.http("POST", "/evaluate", body, disconnect_after_s=after)
             if reply.error != "disconnected":  # refused while the service restarts: not one
                 await asyncio.sleep(0.5)
                 continue
@@ -460,7 +472,7 @@ class Load:
             await asyncio.sleep(every_s)
 
     async def sample(self) -> dict[str, Any] | None:
-        reply = await http(self.port, "GET", "/status", timeout_s=30)
+        reply = await self.http("GET", "/status", timeout_s=30)
         if reply.code != 200 or not isinstance(reply.payload, dict):
             return None
         stats = reply.payload
@@ -471,9 +483,9 @@ class Load:
             "service_pid": stats.get("service_pid"),
             "rss_mb": _service_rss_mb(stats, self.service.process.pid if self.service.process else 0),
             **{k: stats.get(k) for k in ("queued", "in_flight", "completed", "cancelled",
-                                         "http_in_flight", "worker_deaths", "retried",
-                                         "store_results", "cache_hits", "cache_misses",
-                                         "http_answered")},
+                                         "http_in_flight", "service_queued", "worker_deaths",
+                                         "retried", "store_results", "cache_hits",
+                                         "cache_misses", "http_answered")},
         }  # fmt: skip
         row["worker_pids"] = [w["pid"] for w in stats["workers"] if w["kind"] == "gpu"]
         self.samples.append(row)
@@ -733,7 +745,7 @@ def check(summary: dict[str, Any]) -> list[str]:
         if kind == "hanging_solution" and set(row["statuses"]) - {"timeout"}:
             failures.append(f"hanging solution answered {row['statuses']}, not timeout")
     final = summary["after_drain"] or {}
-    for key in ("queued", "in_flight", "http_in_flight"):
+    for key in ("queued", "in_flight", "http_in_flight", "service_queued"):
         if final.get(key):
             failures.append(f"after the clients left the service still has {key}={final[key]}")
     if summary["route_missing_after_ready"]:

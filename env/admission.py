@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kernelrl.env.sandbox.harness import TIMED_OUTPUTS_CHECKED
 from kernelrl.env.sizes import estimate_footprint
 from kernelrl.env.task import Task, TaskError
+from kernelrl.env.timing import L2_FLUSH_BYTES, TimingConfig
 
 GIB = 2**30
 # CUDA context, CUPTI and allocator slack of one sandbox child, beside its tensors.
@@ -26,20 +28,31 @@ CHILD_OVERHEAD_BYTES = 1 * GIB
 # several: placement matters for small memory-bound kernels (timing.py), and four copies of a
 # 6 GiB KernelBench input would take the memory other evaluations were promised.
 LARGE_TASK_BYTES = 512 * 2**20
+# The harness's own buffers in the child while it times: the L2 flush buffer, and the
+# temporaries of an output's fingerprint (a 64 MiB chunk widened to int64, its positions and
+# their products).
+HARNESS_BYTES = L2_FLUSH_BYTES + 512 * 2**20
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
     """What one evaluation of a task may hold on the GPU, on each side of the sandbox.
 
-    The child holds the inputs, parameters, the outputs of the current call and of the previous
-    one (kept to detect reuse), plus room for the solution's own workspaces; the trusted side
-    holds the reference's inputs, parameters and outputs while it compares them chunk by chunk.
+    The child holds the parameters, the input sets it times on (``placements``) and the new
+    contents a refresh makes beside one of them, the outputs of the current call and one more
+    per kept one (the previous call's, kept to detect reuse, or the copies of timed calls'
+    outputs the trusted side checks), the harness's buffers, its CUDA context, and room for the
+    solution's own workspaces. The worker holds a child to ``child_bytes``
+    (``sandbox.gpu_memory``): the plan is a limit, not only an estimate. The trusted side holds
+    the reference's inputs, parameters and outputs while it compares them chunk by chunk.
     """
 
     child_bytes: int
     trusted_bytes: int
     large: bool
+    placements: int = TimingConfig().placements
+    # False where the task's footprint could not be measured: nothing to hold a child to.
+    measured: bool = True
 
     @property
     def total_bytes(self) -> int:
@@ -66,19 +79,32 @@ def _measure_plan(task: Task) -> MemoryPlan:
     try:
         footprint = estimate_footprint(task, "cuda")
     except TaskError:
-        return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, large=False)
+        return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, large=False, measured=False)
     return plan_for(footprint.input_bytes, footprint.param_bytes, footprint.output_bytes)
 
 
-def plan_for(input_bytes: int, param_bytes: int, output_bytes: int) -> MemoryPlan:
-    """The plan of one forward call of these sizes (see MemoryPlan)."""
-    data = input_bytes + param_bytes
-    out = output_bytes
-    workspace = max(input_bytes + out, GIB)
+def plan_for(
+    input_bytes: int,
+    param_bytes: int,
+    output_bytes: int,
+    placements: int = TimingConfig().placements,
+) -> MemoryPlan:
+    """The plan of one forward call of these sizes, timed on ``placements`` input sets at most
+    (one for a large task; see MemoryPlan)."""
+    large = input_bytes + output_bytes > LARGE_TASK_BYTES
+    sets = 1 if large else max(placements, 1)
+    outputs = 1 + max(min(TIMED_OUTPUTS_CHECKED, sets), 1)
+    workspace = max(input_bytes + output_bytes, GIB)
     return MemoryPlan(
-        child_bytes=data + 2 * out + workspace + CHILD_OVERHEAD_BYTES,
-        trusted_bytes=data + out,
-        large=input_bytes + out > LARGE_TASK_BYTES,
+        child_bytes=param_bytes
+        + input_bytes * (sets + 1)
+        + output_bytes * outputs
+        + workspace
+        + HARNESS_BYTES
+        + CHILD_OVERHEAD_BYTES,
+        trusted_bytes=input_bytes + param_bytes + output_bytes,
+        large=large,
+        placements=sets,
     )
 
 

@@ -9,22 +9,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan, memory_plan
-from kernelrl.env.backends import get_backend, solution_kernel_names
+from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan
+from kernelrl.env.attribution import child_lost, harness_error
+from kernelrl.env.backends import solution_kernel_names
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
 from kernelrl.env.gpu_claim import GpuClaim
-from kernelrl.env.integrity import dynamic_checks
+from kernelrl.env.information import reference_rerun
 from kernelrl.env.integrity.static_checks import NOT_HACKS, run_static_checks
+from kernelrl.env.measure import ChildRunPhases
 from kernelrl.env.parse import FormatError, extract_solution
 from kernelrl.env.reference import (
     ReferenceRunner,
@@ -33,10 +34,11 @@ from kernelrl.env.reference import (
     library_versions,
 )
 from kernelrl.env.result import EvalResult, Status, TimingStats
-from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.child_process import ChildDied
+from kernelrl.env.sandbox.gpu_memory import GpuShare, watch_for
 from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandbox.session import SandboxSession
+from kernelrl.env.sandboxed_reference import TaskReferences
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig
 
@@ -79,7 +81,7 @@ def resolve_device(device: str) -> str:
     return device
 
 
-class Evaluator:
+class Evaluator(ChildRunPhases):
     """Evaluates solutions on one device. Thread-safe: several evaluations may be in flight.
 
     On a GPU a measurement (timing and profile of a solution, timing of a reference) has the
@@ -108,7 +110,8 @@ class Evaluator:
             self.config.spare_children,
             pause_importing=not self.config.run_importing_during_measurement,
         )
-        self.references = ReferenceRunner(self.device)
+        # A trusted task's reference runs here, an untrusted one's in a child of this pool.
+        self.references = TaskReferences(ReferenceRunner(self.device), self.children, self.config)
         self.gpu_memory = (
             # Sandboxes holding a context: the evaluations in flight and the spares warming.
             GpuMemoryBudget.for_device(
@@ -143,7 +146,8 @@ class Evaluator:
         started = time.perf_counter()
         result = new_result(task, completion, self.device_kind, self.device_name, self.versions)
         try:
-            self._run(task, completion, result)
+            with self.references.evaluating():
+                self._run(task, completion, result)
         finally:
             finish_result(result, time.perf_counter() - started)
         return result
@@ -154,9 +158,12 @@ class Evaluator:
             return
         own_names = solution_kernel_names(source, task.backend)
 
-        plan = memory_plan(task) if self.gpu_memory is not None else None
         waited = time.perf_counter()
-        release = self.gpu_memory.acquire(plan.total_bytes) if plan else _nothing_reserved
+        try:  # an untrusted task's reference child starts here and reports the footprint
+            plan, release = self.references.admit(task, self.gpu_memory)
+        except ChildDied as exc:  # only ever ours: the reference's failures are TaskErrors
+            harness_error(result, f"the sandbox child {exc}")
+            return
         result.phase_seconds["admission"] = time.perf_counter() - waited
         with self.gpu_claim.held() if self.gpu_claim else contextlib.nullcontext():
             self._run_admitted(task, source, own_names, result, plan, release)
@@ -197,17 +204,19 @@ class Evaluator:
                 "cpu_seconds",
             )
         }
-        session = SandboxSession(child, self.config.timeout_s, self.config.host_memory_bytes)
+        session = SandboxSession(
+            child, self.config.timeout_s, self.config.host_memory_bytes, self._gpu_share(plan)
+        )
+        if session.gpu is not None:
+            result.sandbox["gpu_memory_watch"] = session.gpu.watch.describe()
         try:
             self._run_in_child(task, source, own_names, session, result, plan)
         except ChildDied as exc:
-            if exc.ours:
-                harness_error(result, f"the sandbox child {exc}")
-                return
-            result.status = Status.TIMEOUT if exc.timed_out else Status.RUNTIME_ERROR
-            result.error = f"the solution's process {exc}"
+            if not (exc.ours or session.solution_sent or task.trusted):
+                raise TaskError(f"task {task.id}: its sandbox child {exc} loading it") from exc
+            child_lost(str(exc), exc.ours, session.solution_sent, exc.timed_out).apply(result)
             tail = child.output_tail(600).strip()
-            if tail:
+            if tail and result.status is not Status.HARNESS_ERROR:
                 result.error += f"\nlast output:\n{tail}"
         except torch.OutOfMemoryError as exc:
             harness_error(
@@ -218,188 +227,23 @@ class Evaluator:
         except (KeyError, TypeError, ValueError, OSError, RuntimeError) as exc:
             if isinstance(exc, TaskError):
                 raise
-            # The child is untrusted: a report we cannot read is its failure, never a pass.
-            result.status = Status.RUNTIME_ERROR
-            result.error = f"the sandbox reported unreadable results ({type(exc).__name__}: {exc})"
+            # The child is untrusted once it has the solution: a report we cannot read is then
+            # its failure, never a pass; before, only our code (and the task's) ran there.
+            why = f"the sandbox reported unreadable results ({type(exc).__name__}: {exc})"
+            if session.solution_sent:
+                result.status, result.error = Status.RUNTIME_ERROR, why
+            elif task.trusted:
+                harness_error(result, why)
+            else:
+                raise TaskError(f"task {task.id}: {why}") from exc
         finally:
             self.children.retire(child, then=release)
 
-    def _run_in_child(
-        self,
-        task: Task,
-        source: str,
-        own_names: list[str],
-        session: SandboxSession,
-        result: EvalResult,
-        plan: MemoryPlan | None,
-    ) -> None:
-        config = self.config
-        timing_config = (
-            replace(config.timing, placements=1) if plan and plan.large else config.timing
-        )
-        model_seed = secrets.randbits(31)
-        loaded = session.start(
-            {
-                "device": str(self.device) if self.device_kind == "cpu" else "cuda:0",
-                "backend": task.backend,
-                "task_source": task.source,
-                "size_overrides": task.size_overrides(self.device_kind),
-                "solution_source": source,
-                "model_seed": model_seed,
-                "timing": asdict(timing_config),
-                "profile_calls": config.profile_calls,
-                "gpu_bytes_admitted": plan.child_bytes if plan else None,
-                "check_timed_outputs": True,
-                "stop_at_compute": True,
-                "limits": {
-                    "file_bytes": config.file_bytes,
-                    "cpu_seconds": int(config.timeout_s * 2) + 30,
-                    "address_space_bytes": config.host_memory_bytes,
-                    "gpu_memory_fraction": config.gpu_memory_fraction,
-                },
-            },
-        )
-        result.phase_seconds.update({f"child_{k}": v for k, v in loaded.get("phase", {}).items()})
-        if self._stopped_early(loaded, result):
-            return
-        violations = dynamic_checks.check_tampering(loaded["tampered"])
-        violations += dynamic_checks.check_init_compute(
-            loaded.get("init_compute", {}), self.references.init_compute(task)
-        )
-        if violations:
-            self._violate(result, violations)
-            return
-
-        evidence = dynamic_checks.CallEvidence()
-        glue_is_task = dynamic_checks.glue_can_be_the_task(task.source)
-        started = time.perf_counter()
-        with self._trusted_gpu_work():
-            reference = self.references.model(task, model_seed)
-        result.phase_seconds["reference"] = time.perf_counter() - started
-        for index in range(config.num_input_sets):
-            seed = secrets.randbits(31)
-            session.send_call(seed)
-            started = time.perf_counter()
-            with self._trusted_gpu_work():  # computed while the child runs the same inputs
-                expected = self.references.output(task, reference, seed)
-            result.phase_seconds["reference"] += time.perf_counter() - started
-            report = session.receive()
-            if self._stopped_early(report, result):
-                return
-            started = time.perf_counter()
-            comparison = self._compare(task, session, report, expected, index)
-            result.phase_seconds["compare"] = result.phase_seconds.get("compare", 0.0) + (
-                time.perf_counter() - started
-            )
-            expected_dtypes = {v.dtype for v in expected if isinstance(v, torch.Tensor)}
-            del expected
-            if plan and plan.large:  # give the cached blocks back to the other sandboxes
-                with self._trusted_gpu_work():
-                    torch.cuda.empty_cache()
-            evidence.add(report)
-            result.input_sets_checked = index + 1
-            result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
-            result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
-            violations = dynamic_checks.check_calls(
-                evidence, task.backend, glue_is_task=glue_is_task
-            )
-            if violations:
-                self._violate(result, violations)
-                return
-            if not comparison.correct:
-                result.status = Status.INCORRECT
-                result.error = "\n".join(comparison.problems[:3])
-                if _looks_like_reduced_precision(expected_dtypes, comparison):
-                    result.error += "\n" + REDUCED_PRECISION_HINT
-                return
-        result.phase_seconds.update({f"child_{k}": v for k, v in report.get("phase", {}).items()})
-        result.custom_kernel_launches = (
-            min(evidence.launches)
-            if evidence.launches and get_backend(task.backend).counts_launches
-            else None
-        )
-
-        timing_seed = secrets.randbits(31)
-        sharers = set(self.gpu_claim.others()) if self.gpu_claim else set()
-        with self._device_to_itself(session, result.phase_seconds) as settle_until:
-            timing_started = time.perf_counter()
-            session.send_time(timing_seed, max(settle_until - timing_started, 0.0))
-            timing = session.receive()
-            timing_wall = time.perf_counter() - timing_started
-            result.phase_seconds.update(
-                {f"child_{k}": v for k, v in timing.get("phase", {}).items()}
-            )
-            if self._stopped_early(timing, result):
-                return
-            result.runtime = TimingStats(**timing["runtime"])
-            started = time.perf_counter()
-            result.ref_eager = self._reference_timing(task, False, timing_config)
-            if self.device_kind == "cuda" and config.time_reference_compile:
-                result.ref_compile = self._reference_timing(task, True, timing_config)
-            result.phase_seconds["reference_timing"] = time.perf_counter() - started
-        if self.gpu_claim:
-            sharers.update(self.gpu_claim.others())
-        # How the timed calls computed is judged before what they answered: a broken rule (work
-        # on a side stream, say) also makes kept outputs wrong, and the rule is the finding.
-        violations = dynamic_checks.check_timing_report(timing, task.backend, timing_wall)
-        if violations:
-            self._violate(result, violations)
-            return
-        result.timing_meaningful = self.device_kind == "cuda" and not sharers
-        if sharers:
-            result.sandbox["gpu_shared_with"] = sorted(sharers)
-        if self.device_kind != "cuda":
-            violations = dynamic_checks.check_cpu_profile(timing["profile"])
-        else:
-            summary = dynamic_checks.summarize_profile(timing["profile"], own_names)
-            result.kernels = summary["kernels"]
-            result.own_kernel_share = summary["own_share"]
-            result.custom_kernel_launches = round(summary["own_launches_per_call"])
-            violations = dynamic_checks.check_gpu_profile(
-                timing["profile"],
-                summary,
-                result.runtime.median_ms,
-                glue_is_task=glue_is_task,
-                timed_alone=not sharers,
-            )
-        if violations:
-            self._violate(result, violations)
-            return
-        if not self._timed_outputs_correct(task, session, timing, reference, timing_seed, result):
-            return
-        if result.timing_meaningful:
-            result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
-            result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
-
-    def _timed_outputs_correct(
-        self,
-        task: Task,
-        session: SandboxSession,
-        timing: dict[str, Any],
-        reference: torch.nn.Module,
-        timing_seed: int,
-        result: EvalResult,
-    ) -> bool:
-        """The outputs the child kept of its timed calls (one call per input set, drawn after
-        the call returned), compared here with the reference on the same input contents, remade
-        from their seed: timed calls are held to the same answer as the checked ones."""
-        for entry in timing.get("checked_outputs", []):
-            index = int(entry["input_set"])
-            seed = harness.timed_input_seed(
-                timing_seed, index, int(entry["version"]), int(timing["placements_asked"])
-            )
-            with self._trusted_gpu_work():
-                expected = self.references.output(task, reference, seed)
-            comparison = self._compare(task, session, entry, expected, index)
-            del expected
-            if not comparison.correct:
-                result.status = Status.INCORRECT
-                result.error = (
-                    f"the output kept from a timed call (input set {index}) does not match the "
-                    "reference: " + "\n".join(comparison.problems[:3])
-                )
-                return False
-        return True
+    def _gpu_share(self, plan: MemoryPlan | None) -> GpuShare | None:
+        """The GPU memory the child is held to (a GPU task whose footprint was measured)."""
+        if plan is None or not plan.measured or self.device_kind != "cuda":
+            return None
+        return GpuShare(watch_for(self.device), plan.child_bytes)
 
     def _compare(
         self,
@@ -408,9 +252,16 @@ class Evaluator:
         report: dict[str, Any],
         expected: list[Any],
         index: int,
+        reference: Any = None,
+        seed: int | None = None,
     ) -> Comparison:
-        """One call's outputs, read chunk by chunk and compared where the reference lives."""
-        matcher = OutputMatcher(task, expected, index)
+        """One call's outputs, read chunk by chunk and compared where the reference lives; a
+        trusted task's ``reference`` and input ``seed`` let the information check rerun it."""
+        rerun = None
+        if reference is not None and seed is not None and task.trusted:
+            lock = self._trusted_gpu_work
+            rerun = reference_rerun(self.references.runner, task, reference, seed, lock)
+        matcher = OutputMatcher(task, expected, index, rerun=rerun)
         described = report["outputs"]
         matcher.check_description(described)
         if matcher.result.problems:  # wrong count, shape or dtype: no need for the values
@@ -460,31 +311,6 @@ class Evaluator:
                 finally:
                     phases["gpu_exclusive"] = time.perf_counter() - held
 
-    def _stopped_early(self, message: dict[str, Any], result: EvalResult) -> bool:
-        kind = message["type"]
-        if kind == "error":
-            stage = message.get("stage")
-            # The task loaded and made its inputs on the trusted side: when it cannot in the
-            # sandbox, our limits or environment differ there, which is ours to fix.
-            ours = stage in ("harness", "task", "inputs")
-            result.status = (
-                Status.HARNESS_ERROR
-                if ours
-                else {"compile": Status.COMPILE_ERROR}.get(stage, Status.RUNTIME_ERROR)
-            )
-            result.error = str(message.get("error", ""))
-            if ours:
-                harness_error(result, f"the harness failed inside the sandbox: {result.error}")
-            return True
-        if kind == "not_run":
-            result.status = Status.NOT_RUN
-            result.error = str(message.get("reason", ""))
-            return True
-        if kind == "compute_seen":
-            self._violate(result, dynamic_checks.check_stopped_call(message))
-            return True
-        return False
-
     @staticmethod
     def _violate(result: EvalResult, violations: list[tuple[str, str]]) -> None:
         result.status = Status.INTEGRITY_VIOLATION
@@ -496,7 +322,10 @@ class Evaluator:
         self, task: Task, compiled: bool, timing: TimingConfig
     ) -> TimingStats | None:
         """Cached; the caller holds the GPU lock so the reference is timed alone, the same way
-        (placements included) as the solution."""
+        (placements included) as the solution. An untrusted task's is its child's own report,
+        never cached."""
+        if not task.trusted:
+            return self.references.time(task, compiled, timing)
         kind = "compile" if compiled else "eager"
         key = self.timing_cache.key(task, self.device, kind, timing)
         cached = self.timing_cache.get(key)
@@ -507,25 +336,6 @@ class Evaluator:
         if self.device_kind == "cuda":
             torch.cuda.empty_cache()  # what the reference held goes back to the other sandboxes
         return stats
-
-
-REDUCED_PRECISION_HINT = (
-    "The mismatches are small next to the output's values, as when fp32 is computed in a lower "
-    "precision: tl.dot's default input_precision is TF32 on GPUs (~1e-3 relative error), while "
-    "fp32 tasks are checked against an exact fp32 reference (TF32 off) at fp32 tolerances "
-    '(KernelBench\'s 1e-4 by default). Use tl.dot(a, b, input_precision="ieee") (or '
-    '"tf32x3"), and accumulate in fp32.'
-)
-
-
-def _looks_like_reduced_precision(dtypes: set[torch.dtype], comparison: Comparison) -> bool:
-    """fp32 outputs whose only problems are values off by less than 1% of the output's scale:
-    what TF32 (10-bit mantissa) or bf16 products give, rather than a wrong algorithm."""
-    return (
-        torch.float32 in dtypes
-        and all("values outside" in problem for problem in comparison.problems)
-        and 0 < comparison.max_abs_err < 0.01 * comparison.ref_scale
-    )
 
 
 def new_result(
@@ -548,21 +358,11 @@ def new_result(
     )
 
 
-def _nothing_reserved() -> None:
-    """The release of an evaluation admitted without a memory reservation (CPU)."""
-
-
 def finish_result(result: EvalResult, seconds: float) -> EvalResult:
     """Total time and the feedback text for the model: the last step of every verdict."""
     result.phase_seconds["total"] = seconds
     result.feedback = build_feedback(result)
     return result
-
-
-def harness_error(result: EvalResult, why: str) -> None:
-    """Our failure, said as ours: the solution is neither blamed nor rewarded for it."""
-    result.status = Status.HARNESS_ERROR
-    result.error = f"kernelrl harness error (not the solution's fault): {why}"
 
 
 def check_statically(
@@ -587,9 +387,3 @@ def check_statically(
         result.error = "\n".join(f"[{f.name}] {f.message}" for f in failures)
         return None
     return source
-
-
-def _speedup(reference: TimingStats | None, solution: TimingStats | None) -> float | None:
-    if reference is None or solution is None or solution.median_ms <= 0:
-        return None
-    return reference.median_ms / solution.median_ms

@@ -43,7 +43,10 @@ def _timing_lines(result: EvalResult) -> list[str]:
     runtime = result.runtime
     if not result.timing_meaningful:
         shared = result.sandbox.get("gpu_shared_with")
+        unknown = result.sandbox.get("gpu_sharing_unknown")
         why = f"other evaluators (pids {shared}) used the GPU" if shared else "Triton interpreter"
+        if unknown and not shared:
+            why = f"whether other evaluators used the GPU is unknown: {unknown}"
         return [f"Timing on {result.device_name} ({why}) is not meaningful; correctness only."]
     lines = [
         f"Runtime {runtime.median_ms:.4f} ms (median of {runtime.reps}, IQR {runtime.spread:.1%}) on {result.device_name}."

@@ -149,13 +149,17 @@ def extract_solution(completion: str) -> str:
         raise FormatError(
             f"The completion has code blocks ({tags}) but no Python block. " + _FORMAT_HINT
         )
-    if _MODELNEW_TEXT.search(text):
-        try:
-            parse_python(textwrap.dedent(text))
-        except (SyntaxError, ValueError):
-            pass
-        else:
-            return _validated(text)
+    try:
+        tree = parse_python(textwrap.dedent(text))
+    except (SyntaxError, ValueError):
+        tree = None
+    # Plain code without a fence (a solution file) is judged as code: one without ModelNew is
+    # told so, not that it has no code block. Prose that happens to parse (a single word is a
+    # Python expression) defines nothing and still gets the code-block message.
+    if tree is not None and (
+        _MODELNEW_TEXT.search(text) or any(not isinstance(node, ast.Expr) for node in tree.body)
+    ):
+        return _validated(text)
     raise FormatError("The completion contains no code block. " + _FORMAT_HINT)
 
 

@@ -1,12 +1,15 @@
 """The trusted side of a task: reference outputs and reference timings.
 
-Reference code comes from the task, never from a model, so it runs in the worker. Its timings
-(eager and torch.compile) are expensive and stable, so they are cached on disk per
-task x size variant x device x library versions.
+Reference code comes from the task, never from a model, so a trusted task's runs in the worker.
+An untrusted task's (a client's) never does: ``ReferenceRunner`` refuses it, and its reference
+runs in the sandbox (env/sandboxed_reference.py). Timings (eager and torch.compile) are expensive
+and stable, so they are cached on disk per task x size variant x device x library versions;
+an untrusted task's timing is its own child's report and is never cached.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -18,9 +21,10 @@ from typing import Any
 
 import torch
 
+from kernelrl.env import sizes
 from kernelrl.env.result import TimingStats
 from kernelrl.env.sandbox import harness
-from kernelrl.env.task import Task, TaskError
+from kernelrl.env.task import Task, TaskError, require_trusted
 from kernelrl.env.timing import TimingConfig, placements, time_fn
 
 
@@ -47,7 +51,8 @@ def device_name(device: torch.device) -> str:
 
 
 class ReferenceRunner:
-    """Runs task references in this (trusted) process; one module per task and size variant."""
+    """Runs trusted tasks' references in this process; one module per task and size variant.
+    Every call loads the task through ``module``, which refuses an untrusted task."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -60,11 +65,12 @@ class ReferenceRunner:
         self._lock = threading.Lock()
 
     def module(self, task: Task) -> types.ModuleType:
+        require_trusted(task, "loading its reference in the worker")
         kind = harness.device_kind(self.device)
         key = (task.hash, kind)
         with self._lock:
             if key not in self._modules:
-                overrides = task.size_overrides(kind)  # a TaskError of its own, said once
+                overrides = sizes.size_overrides(task, kind)  # a TaskError of its own, said once
                 try:
                     self._modules[key] = harness.load_module(
                         task.source, f"kernelrl_reference_{task.hash}_{kind}", overrides
@@ -149,10 +155,17 @@ class ReferenceTimingCache:
 
     @staticmethod
     def key(task: Task, device: torch.device, kind: str, timing: TimingConfig) -> str:
+        """Per task source, size variant (a dataset row's ``sizes`` change what is timed),
+        device, library versions, baseline kind and timing procedure. An untrusted task has
+        no entry: its timing is its own child's report (the client's word), which no cache
+        shared with other evaluations may keep."""
+        require_trusted(task, "caching its reference timing")
         versions = library_versions()
+        sizes = json.dumps(task.sizes, sort_keys=True, default=str)
         return "|".join(
             [
                 task.hash,
+                hashlib.sha256(sizes.encode()).hexdigest()[:12],
                 harness.device_kind(device),
                 device_name(device),
                 versions["torch"],

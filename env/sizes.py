@@ -8,7 +8,9 @@ fits, or a one-line TaskError says what to declare.
 
 Everything is measured on the ``meta`` device: shapes and dtypes propagate, no memory is
 allocated, so a 16 GiB task is measured in milliseconds. Task code runs in this process, as it
-does in the trusted reference runner: tasks come from us or from benchmarks, never from a model.
+does in the trusted reference runner, so only a trusted task's (one the operator named) runs
+here: every entry point taking a Task refuses an untrusted one (a client's), whose footprint its
+sandboxed child measures with ``measure_module`` instead (env/sandboxed_reference.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 
 from kernelrl.env.python_syntax import parse_python
 from kernelrl.env.sandbox import harness
-from kernelrl.env.task import Task, TaskError, init_args
+from kernelrl.env.task import Task, TaskError, init_args, require_trusted
 
 MIB = 2**20
 # Solutions run under the Triton interpreter on CPU: a ReLU over 16 MiB of inputs and outputs
@@ -73,18 +75,32 @@ def estimate_footprint(task: Task, device_kind: str) -> Footprint:
     memory. For 'cpu' they include derived sizes, so this may raise the TaskError of
     :func:`cpu_size_overrides`.
     """
-    with _loaded(task.source, task.size_overrides(device_kind)) as module:
+    require_trusted(task, "measuring its footprint in the worker")
+    with _loaded(task.source, size_overrides(task, device_kind)) as module:
         return measure_module(module)
+
+
+def size_overrides(task: Task, device_kind: str) -> dict[str, Any]:
+    """The module-global overrides ``task`` runs with on 'cpu' or 'cuda': the declared ones,
+    and on CPU, for a trusted task that declares none, sizes derived from its published ones
+    when those exceed the CPU budget (``cpu_size_overrides``; runs the task module on the meta
+    device in this process, once per task hash; a TaskError, one line, when none can be
+    derived). An untrusted task never derives: its code runs only in a sandbox. GPU sizes are
+    always the declared or published ones."""
+    if device_kind in task.sizes or device_kind != "cpu" or not task.trusted:
+        return task.size_overrides(device_kind)
+    return cpu_size_overrides(task)
 
 
 def cpu_size_overrides(task: Task, budget_bytes: int | None = None) -> dict[str, Any]:
     """The CPU overrides of a task that declares none: empty when it fits, else derived.
 
-    Cached per task hash and budget, since Task.size_overrides is asked for every evaluation.
+    Cached per task hash and budget, since size_overrides is asked for every evaluation.
     A task whose module cannot be measured at all (it does not load, or its inputs cannot be
     built on the meta device) gets no overrides: the reference runner then reports its own,
     more precise error.
     """
+    require_trusted(task, "deriving its CPU sizes in the worker")
     budget = cpu_budget_bytes() if budget_bytes is None else budget_bytes
     key = (task.hash, budget)
     with _CACHE_LOCK:
@@ -121,6 +137,7 @@ def derive_cpu_sizes(task: Task, budget_bytes: int | None = None) -> dict[str, A
     Returns {} when the published sizes already fit, the declared ones when the task declares
     CPU sizes. Raises TaskError (one line) when they cannot be brought under budget.
     """
+    require_trusted(task, "deriving its CPU sizes in the worker")
     budget = cpu_budget_bytes() if budget_bytes is None else budget_bytes
     if "cpu" in task.sizes:  # declared sizes are the author's word, whatever they cost
         return dict(task.sizes["cpu"])

@@ -7,6 +7,11 @@ same file without a server; each result is committed as soon as it is written, s
 killed and restarted finds every result that had finished. The same file holds the reference
 timings (eager and torch.compile baselines), shared by all workers through
 ``reference_timings()``.
+
+A verdict is served again only for exactly what decided it (``env/verdict_key.py``: the task's
+source, tolerances and sizes, the backend, the solution, the device, the library versions, the
+evaluation settings and the environment's own code). Rows written under an older key (schema
+version 1, keyed on the task's source alone) stay readable but are never served.
 """
 
 from __future__ import annotations
@@ -24,10 +29,15 @@ from typing import Any
 
 import torch
 
+from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY
 from kernelrl.env.reference import ReferenceTimingCache
 from kernelrl.env.result import POOL_ERROR_KEY, EvalResult, Status, TimingStats
 from kernelrl.env.task import Task
 from kernelrl.env.timing import TimingConfig
+from kernelrl.env.verdict_key import VerdictContext, verdict_key
+
+#: ``PRAGMA user_version`` of a store whose rows carry ``verdict_key``; older rows have none.
+STORE_SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
@@ -48,7 +58,8 @@ CREATE TABLE IF NOT EXISTS results (
     cacheable INTEGER NOT NULL,
     timestamp REAL NOT NULL,
     written REAL NOT NULL,
-    result TEXT NOT NULL
+    result TEXT NOT NULL,
+    verdict_key TEXT
 );
 CREATE INDEX IF NOT EXISTS results_key ON results (task_hash, solution_hash, device_name);
 CREATE TABLE IF NOT EXISTS reference_timings (
@@ -68,12 +79,14 @@ def is_cacheable(result: EvalResult) -> bool:
     """A verdict about the solution, not about the infrastructure that evaluated it: neither a
     failure of the pool (``POOL_ERROR_KEY``) nor a ``harness_error`` (kernelrl's harness failed;
     served again, it would poison every rerun of that completion with our failure), nor a
-    verdict timed beside another evaluator's work (``gpu_shared_with``: its timing unused, which
-    a rerun on a GPU of its own would not repeat)."""
+    verdict timed beside another evaluator's work or where that could not be known
+    (``gpu_shared_with``, ``gpu_sharing_unknown``: its timing unused, which a rerun on a GPU of
+    its own would not repeat)."""
     return (
         result.scored
         and POOL_ERROR_KEY not in result.sandbox
-        and "gpu_shared_with" not in result.sandbox
+        and SHARED_WITH_KEY not in result.sandbox
+        and SHARING_UNKNOWN_KEY not in result.sandbox
     )
 
 
@@ -94,6 +107,7 @@ class ResultsStore:
         self._lock = threading.Lock()
         try:
             self._until_unlocked(lambda: self._conn().executescript(_SCHEMA))  # idempotent
+            self._until_unlocked(self._upgrade)
         except sqlite3.DatabaseError as exc:
             self.close()
             if isinstance(exc, sqlite3.OperationalError) and _is_locked(exc):
@@ -121,6 +135,18 @@ class ResultsStore:
                     raise
             time.sleep(delay)
             delay = min(2 * delay, 0.25)
+
+    def _upgrade(self) -> None:
+        """A store of schema 1 gets the ``verdict_key`` column; its rows keep none, so they are
+        never served (they were keyed on the task's source alone). One writer at a time."""
+        if self._conn().execute("PRAGMA user_version").fetchone()[0] >= STORE_SCHEMA_VERSION:
+            return
+        with self._write() as conn:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(results)")}
+            if "verdict_key" not in columns:
+                conn.execute("ALTER TABLE results ADD COLUMN verdict_key TEXT")
+            conn.execute("CREATE INDEX IF NOT EXISTS results_verdict ON results (verdict_key)")
+            conn.execute(f"PRAGMA user_version = {STORE_SCHEMA_VERSION}")
 
     # ------------------------------------------------------------------ connections
     def _conn(self) -> sqlite3.Connection:
@@ -169,8 +195,9 @@ class ResultsStore:
         self.__init__(state["path"], state["busy_timeout_s"])
 
     # ------------------------------------------------------------------ results
-    def put(self, task: Task, solution: str, result: EvalResult) -> int:
-        """Persist one result, committed before returning; returns its row id."""
+    def put(self, task: Task, solution: str, result: EvalResult, context: VerdictContext) -> int:
+        """Persist one result, judged in ``context``, committed before returning; returns its
+        row id."""
         row = (
             task.id,
             task.hash,
@@ -189,47 +216,32 @@ class ResultsStore:
             result.timestamp or time.time(),
             time.time(),
             result.to_json(),
+            verdict_key(task, solution, context),
         )
         with self._write() as conn:
             cursor = conn.execute(
                 "INSERT INTO results (task_id, task_hash, backend, solution_hash, solution, device,"
                 " device_name, status, correct, speedup_vs_eager, speedup_vs_compile,"
-                " total_seconds, versions, cacheable, timestamp, written, result)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " total_seconds, versions, cacheable, timestamp, written, result, verdict_key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             return int(cursor.lastrowid)
 
-    def get(
-        self,
-        task: Task,
-        solution: str,
-        device_name: str,
-        versions: dict[str, str] | None = None,
-    ) -> EvalResult | None:
-        """The latest cacheable result for this (task, solution, device), or None. Never a
-        ``harness_error``, whatever the row's ``cacheable`` flag says.
-
-        ``versions``: when given, only a result measured with exactly these library versions
-        counts (a new torch or Triton may change both verdicts and timings).
-        """
-        query = (
-            "SELECT result, versions FROM results WHERE task_hash = ? AND solution_hash = ?"
-            " AND device_name = ? AND backend = ? AND cacheable = 1 AND status != ?"
-            " ORDER BY id DESC"
+    def get(self, task: Task, solution: str, context: VerdictContext) -> EvalResult | None:
+        """The latest cacheable result judged exactly as ``task`` and ``solution`` would be in
+        ``context`` (``verdict_key``), or None. Never a ``harness_error``, whatever the row's
+        ``cacheable`` flag says."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT result FROM results WHERE verdict_key = ? AND cacheable = 1"
+                " AND status != ? ORDER BY id DESC LIMIT 1",
+                (verdict_key(task, solution, context), str(Status.HARNESS_ERROR)),
+            )
+            .fetchone()
         )
-        args = (
-            task.hash,
-            solution_key(solution),
-            device_name,
-            task.backend,
-            str(Status.HARNESS_ERROR),
-        )
-        wanted = json.dumps(versions, sort_keys=True) if versions is not None else None
-        for result_json, stored_versions in self._conn().execute(query, args):
-            if wanted is None or stored_versions == wanted:
-                return EvalResult.from_dict(json.loads(result_json))
-        return None
+        return EvalResult.from_dict(json.loads(row[0])) if row is not None else None
 
     def count(self) -> int:
         return int(self._conn().execute("SELECT COUNT(*) FROM results").fetchone()[0])
@@ -239,7 +251,7 @@ class ResultsStore:
         cursor = self._conn().execute(
             "SELECT id, task_id, task_hash, backend, solution_hash, solution, device, device_name,"
             " status, correct, speedup_vs_eager, speedup_vs_compile, total_seconds, versions,"
-            " cacheable, timestamp, result FROM results ORDER BY id"
+            " cacheable, timestamp, result, verdict_key FROM results ORDER BY id"
         )
         names = [column[0] for column in cursor.description]
         for values in cursor:
@@ -323,6 +335,7 @@ _DATASET_COLUMNS = [
     "cacheable",
     "timestamp",
     "result",
+    "verdict_key",
 ]
 
 

@@ -13,6 +13,11 @@ literal, read with ``ast.literal_eval`` so that loading a task never executes it
 
 ``get_init_inputs()`` may follow KernelBench (a list of positional constructor arguments) or
 KernelBook (``[args, kwargs]``); :func:`init_args` tells the two apart.
+
+``Task.trusted`` says whether the task's own code may run in the trusted worker (its reference,
+its size derivation): true for the tasks the operator names (bundled tasks, KernelBench files,
+datasets), false for a task a client sends, whose code runs only in the sandbox
+(env/sandboxed_reference.py, docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -42,6 +47,20 @@ class TaskError(ValueError):
     """A task that cannot be used: unreadable, not in the KernelBench format, bad metadata."""
 
 
+class UntrustedTaskCode(Exception):
+    """Code of the trusted side was asked to execute an untrusted task's code: a bug of ours.
+    Neither a TaskError nor any error the evaluator turns into a verdict, so it can neither run
+    the code nor be taken for the solution's failure or the task's."""
+
+
+def require_trusted(task: Task, doing: str) -> None:
+    """Refuse, before anything runs, to execute an untrusted task's code in this process."""
+    if not task.trusted:
+        raise UntrustedTaskCode(
+            f"task {task.id} is untrusted: {doing} would run its code outside the sandbox"
+        )
+
+
 @dataclass(frozen=True)
 class Task:
     """One KernelBench-format task. Immutable and cheap to send between processes."""
@@ -54,6 +73,7 @@ class Task:
     rtol: float | None = None
     sizes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     level: int | None = None
+    trusted: bool = True
 
     def __post_init__(self) -> None:
         try:
@@ -63,23 +83,22 @@ class Task:
 
     @property
     def hash(self) -> str:
-        """Content hash: reference timings and results are keyed by it, not by the id."""
-        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+        """Content hash: reference timings, results, memory plans and derived sizes are keyed
+        by it, not by the id.
 
-    def size_overrides(self, device_kind: str, derive: bool = True) -> dict[str, Any]:
-        """Module-global overrides for 'cpu' or 'cuda' (empty when the task has none).
-
-        On CPU a task without declared ``cpu`` sizes gets sizes derived from its published
-        ones when those exceed the CPU budget (env/sizes.py; runs the task module on the meta
-        device in this process, once per task hash). Raises TaskError, one line, when none can
-        be derived. ``derive=False`` is for callers that must not execute task code outside a
-        sandbox (curation of raw corpora). GPU sizes are always the declared or published ones.
+        An untrusted task's hash is salted: its evaluations follow another procedure (its
+        reference runs in the sandbox and times itself, its CPU sizes are never derived), so
+        no cache may answer for it with what was measured for the trusted task of the same
+        source, or the other way. A trusted task's hash is the plain content hash, as before.
         """
-        if device_kind in self.sizes or device_kind != "cpu" or not derive:
-            return dict(self.sizes.get(device_kind, {}))
-        from kernelrl.env import sizes  # lazy: imports torch, and runs only when asked
+        salt = b"" if self.trusted else b"untrusted\0"
+        return hashlib.sha256(salt + self.source.encode()).hexdigest()[:16]
 
-        return sizes.cpu_size_overrides(self)
+    def size_overrides(self, device_kind: str) -> dict[str, Any]:
+        """The module-global overrides the task declares for 'cpu' or 'cuda' (empty when it
+        declares none). Reading them runs nothing; CPU sizes derived from the published ones
+        are ``kernelrl.env.sizes.size_overrides``'s job, which runs the task."""
+        return dict(self.sizes.get(device_kind, {}))
 
     def tolerances(self, dtype_name: str) -> tuple[float, float]:
         default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype_name, (1e-4, 1e-4))
@@ -98,6 +117,7 @@ class Task:
             self.rtol,
             self.sizes,
             self.level,
+            self.trusted,
         )
 
 
@@ -178,8 +198,14 @@ def _read_metadata(source: str, origin: str) -> dict[str, Any]:
 
 
 def task_from_source(
-    source: str, task_id: str, backend: str = "triton", level: int | None = None
+    source: str,
+    task_id: str,
+    backend: str = "triton",
+    level: int | None = None,
+    trusted: bool = True,
 ) -> Task:
+    """The Task of a source text, read without executing it. ``trusted=False`` for a task
+    whose code must run only in the sandbox (a client's)."""
     meta = _read_metadata(source, task_id)
     unknown = set(meta) - {"category", "atol", "rtol", "sizes", "level"}
     if unknown:
@@ -193,6 +219,7 @@ def task_from_source(
         rtol=meta.get("rtol"),
         sizes=meta.get("sizes", {}),
         level=meta.get("level", level),
+        trusted=trusted,
     )
 
 
@@ -220,7 +247,7 @@ def load_task_folder(folder: str | Path, backend: str = "triton") -> list[Task]:
     return [load_task(f, backend) for f in files]
 
 
-def task_from_row(row: Mapping[str, Any], backend: str | None = None) -> Task:
+def task_from_row(row: Mapping[str, Any], backend: str | None = None, trusted: bool = True) -> Task:
     """The Task of one dataset row: every row-to-Task conversion in kernelrl goes through here
     (RL training, curation, evaluation sweeps on KernelBench's dataset).
 
@@ -234,6 +261,9 @@ def task_from_row(row: Mapping[str, Any], backend: str | None = None) -> Task:
     - KernelBench's dataset layout (``code``): ``code``, ``name``, ``level``. The source is read
       as a task file is (KernelBench contract checked, ``KERNELRL`` metadata); the id is the
       name, or ``task_<content hash>`` for a row without one.
+
+    ``trusted``: whether the row's code may run in the trusted worker; the caller says so
+    (the operator who names the dataset), never a column of the row itself.
 
     ``backend`` overrides the row's own (default ``triton``). A row of neither layout, or with
     unreadable ``sizes``, is a one-line TaskError. How a task's constructor arguments are read
@@ -258,6 +288,7 @@ def task_from_row(row: Mapping[str, Any], backend: str | None = None) -> Task:
             rtol=row.get("rtol"),
             sizes=sizes,
             level=row.get("level"),
+            trusted=trusted,
         )
     if "code" in row:
         source = str(row["code"])
@@ -268,6 +299,7 @@ def task_from_row(row: Mapping[str, Any], backend: str | None = None) -> Task:
             task_id,
             backend or row.get("backend") or "triton",
             int(level) if level is not None else None,
+            trusted,
         )
     raise TaskError(
         "a task row needs 'id' and 'source' (kernelrl's task schema) or 'code' (KernelBench's "

@@ -6,7 +6,9 @@ of it on each of several input sets, allocated side by side and timed one after 
 their medians averaged: a memory-bound kernel's time depends on where in physical GPU memory
 its buffers land (measurements: docs/decisions.md). Before every timed call its input set gets
 fresh contents (``harness.TimedInputs``): a result a kernel stored and keyed on its inputs'
-values never answers a timed call.
+values never answers a timed call. Right after every call, outside its timed span, ``after_call``
+runs (the sandbox copies the output it keeps of a timed call there, stream-ordered after the
+call's end event): what is checked of a timed call is what existed when its span ended.
 CPU (Triton interpreter): wall-clock repetitions, reported but flagged as not meaningful.
 """
 
@@ -123,16 +125,20 @@ def time_cuda(
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
     settle_until: float = 0.0,
+    after_call: Callable[[], None] | None = None,
 ) -> TimingStats:
-    """``between_batches`` runs after each batch's synchronisation and ``prepare`` before every
-    call, warm-up included, both outside every timed span (the L2 flush comes after
-    ``prepare``): no call can tell a warm-up from a measured one by its inputs. The warm-up
-    goes on until ``settle_until`` (``time.monotonic``): the time other processes' queued work
-    is given to drain before the first timed call, spent warming up rather than idle."""
+    """``between_batches`` runs after each batch's synchronisation, ``prepare`` before every
+    call and ``after_call`` right after every call (after its end event is recorded), warm-up
+    included, all outside every timed span (the L2 flush comes after ``prepare``): no call can
+    tell a warm-up from a measured one by its inputs. The warm-up goes on until
+    ``settle_until`` (``time.monotonic``): the time other processes' queued work is given to
+    drain before the first timed call, spent warming up rather than idle."""
     collecting = gc.isenabled()
     gc.disable()  # a collection while the GPU waits for the next launch would be timed
     try:
-        return _time_cuda(fn, config, between_batches, prepare or _nothing, settle_until)
+        return _time_cuda(
+            fn, config, between_batches, prepare or _nothing, settle_until, after_call or _nothing
+        )
     finally:
         if collecting:
             gc.enable()
@@ -144,10 +150,12 @@ def _time_cuda(
     between_batches: Callable[[], None] | None,
     prepare: Callable[[], None],
     settle_until: float,
+    after_call: Callable[[], None],
 ) -> TimingStats:
     flush = _l2_flush(config.l2_flush)
     prepare()
     fn()
+    after_call()
     prepare()
     torch.cuda.synchronize()
     # Warm-up for warmup_ms, sized from a first estimate of one call.
@@ -155,16 +163,19 @@ def _time_cuda(
     fn()
     torch.cuda.synchronize()
     estimate_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
+    after_call()
     host_s = []
     for _ in range(min(max(int(config.warmup_ms / estimate_ms), 1), 100)):
         start = time.perf_counter()
         prepare()
         fn()
         host_s.append(time.perf_counter() - start)
+        after_call()
     torch.cuda.synchronize()
     while time.monotonic() < settle_until:
         prepare()
         fn()
+        after_call()
         torch.cuda.synchronize()
     hold_cycles = 0
     if prepare is not _nothing:
@@ -184,6 +195,7 @@ def _time_cuda(
             begin.record()
             fn()
             end.record()
+            after_call()
         torch.cuda.synchronize()
         samples.extend(b.elapsed_time(e) for b, e in zip(starts, ends, strict=True))
         if between_batches is not None:
@@ -201,12 +213,14 @@ def time_cpu(
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
+    after_call: Callable[[], None] | None = None,
 ) -> TimingStats:
-    """``between_batches`` runs between repetitions and ``prepare`` before every call, the
-    untimed first one included, outside the timed spans."""
-    prepare = prepare or _nothing
+    """``between_batches`` runs between repetitions, ``prepare`` before every call and
+    ``after_call`` right after it, the untimed first one included, outside the timed spans."""
+    prepare, after_call = prepare or _nothing, after_call or _nothing
     prepare()
     fn()
+    after_call()
     samples: list[float] = []
     deadline = time.perf_counter() + config.cpu_budget_s
     while len(samples) < config.cpu_min_reps or (
@@ -216,6 +230,7 @@ def time_cpu(
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
+        after_call()
         if between_batches is not None:
             between_batches()
     return summarize(samples)
@@ -233,14 +248,16 @@ def time_fn(
     between_batches: Callable[[], None] | None = None,
     prepares: Sequence[Callable[[], None]] | None = None,
     settle_until: float = 0.0,
+    after_call: Callable[[], None] | None = None,
 ) -> TimingStats:
     """Time each call (one per input set, ``placements`` of them) and average their medians;
     ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before each call of
-    ``calls[i]``; the first placement warms up until ``settle_until`` at least."""
+    ``calls[i]`` and ``after_call`` after every call; the first placement warms up until
+    ``settle_until`` at least."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
     if device.type != "cuda":
-        return time_cpu(calls[0], config, between_batches, prepares[0])
+        return time_cpu(calls[0], config, between_batches, prepares[0], after_call)
     first = replace(config, budget_s=config.budget_s / len(calls))
     later = replace(first, warmup_ms=config.placement_warmup_ms)
     return average(
@@ -251,6 +268,7 @@ def time_fn(
                 between_batches,
                 prepare,
                 settle_until if index == 0 else 0.0,
+                after_call,
             )
             for index, (call, prepare) in enumerate(zip(calls, prepares, strict=True))
         ]

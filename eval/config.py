@@ -96,7 +96,13 @@ class EvalSweepConfig(MultiTurnConfig, EnvPoolConfig):
         ),
     )
     one_shot: bool = field(default=True, metadata=_help("include the one-shot example"))
-    system_prompt: str = field(default="", metadata=_help("optional system message"))
+    system_prompt: str = field(
+        default="",
+        metadata=_help(
+            "optional system message; 'default' is kernelrl's, the one `kernelrl train` and "
+            "`kernelrl curate` put in their prompts"
+        ),
+    )
     # ------------------------------------------------------------------ generation
     client: str = field(default="vllm", metadata=_help(f"one of {', '.join(CLIENTS)}"))
     model_name_or_path: str = field(

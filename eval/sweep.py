@@ -51,7 +51,7 @@ from kernelrl.eval.records import (
     write_tasks,
 )
 from kernelrl.progress import Progress
-from kernelrl.prompts import PromptBuilder
+from kernelrl.prompts import SYSTEM, PromptBuilder
 
 OUTPUT_FILES = (SAMPLES_FILE, CONFIG_FILE, TASKS_FILE, "summary.json", "report.md")
 
@@ -132,7 +132,7 @@ class Sweep:
             config.prompt_template,
             backend=config.backend,
             one_shot=config.one_shot,
-            system_prompt=config.system_prompt,
+            system_prompt=SYSTEM if config.system_prompt == "default" else config.system_prompt,
             history_turns=config.history_turns,
             feedback_template=config.feedback_template,
         )

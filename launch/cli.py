@@ -15,6 +15,8 @@ from kernelrl.launch import (
     env_service_cli,
     eval_cli,
     openai_serve_cli,
+    openenv_serve_cli,
+    quiet,
     sft_cli,
     synth_cli,
     topology_cli,
@@ -23,12 +25,17 @@ from kernelrl.launch import (
 )
 from kernelrl.launch.errors import UserError, check_parent_folder
 
+# At import, not only in main: vLLM's engine processes are spawned and import this module (the
+# parent's __main__) before vLLM, so its known messages are filtered there too.
+quiet.install()
+
 
 def _env_check(args: argparse.Namespace) -> int:
     from kernelrl.env.evaluator import EvalConfig, Evaluator
     from kernelrl.env.task import load_task
 
-    task = load_task(args.task, backend=args.backend)
+    backend = args.backend or "triton"
+    task = load_task(args.task, backend=backend)
     try:
         completion = Path(args.solution).read_text()
     except OSError as exc:
@@ -45,7 +52,35 @@ def _env_check(args: argparse.Namespace) -> int:
         from kernelrl.env.report import print_result
 
         print_result(result, Console())
+    if args.backend is None:  # judged as Triton by default: say so when it is the other language
+        hint = backend_hint(completion, backend)
+        if hint:
+            print(f"kernelrl env check: {hint}", file=sys.stderr)
     return 0
+
+
+def backend_hint(completion: str, backend: str) -> str | None:
+    """One line when a solution judged as ``backend`` (the default, not chosen) is written in
+    another backend's language only: its verdict (``other_compiler``) is then the flag's doing,
+    and the user needs the flag, not the check's name."""
+    from kernelrl.env.backends import BACKENDS
+    from kernelrl.env.parse import FormatError, extract_solution, import_aliases
+    from kernelrl.env.python_syntax import parse_python
+
+    try:
+        tree = parse_python(extract_solution(completion))
+    except (FormatError, SyntaxError, ValueError):
+        return None
+    aliases = import_aliases(tree)
+    used = [b for b in BACKENDS.values() if b.used_by(tree, aliases)]
+    if len(used) != 1 or used[0].name == backend:
+        return None
+    other = used[0]
+    return (
+        f"the solution is written in {other.display_name} ({other.kernel_form}) and was judged "
+        f"as a {BACKENDS[backend].display_name} solution (the default); run it with --backend "
+        f"{other.name}"
+    )
 
 
 def _env_check_suite(args: argparse.Namespace) -> int:
@@ -87,10 +122,21 @@ def _env_check_suite(args: argparse.Namespace) -> int:
     return 0 if all(r.correct for r in results) else 1
 
 
+def _version() -> str:
+    """The installed distribution's version (an editable install reports pyproject's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kernelrl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kernelrl", description="RL for LLMs that write GPU kernels."
     )
+    parser.add_argument("--version", action="version", version=f"kernelrl {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     env = commands.add_parser(
@@ -101,7 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--solution", required=True, help="solution file (code or a model completion)"
     )
-    check.add_argument("--backend", choices=["triton", "cuda"], default="triton")
+    check.add_argument(
+        "--backend",
+        choices=["triton", "cuda"],
+        default=None,
+        help="the kernel language the solution is judged as (default: triton)",
+    )
     check.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     check.add_argument("--timeout", type=float, default=180.0, help="seconds for the sandboxed run")
     check.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -133,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     suite.set_defaults(handler=_env_check_suite)
     env_service_cli.add_subcommand(env)
+    openenv_serve_cli.add_subcommand(env)
     eval_cli.add_subcommand(commands)
     curate_cli.add_subcommand(commands)
     synth_cli.add_subcommand(commands)
@@ -145,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     versions.quiet_trl_vllm_warning()
+    quiet.install()  # known third-party noise, filtered by logger and text (launch/quiet.py)
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

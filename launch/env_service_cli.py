@@ -11,6 +11,10 @@ SIGTERM, then shuts everything down. With ``detach: true`` (only with an ``addre
 Ray instance ends with this process) it returns at once and leaves the service running until
 ``kernelrl env stop``. Its recipe is parsed the TRL way (YAML defaults, ``--key value`` flags on
 top), like every kernelrl recipe, so the ``serve`` subparser takes its words verbatim.
+
+``serve`` makes a new random bearer token for the service and keeps it in a private file
+(``kernelrl.env.pools.service.token_path``; it prints the path, never the token): every client
+(``status``, ``stop``, ``ServiceClient``, HTTP) presents it (docs/threat-model.md, "The service").
 """
 
 from __future__ import annotations
@@ -82,10 +86,41 @@ class EnvServiceConfig:
     )
     tasks: str = field(
         default="bundled",
-        metadata=_help("tasks HTTP clients may name by id: 'bundled' or a task folder"),
+        metadata=_help(
+            "the service's own tasks (trusted; clients name them by id or send them): 'bundled',"
+            " a task folder or task sources as in training (jsonl:FILE, parquet:...,"
+            " kernelbench:DIR, disk:...), comma-separated"
+        ),
+    )
+    allow_inline_tasks: bool = field(
+        default=False,
+        metadata=_help(
+            "evaluate tasks clients send that the service does not hold, as untrusted (their"
+            " code runs only in the sandbox); off: such a task is refused"
+        ),
+    )
+    max_items_per_request: int = field(
+        default=512, metadata=_help("items in one HTTP request (more: 413) or one Ray submit")
+    )
+    max_client_pending: int = field(
+        default=1024, metadata=_help("unresolved items of one client; its next batch waits")
+    )
+    client_pool_share: int = field(
+        default=128,
+        metadata=_help("items of one client in the pool at once; the rest wait in the service"),
+    )
+    client_lease_s: float = field(
+        default=30.0,
+        metadata=_help("a Ray client not heard from this long is gone: its work is cancelled"),
     )
     http: bool = field(default=True, metadata=_help("serve POST /evaluate with Ray Serve"))
-    http_host: str = field(default="127.0.0.1", metadata=_help("HTTP bind address"))
+    http_host: str = field(
+        default="127.0.0.1",
+        metadata=_help(
+            "HTTP bind address; another than loopback serves plain HTTP to the network (the"
+            " token is required anyway): put a TLS reverse proxy in front"
+        ),
+    )
     http_port: int = field(default=8100, metadata=_help("HTTP port (8000 is left to vLLM servers)"))
     http_max_body_mb: float = field(
         default=8.0, metadata=_help("larger HTTP request bodies are refused (413)")
@@ -100,6 +135,9 @@ class EnvServiceConfig:
     ready_timeout_s: float = field(default=600.0, metadata=_help("wait this long for workers"))
 
     def __post_init__(self) -> None:
+        from kernelrl.env.pools.service import check_service_name
+
+        check_service_name(self.name)
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
         get_backend(self.backend)
@@ -113,6 +151,17 @@ class EnvServiceConfig:
         for name in ("http_max_body_mb", "http_body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        self.limits()  # one-line ValueError for limits that do not fit together
+
+    def limits(self) -> Any:
+        from kernelrl.env.service_clients import ClientLimits
+
+        return ClientLimits(
+            self.max_items_per_request,
+            self.max_client_pending,
+            self.client_pool_share,
+            self.client_lease_s,
+        )
 
     def resolved_store_path(self) -> str | None:
         if self.store_path.lower() == "none":
@@ -158,90 +207,47 @@ def parse_service_recipe(words: list[str]) -> EnvServiceConfig:
 
 # ---------------------------------------------------------------------------------- serve
 def _load_tasks(config: EnvServiceConfig) -> dict[str, Any]:
-    from kernelrl.env.task import load_task_folder
+    """The service's own tasks, by id: what its operator named (trusted)."""
+    from kernelrl.env.task import load_task_folder, task_from_row
 
-    if config.tasks == "bundled":
-        from kernelrl.data.bundled import bundled_tasks
+    tasks = []
+    for source in (s.strip() for s in config.tasks.split(",") if s.strip()):
+        if source == "bundled":
+            from kernelrl.data.bundled import bundled_tasks
 
-        tasks = bundled_tasks(config.backend)
-    else:
-        tasks = load_task_folder(config.tasks, config.backend)
+            tasks += bundled_tasks(config.backend)
+        elif Path(source).is_dir() and any(Path(source).glob("*.py")):
+            tasks += load_task_folder(source, config.backend)
+        else:
+            from kernelrl.data.loaders import load_tasks
+
+            tasks += [task_from_row(row, config.backend) for row in load_tasks([source])]
+    if not tasks:
+        raise ValueError(f"tasks {config.tasks!r} names no task")
     return {task.id: task for task in tasks}
 
 
 def _serve(words: list[str]) -> int:
     config = parse_service_recipe(words)
     tasks = _load_tasks(config)
-    store_path = config.resolved_store_path()
 
-    import ray
-
-    from kernelrl.env.evaluator import EvalConfig
     from kernelrl.env.pools.ray_workers import init_ray
-    from kernelrl.env.service import start_http, start_service, stop_service
+    from kernelrl.env.pools.service import remove_token, write_token
 
-    console = Console(stderr=True)
+    token, token_file = write_token(config.name)  # refuses an unsafe file before anything starts
     if not config.address:  # a local Ray of our own: nothing of it may outlive us, even a SIGKILL
         from kernelrl.launch.reaper import start_reaper
 
         start_reaper()
-    started_ray = init_ray(
-        config.address,
-        config.namespace,
-        config.logical_gpus,
-        config.workers,
-        config.precheck_workers,
-    )
-    eval_config = EvalConfig(device=config.device, timeout_s=config.timeout_s)
-    pool_kwargs = {
-        "workers": config.workers,
-        "per_gpu": config.per_gpu,
-        "max_pending": config.max_pending,
-        "precheck_workers": config.precheck_workers,
-        "max_retries": config.max_retries,
-        "batch_timeout_s": config.batch_timeout_s,
-    }
+    started_ray = False
     try:
-        with console.status(f"starting environment service {config.name!r}..."):
-            actor = start_service(
-                eval_config,
-                pool_kwargs,
-                store_path,
-                tasks,
-                name=config.name,
-                namespace=config.namespace,
-                ready_timeout_s=config.ready_timeout_s,
-            )
-            info = ray.get(actor.info.remote())
-            url = (
-                start_http(
-                    config.name,
-                    config.namespace,
-                    config.http_host,
-                    config.http_port,
-                    max_body_bytes=int(config.http_max_body_mb * (1 << 20)),
-                    body_timeout_s=config.http_body_timeout_s,
-                )
-                if config.http
-                else None
-            )
+        started_ray = init_ray(config.address, config.namespace, config.logical_gpus,
+                               config.workers, config.precheck_workers)  # fmt: skip
+        actor, lines = _start(config, tasks, token, token_file)
     except BaseException:
-        _teardown(config, started_ray, stop_service)
+        _teardown(config, started_ray, token)
+        remove_token(config.name, token)
         raise
-    address = ray.get_runtime_context().gcs_address
-    # Ray enables token authentication on local clusters; a client joining by explicit address
-    # must opt in (Ray never sends its token to an address it was merely given).
-    auth = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE") == "token" else ""
-    lines = [
-        f"kernelrl env service {config.name!r} ready: {info['workers']} workers,"
-        f" {info['num_slots']} slots on {info['device_name']}; {len(tasks)} named tasks;"
-        f" store {store_path or 'off'}",
-        f"  Ray clients: ServiceClient(name={config.name!r}, address={address!r},"
-        f" namespace={config.namespace!r})",
-        f"  status:      {auth}kernelrl env status --address {address} --name {config.name}",
-    ]
-    if url:
-        lines.append(f"  HTTP:        POST {url}/evaluate   GET {url}/status")
     print("\n".join(lines), flush=True)
     if config.detach:
         return 0
@@ -252,22 +258,99 @@ def _serve(words: list[str]) -> int:
     code = 0
     try:
         while not stop.wait(5.0):
-            if not _alive(actor):
-                console.print(f"[red]the service actor {config.name!r} is gone[/red]")
+            if not _alive(actor, token):
+                # `kernelrl env stop` removes the token file right after stopping the actor:
+                # a stop that was asked for ends serve with 0; an actor that died, with 1.
+                asked = False
+                for _ in range(10):  # the file goes a moment after the actor
+                    try:
+                        asked = token_file.read_text().strip() != token
+                    except OSError:
+                        asked = True
+                    if asked or stop.wait(1.0):
+                        break
+                if asked:
+                    print(f"environment service {config.name!r} stopped by `kernelrl env stop`")
+                    break
+                Console(stderr=True).print(f"[red]the service actor {config.name!r} is gone[/red]")
                 code = 1
                 break
     finally:
         print(f"stopping environment service {config.name!r}", flush=True)
-        _teardown(config, started_ray, stop_service)
+        _teardown(config, started_ray, token)
+        remove_token(config.name, token)
     return code
 
 
-def _alive(actor: Any) -> bool:
+def _start(
+    config: EnvServiceConfig, tasks: dict[str, Any], token: str, token_file: Path
+) -> tuple[Any, list[str]]:
+    """The service actor and its HTTP endpoint on the connected Ray: (the actor, the banner's
+    lines)."""
+    import ray
+
+    from kernelrl.env.evaluator import EvalConfig
+    from kernelrl.env.pools.service import token_variable
+    from kernelrl.env.service import start_service
+    from kernelrl.env.service_http import start_http
+
+    store_path = config.resolved_store_path()
+    pool_kwargs = {
+        "workers": config.workers,
+        "per_gpu": config.per_gpu,
+        "max_pending": config.max_pending,
+        "precheck_workers": config.precheck_workers,
+        "max_retries": config.max_retries,
+        "batch_timeout_s": config.batch_timeout_s,
+    }
+    with Console(stderr=True).status(f"starting environment service {config.name!r}..."):
+        actor = start_service(
+            EvalConfig(device=config.device, timeout_s=config.timeout_s), pool_kwargs,
+            store_path, tasks, name=config.name, namespace=config.namespace,
+            ready_timeout_s=config.ready_timeout_s, token=token, limits=config.limits(),
+            allow_inline_tasks=config.allow_inline_tasks,
+        )  # fmt: skip
+        info = ray.get(actor.info.remote(token))
+        url = None
+        if config.http:
+            url = start_http(
+                token, config.name, config.namespace, config.http_host, config.http_port,
+                max_body_bytes=int(config.http_max_body_mb * (1 << 20)),
+                body_timeout_s=config.http_body_timeout_s,
+            )  # fmt: skip
+    address = ray.get_runtime_context().gcs_address
+    # Ray enables token authentication on local clusters; a client joining by explicit address
+    # must opt in (Ray never sends its token to an address it was merely given).
+    auth = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE") == "token" else ""
+    inline = "accepted, untrusted" if config.allow_inline_tasks else "refused"
+    lines = [
+        f"kernelrl env service {config.name!r} ready: {info['workers']} workers,"
+        f" {info['num_slots']} slots on {info['device_name']}; {len(tasks)} named tasks"
+        f" (inline tasks {inline}); store {store_path or 'off'}",
+        f"  token:       {token_file} (clients read it there, or from ${token_variable(config.name)})",
+        f"  Ray clients: ServiceClient(name={config.name!r}, address={address!r},"
+        f" namespace={config.namespace!r})",
+        f"  status:      {auth}kernelrl env status --address {address} --name {config.name}",
+    ]
+    if url:
+        lines.append(
+            f"  HTTP:        POST {url}/evaluate   GET {url}/status"
+            "   (header 'Authorization: Bearer <token>')"
+        )
+        if config.http_host not in ("127.0.0.1", "localhost", "::1"):
+            lines.append(
+                f"  WARNING:     plain HTTP on {config.http_host}: the token crosses the network"
+                " in clear; put a TLS reverse proxy in front (README, environment service)"
+            )
+    return actor, lines
+
+
+def _alive(actor: Any, token: str) -> bool:
     import ray
     from ray.exceptions import ActorDiedError, GetTimeoutError, RayError
 
     try:
-        ray.get(actor.info.remote(), timeout=60)
+        ray.get(actor.info.remote(token), timeout=60)
     except ActorDiedError:
         return False
     except (GetTimeoutError, RayError):  # busy or restarting: not gone
@@ -275,11 +358,14 @@ def _alive(actor: Any) -> bool:
     return True
 
 
-def _teardown(config: EnvServiceConfig, started_ray: bool, stop_service: Any) -> None:
+def _teardown(config: EnvServiceConfig, started_ray: bool, token: str) -> None:
     import ray
 
-    stop_service(config.name, config.namespace)
-    if config.http:
+    from kernelrl.env.service import stop_service
+
+    if ray.is_initialized():
+        stop_service(token, config.name, config.namespace)
+    if config.http and ray.is_initialized():
         from ray import serve
 
         try:
@@ -334,7 +420,8 @@ def _status(args: argparse.Namespace) -> int:
     console.print(table)
     uptime = stats["service_uptime_s"]
     console.print(
-        f"device {stats['device_name']}; up {uptime / 60:.1f} min; queue depth {stats['queued']},"
+        f"device {stats['device_name']}; up {uptime / 60:.1f} min; {stats['clients']} clients;"
+        f" queue depth {stats['queued'] + stats['service_queued']},"
         f" in flight {stats['in_flight']}; completed {stats['completed']} of"
         f" {stats['submitted']} submitted; throughput {stats['throughput_per_s'] * 60:.1f}/min"
         f" (last minute {stats['throughput_last_min_per_s'] * 60:.1f}/min)",
@@ -344,7 +431,8 @@ def _status(args: argparse.Namespace) -> int:
         f"failures: worker deaths {stats['worker_deaths']}, retried {stats['retried']},"
         f" given up {stats['gave_up']}, hung evaluations {stats['eval_timeouts']},"
         f" batch deadlines {stats['batch_timeouts']}; pre-check rejected"
-        f" {stats['precheck_rejected']}",
+        f" {stats['precheck_rejected']}; clients gone {stats['clients_dropped']}"
+        f" ({stats['client_items_dropped']} items cancelled)",
         soft_wrap=True,
     )
     if "store_path" in stats:
@@ -359,15 +447,17 @@ def _status(args: argparse.Namespace) -> int:
 def _stop(args: argparse.Namespace) -> int:
     import ray
 
-    from kernelrl.env.pools.service import connect_ray
+    from kernelrl.env.pools.service import connect_ray, read_token, remove_token
     from kernelrl.env.service import stop_service
 
+    token = read_token(args.name)
     use_local_ray_token()
     connect_ray(args.address, args.namespace)
     try:
         started = time.monotonic()
-        if not stop_service(args.name, args.namespace):
+        if not stop_service(token, args.name, args.namespace):
             raise ValueError(f"no environment service named {args.name!r} is running")
+        remove_token(args.name, token)
         print(f"stopped {args.name!r} in {time.monotonic() - started:.1f} s")
     finally:
         ray.shutdown()

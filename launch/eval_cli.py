@@ -31,7 +31,7 @@ USAGE = """usage: kernelrl eval --config RECIPE.yaml [--key value ...]   run a s
        kernelrl eval compare RUN_A RUN_B [--view best|last] [--output FILE]
        kernelrl eval report RUN [--no-plots]                       rebuild a run's report
 
-Every recipe key can be given as a flag (--samples 4 --turns 2); `kernelrl eval --help` lists
+Every recipe key can be given as a flag (--samples 4 --max_turns 2); `kernelrl eval --help` lists
 them."""
 
 
@@ -93,9 +93,11 @@ def make_client(config: Any, task_ids: list[str]) -> Any:
             concurrency=config.request_concurrency,
             timeout_s=config.request_timeout_s,
         )
-    from kernelrl.launch.models import resolve_model
+    from kernelrl.launch.adapters import merged_folder, resolve_policy
 
-    model = resolve_model(config.model_name_or_path)
+    policy = resolve_policy(config.model_name_or_path)  # a hub id: cached or reachable, or why not
+    # vLLM on CPU serves no LoRA: an adapter is merged into a copy of its base, once
+    model = merged_folder(policy) if policy.adapter else policy.base
     if config.client == "transformers":
         return TransformersClient(
             model, sampling, dtype=config.dtype, batch_size=config.generation_batch

@@ -44,9 +44,67 @@ def recipe_parser(dataclass_types: tuple[type, ...], prog: str, for_help: bool =
     return parser
 
 
-def print_recipe_help(dataclass_types: tuple[type, ...], prog: str) -> None:
-    """Every key of the recipe's dataclasses, ``--config`` first."""
-    recipe_parser(dataclass_types, prog, for_help=True).print_help()
+def print_recipe_help(
+    dataclass_types: tuple[type, ...], prog: str, usage_printed: bool = False
+) -> None:
+    """Every key of the recipe's dataclasses, ``--config`` first, then kernelrl's own keys
+    under one heading per part, then the keys kernelrl inherits from TRL and transformers under
+    theirs: a training recipe has some 300 keys, and TrainingArguments' hundreds came first."""
+    parser = recipe_parser(dataclass_types, prog, for_help=True)
+    # argparse's own usage line lists every key (250 lines for training)
+    parser.usage = (
+        argparse.SUPPRESS if usage_printed else "%(prog)s --config RECIPE.yaml [--key value ...]"
+    )
+    group_recipe_keys(parser, dataclass_types)
+    parser.print_help()
+
+
+def _declared_by(kind: type, name: str) -> type:
+    """The class of ``kind``'s MRO that declares field ``name`` (a key of TrainingArguments
+    stays transformers' when KernelGRPOConfig inherits it)."""
+    for cls in kind.__mro__:
+        if name in cls.__dict__.get("__annotations__", {}):
+            return cls
+    return kind
+
+
+def _heading(kind: type, declared: type) -> tuple[str, str | None]:
+    """(title, description) of a key's group: kernelrl's parts by the part they belong to,
+    inherited keys by the library class that declares them."""
+    library = declared.__module__.split(".")[0]
+    if library == "kernelrl":
+        doc = " ".join((kind.__doc__ or "").split(". ")[0].split())
+        return f"kernelrl: {kind.__name__}", (doc.rstrip(".") + ".") if doc else None
+    if declared.__name__.startswith("_"):  # a library's private base: its nearest public heir
+        below = kind.__mro__[: kind.__mro__.index(declared)]
+        public = [c for c in below if c.__module__.split(".")[0] == library]
+        declared = next((c for c in reversed(public) if not c.__name__.startswith("_")), declared)
+    return f"{library}: {declared.__name__}", None
+
+
+def group_recipe_keys(parser: argparse.ArgumentParser, dataclass_types: tuple[type, ...]) -> None:
+    """Move every key's option into the group of its part (``_heading``), kernelrl's groups
+    first. Only the help text changes: parsing does not look at groups."""
+    owners: dict[str, type] = {}
+    for kind in dataclass_types:
+        for name in getattr(kind, "__dataclass_fields__", {}):
+            owners.setdefault(name, kind)
+    ours: dict[str, argparse._ArgumentGroup] = {}
+    theirs: dict[str, argparse._ArgumentGroup] = {}
+    for action in list(parser._actions):
+        kind = owners.get(action.dest)
+        if kind is None:  # -h and --config keep their places
+            continue
+        title, description = _heading(kind, _declared_by(kind, action.dest))
+        groups = ours if title.startswith("kernelrl: ") else theirs
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title, description)
+        for group in parser._action_groups:
+            if action in group._group_actions:
+                group._group_actions.remove(action)
+        groups[title]._group_actions.append(action)
+    rest = [g for g in parser._action_groups if g not in (*ours.values(), *theirs.values())]
+    parser._action_groups = [*rest, *ours.values(), *theirs.values()]
 
 
 def add_verbatim_command(
@@ -92,7 +150,7 @@ def add_recipe_command(
         if not words or words[0] in ("-h", "--help"):
             if usage:
                 print(usage + "\n")
-            print_recipe_help(recipe_types(), parser.prog)
+            print_recipe_help(recipe_types(), parser.prog, usage_printed=bool(usage))
             return 0
         return run(words)
 
@@ -172,6 +230,7 @@ def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str)
     # Unknown keys first: building the dataclasses runs their checks (TrainingArguments refuses
     # bf16 on a CPU), which would hide the typo that is the real mistake.
     check_keys(parser, recipe, words, prog)
+    user_environment = dict(os.environ)
     try:
         parsed = tuple(parser.parse_args_and_config(list(words)))
     except yaml.YAMLError as exc:
@@ -180,11 +239,26 @@ def parse_recipe(words: list[str], dataclass_types: tuple[type, ...], prog: str)
         raise RecipeError(f"cannot read recipe: {exc}") from exc
     except (TypeError, ValueError) as exc:
         raise RecipeError(" ".join(str(exc).split())) from exc
+    keep_user_environment(user_environment, recipe.get("env"))
     # Before anything runs: a file where the results folder should be is refused, untouched.
     for config in parsed:
         if getattr(config, "output_dir", None):
             check_folder_path(config.output_dir, "output_dir")
     return parsed
+
+
+def keep_user_environment(before: dict[str, str], recipe_env: Any) -> list[str]:
+    """A recipe's ``env:`` gives defaults: TRL's parser sets every variable it names, so a
+    variable the user had set (``HF_HUB_OFFLINE=0`` to use the hub, ``WANDB_MODE``) is put
+    back. Returns the names put back."""
+    if not isinstance(recipe_env, dict):
+        return []
+    kept = []
+    for key in map(str, recipe_env):
+        if key in before and os.environ.get(key) != before[key]:
+            os.environ[key] = before[key]
+            kept.append(key)
+    return kept
 
 
 def resume_argument(

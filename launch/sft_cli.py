@@ -14,7 +14,6 @@ by default, computes the loss on the completion only.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,11 +90,12 @@ def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> 
     """Train, save the model, and return the final metrics and the logged history."""
     from trl import SFTTrainer, get_peft_config
 
-    from kernelrl.launch.models import check_model_value, resolve_model
+    from kernelrl.launch.adapters import resolve_base
+    from kernelrl.launch.models import check_model_value
 
     check_model_value(model_args.model_name_or_path)  # a typo fails before the data loads
     train, held_out = load_sft_data(script, training_args.seed)
-    model_path = resolve_model(model_args.model_name_or_path)
+    model_path = resolve_base(model_args.model_name_or_path)  # a hub id: cached or reachable
     init_kwargs = dict(training_args.model_init_kwargs or {})
     if model_args.dtype not in (None, "auto"):
         init_kwargs.setdefault("dtype", model_args.dtype)
@@ -122,6 +122,10 @@ def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> 
         )
     )
     trainer.save_model(training_args.output_dir)
+    if trainer.is_world_process_zero():
+        from kernelrl.launch.adapters import portable_adapter
+
+        portable_adapter(training_args.output_dir, model_args.model_name_or_path)
     summary = {
         "model": model_path,
         "train_rows": len(train),
@@ -140,8 +144,10 @@ def run_sft(script: SFTScriptArguments, training_args: Any, model_args: Any) -> 
 
 def _sft(words: list[str]) -> int:
     script, training_args, model_args = parse_recipe(words, _recipe_types(), "kernelrl sft")
-    if "wandb" in (training_args.report_to or []) and not os.environ.get("WANDB_API_KEY"):
-        os.environ.setdefault("WANDB_MODE", "offline")  # never ask for a key; sync later
+    if "wandb" in (training_args.report_to or []):
+        from kernelrl.launch.wandb_auth import default_wandb_mode
+
+        default_wandb_mode()  # offline (sync later) unless wandb finds a key: never ask for one
     summary = run_sft(script, training_args, model_args)
     losses = [entry["loss"] for entry in summary["log_history"] if "loss" in entry]
     print(

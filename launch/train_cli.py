@@ -3,8 +3,9 @@
 ``kernelrl train --config recipes/<model>/<algo>/<name>.yaml [--key value ...]``: the recipe is
 one flat YAML parsed the TRL way (``trl.TrlParser``) into ``kernelrl.rl.config.TRAIN_RECIPE``
 (``KernelGRPOConfig``, the reward, rejection and pool configs, TRL's ``ModelConfig``); flags
-override YAML keys; a YAML ``env:`` mapping
-sets environment variables. Multi-GPU runs go through accelerate:
+override YAML keys; a YAML ``env:`` mapping gives environment variables the user left unset.
+``model_name_or_path`` may be a LoRA adapter folder (``launch.adapters``): the adapter is
+trained. Multi-GPU runs go through accelerate:
 ``accelerate launch --config_file recipes/accelerate_configs/zero3.yaml -m kernelrl.launch.cli
 train --config ...``.
 
@@ -67,6 +68,13 @@ def parse_train_recipe(argv: list[str]) -> tuple[Any, Any]:
         raise RecipeError(" ".join(str(exc).split())) from exc
     if model_args.model_name_or_path is None:
         raise RecipeError("the recipe sets no model_name_or_path")
+    from kernelrl.launch.adapters import is_adapter
+
+    if is_adapter(model_args.model_name_or_path) and model_args.use_peft:
+        raise RecipeError(
+            f"model_name_or_path {model_args.model_name_or_path} is a LoRA adapter, which is "
+            "trained as it is: remove use_peft (a second adapter on top is not supported)"
+        )
     return training_args, model_args
 
 
@@ -111,32 +119,68 @@ def build_task_dataset(args: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- training
+#: what train_summary.json keeps of every logged step (the whole log is trainer_state.json's)
+STEP_KEYS = (
+    "step",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "env/correct",
+    "env/correct_final",
+    "env/format_error",
+    "env/integrity_violation",
+    "advantage/abs_mean",
+    "loss",
+)
+
+
 def _prepare_environment(args: Any) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if "wandb" in (args.report_to or []):
-        if not os.environ.get("WANDB_API_KEY"):
-            os.environ.setdefault("WANDB_MODE", "offline")
+        from kernelrl.launch.wandb_auth import default_wandb_mode
+
+        default_wandb_mode()  # offline unless wandb finds a key (`wandb login` counts)
         os.environ.setdefault("WANDB_DIR", str(Path(args.output_dir).resolve()))
         os.environ.setdefault("WANDB_PROJECT", "kernelrl")
+        # wandb's own banner, tips and closing table: a dozen lines; ours says where the run is
+        os.environ.setdefault("WANDB_SILENT", "true")
         Path(os.environ["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
 
 
-def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
-    """Train as the recipe says; returns the last logged metrics and where things went."""
-    from rich.console import Console
+def _what_starts(args: Any, policy: Any) -> str:
+    """The long start-up stage, named by what it starts."""
+    model = f"policy ({policy.base_name}" + (
+        f" + LoRA adapter {policy.adapter})" if policy.adapter else ")"
+    )
+    engine = f", vLLM engine ({args.vllm_mode})" if args.use_vllm else ""
+    pool = args.environment
+    where = (
+        f"{pool.env_workers or 'all'} {pool.env_device} workers"
+        if pool.env_pool == "local"
+        else pool.env_pool
+    )
+    return f"{model}{engine} and environment pool ({where})"
+
+
+def _build_trainer(training_args: Any, model_args: Any, stages: Any, console: Any) -> tuple:
+    """(trainer, the resolved policy), each start-up stage announced."""
     from transformers import AutoTokenizer
     from trl import get_peft_config
 
-    from kernelrl.launch.models import resolve_model
-    from kernelrl.launch.train_progress import train_callbacks
-    from kernelrl.rl.trainer import STATE_FILE, KernelGRPOTrainer
+    from kernelrl.launch.adapters import load_trainable, resolve_policy
+    from kernelrl.launch.train_progress import (
+        PlainProgressCallback,
+        PortableCheckpoints,
+        train_callbacks,
+    )
+    from kernelrl.rl.trainer import KernelGRPOTrainer
 
+    stages.begin(f"model {model_args.model_name_or_path}")
+    policy = resolve_policy(model_args.model_name_or_path)
     _prepare_environment(training_args)
     if training_args.use_vllm:
         from kernelrl.launch.versions import print_vllm_note
 
         print_vllm_note()
-    model_path = resolve_model(model_args.model_name_or_path)
     if training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {
             key: value
@@ -147,22 +191,52 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
             }.items()
             if value not in (None, "auto")
         }
+    stages.begin("tasks and tokenizer")
     dataset = build_task_dataset(training_args)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left")
+    tokenizer = AutoTokenizer.from_pretrained(policy.base, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # rich's panel instead of tqdm on a terminal; on a pipe (a SLURM log) rich prints nothing
-    # until the end, so plain lines with step/total, rate, ETA and the last reward on stderr
-    callbacks = train_callbacks(Console(stderr=True), training_args.stop_after_s)
+    callbacks = train_callbacks(console, training_args.stop_after_s)
     training_args.disable_tqdm = True
+    stages.begin(_what_starts(training_args, policy))
+    model: Any = policy.base
+    if policy.adapter is not None:  # the adapter itself is trained (TRL takes the PeftModel)
+        model = load_trainable(policy, training_args.model_init_kwargs)
+        training_args.model_init_kwargs = None
     trainer = KernelGRPOTrainer(
-        model=model_path,
+        model=model,
         args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=callbacks,
         peft_config=get_peft_config(model_args),
     )
+    progress = next(c for c in callbacks if isinstance(c, PlainProgressCallback))
+    trainer.rollout.on_phase = progress.set_phase
+    trainer.add_callback(PortableCheckpoints(policy.base_name, policy.base))
+    _drop_printer(trainer)
+    return trainer, policy
+
+
+def _drop_printer(trainer: Any) -> None:
+    """transformers prints every log dict (some 80 metrics a step) when tqdm is off; the
+    progress lines say what matters, and the whole log is in trainer_state.json and wandb."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+
+
+def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
+    """Train as the recipe says; returns the last logged metrics and where things went."""
+    from rich.console import Console
+
+    from kernelrl.launch.adapters import portable_adapter
+    from kernelrl.progress import Stages
+    from kernelrl.rl.trainer import STATE_FILE
+
+    console = Console(stderr=True)
+    with Stages(console, "start-up") as stages:
+        trainer, policy = _build_trainer(training_args, model_args, stages, console)
     try:
         resume = resume_argument(
             training_args.resume_from_checkpoint, training_args.output_dir, rank_files=[STATE_FILE]
@@ -170,18 +244,25 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
         trainer.train(resume_from_checkpoint=resume)
         if training_args.save_strategy != "no":
             trainer.save_model(training_args.output_dir)
+            if trainer.accelerator.is_main_process:
+                portable_adapter(training_args.output_dir, policy.base_name, policy.base)
     finally:
         trainer.close()
     history = [entry for entry in trainer.state.log_history if "reward" in entry]
     summary = {
         "global_step": trainer.state.global_step,
+        "model": model_args.model_name_or_path,
         "output_dir": str(Path(training_args.output_dir).resolve()),
         "num_processes": trainer.accelerator.num_processes,
+        "steps": [{k: e[k] for k in STEP_KEYS if k in e} for e in history],
         "last_log": history[-1] if history else {},
     }
     wandb_run = _wandb_run_dir()
     if wandb_run is not None:
         summary["wandb_run_dir"] = wandb_run
+        offline = Path(wandb_run).name.startswith("offline-")
+        sync = f"; upload it with `wandb sync {wandb_run}`" if offline else ""
+        console.print(f"wandb run: {wandb_run}{sync}", markup=False, soft_wrap=True)
     if trainer.accelerator.is_main_process:
         Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(training_args.output_dir) / "train_summary.json").write_text(

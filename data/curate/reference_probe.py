@@ -232,7 +232,7 @@ class ReferenceProber:
                 "task_source": task.source,
                 # No derived CPU sizes: deriving runs the task's code here, outside the sandbox,
                 # and a corpus record is not trusted yet.
-                "size_overrides": task.size_overrides(self.kind, derive=False),
+                "size_overrides": task.size_overrides(self.kind),
                 **reference_as_solution(),
                 "model_seed": model_seed,
                 # Outputs are sampled in the sandbox: the whole of a 6 GiB output would cross

@@ -15,7 +15,7 @@ from kernelrl.data.curate.decontaminate import DecontaminateConfig
 from kernelrl.data.curate.dedup import DedupConfig
 from kernelrl.data.curate.sft_select import SelectConfig
 from kernelrl.data.curate.validate_config import ValidateConfig
-from kernelrl.data.synth.graph import DTYPES, FAMILIES, PROFILES, DrawConfig, Graph
+from kernelrl.data.synth.graph import ALL_FAMILIES, DTYPES, FAMILIES, PROFILES, DrawConfig, Graph
 from kernelrl.env.pools import EnvPoolConfig
 
 
@@ -39,7 +39,8 @@ class SynthConfig(EnvPoolConfig):
         },
     )
     families: list[str] = field(
-        default_factory=lambda: list(FAMILIES), metadata={"help": f"task families, of {FAMILIES}"}
+        default_factory=lambda: list(FAMILIES),
+        metadata={"help": f"task families, of {ALL_FAMILIES} (default: {FAMILIES})"},
     )
     family_weights: list[float] = field(
         default_factory=list, metadata={"help": "one weight per family (empty: equal)"}
@@ -111,7 +112,7 @@ class SynthConfig(EnvPoolConfig):
             raise ValueError(
                 f"size_profile must be one of {tuple(PROFILES)}, got {self.size_profile!r}"
             )
-        for name, known in (("families", FAMILIES), ("dtypes", DTYPES)):
+        for name, known in (("families", ALL_FAMILIES), ("dtypes", DTYPES)):
             unknown = set(getattr(self, name)) - set(known)
             if unknown or not getattr(self, name):
                 raise ValueError(

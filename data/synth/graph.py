@@ -42,16 +42,40 @@ CORE_FAMILY = {
     "rms_norm": "norm",
     "l2_normalize": "norm",
     "linear": "matmul",
+    # Layouts the one-block row template cannot express (``LAYOUT_FAMILIES``): a core over
+    # dimension 1 of a 3-d tensor, and tiled matrix products of two inputs.
+    "sum_dim": "dim_reduction",
+    "mean_dim": "dim_reduction",
+    "amax_dim": "dim_reduction",
+    "amin_dim": "dim_reduction",
+    "softmax_dim": "dim_reduction",
+    "rms_norm_dim": "dim_reduction",
+    "matmul": "tiled_matmul",
+    "matmul_ta": "tiled_matmul",
+    "matmul_tb": "tiled_matmul",
+    "bmm": "tiled_matmul",
 }
 REDUCING = ("sum", "mean", "amax")
+#: Cores reducing dimension 1 to size 1 (keepdim).
+DIM_REDUCING = ("sum_dim", "mean_dim", "amax_dim", "amin_dim")
 
 GROWING = ("exp", "square")
 #: What ``exp`` may follow (None: the input itself, a standard normal): operators whose output is
 #: bounded, or of unit scale, whatever the row length. After a chain of multiplications by other
 #: inputs a value reaches 100 somewhere among millions of elements, and exp(100) overflows fp32.
 EXP_AFTER = (None, "sigmoid", "tanh", "clamp", "softmax", "log_softmax", "layer_norm", "rms_norm")
-EXP_AFTER += ("l2_normalize", "linear")
+EXP_AFTER += ("l2_normalize", "linear", "softmax_dim", "rms_norm_dim")
+EXP_AFTER += ("matmul", "matmul_ta", "matmul_tb", "bmm")
 FAMILIES = ("elementwise", "reduction", "softmax", "norm", "matmul")
+#: Families of KernelBench level 1 that one program per row with the row in one block cannot
+#: express: rows longer than a block (the kernel loops over the row), a core over a dimension
+#: other than the last, and tiled products of two matrices. Float32 only, as level 1 is; only
+#: unary and scalar pointwise operators around the core. Drawn only when a recipe names them.
+LAYOUT_FAMILIES = ("long_row", "dim_reduction", "tiled_matmul")
+ALL_FAMILIES = FAMILIES + LAYOUT_FAMILIES
+#: The cores a long row may have (None: a pointwise chain); every row core but the linear layer.
+LONG_ROW_CORES = (None, "sum", "mean", "amax", "softmax", "log_softmax", "layer_norm", "rms_norm")
+LONG_ROW_CORES += ("l2_normalize",)
 DTYPES = ("float32", "float16", "bfloat16")
 
 SCALARS: dict[str, tuple[Any, ...]] = {
@@ -64,7 +88,9 @@ SCALARS: dict[str, tuple[Any, ...]] = {
 
 def pointwise_in(combination: str) -> int:
     """``Graph.pointwise`` read back from a combination (``Graph.combination``)."""
-    return sum(kind not in CORE_FAMILY for kind in combination.split(">"))
+    return sum(
+        kind not in CORE_FAMILY and kind not in LAYOUT_FAMILIES for kind in combination.split(">")
+    )
 
 
 @dataclass(frozen=True)
@@ -115,8 +141,10 @@ class Graph:
 
     @property
     def combination(self) -> str:
-        """The operator kinds in order: what the held-out split keeps apart from training."""
-        return ">".join(op.kind for op in self.ops)
+        """The operator kinds in order: what the held-out split keeps apart from training. A
+        long row is named as such first: the same chain over a short row is another task."""
+        kinds = [op.kind for op in self.ops]
+        return ">".join(["long_row", *kinds] if self.family == "long_row" else kinds)
 
     def key(self, size_profile: str = "cuda") -> str:
         """Everything that makes two tasks the same problem: operators, parameters, dtype and
@@ -162,6 +190,15 @@ class Graph:
         """The output's shape at the sizes of ``kind``: what the meta check compares with."""
         shape = self.sizes[kind]
         dims = [v for _, v in shape.dims]
+        if self.family == "tiled_matmul":
+            values = shape.values
+            return (
+                *([values["batch_size"]] if "batch_size" in values else []),
+                values["M"],
+                values["N"],
+            )
+        if self.core is not None and self.core.kind in DIM_REDUCING:
+            dims[1] = 1
         if self.core is not None and self.core.kind in REDUCING:
             dims[-1] = 1
         if self.core is not None and self.core.kind == "linear":
@@ -197,6 +234,82 @@ PROFILES: dict[str, SizeProfile] = {
 }
 
 
+#: Sizes of the layout families per device kind and size global. CPU rows are longer than
+#: the long-row references' block (1024) and CPU dim-1 lengths longer than the dim references'
+#: block (16 rows), so that their loops run under the interpreter too; GPU sizes are level 1's
+#: kind (rows of 32k-393k, dim-1 reductions over thousands, square and batched products).
+LAYOUT_SIZES: dict[str, dict[str, dict[str, tuple[int, ...]]]] = {
+    "long_row": {
+        "cpu": {"batch_size": (2, 3, 4), "dim": (1100, 1500, 2100, 3000, 4100)},
+        "cuda": {
+            "batch_size": (128, 256, 512, 1024),
+            "dim": (32768, 65536, 131072, 262144, 393216),
+        },
+    },
+    "dim_reduction": {
+        "cpu": {"batch_size": (2, 3), "dim1": (20, 33, 64), "dim2": (16, 48, 100)},
+        "cuda": {"batch_size": (16, 32, 64), "dim1": (256, 1024, 2048), "dim2": (256, 1023, 2048)},
+    },
+    "tiled_matmul": {
+        "cpu": {"M": (16, 24, 40, 64), "N": (16, 32, 48, 64), "K": (16, 32, 48, 64)},
+        "cuda": {
+            "M": (512, 1024, 2048, 4096),
+            "N": (512, 1024, 2048, 4096),
+            "K": (256, 1024, 4096),
+        },
+    },
+    "bmm": {
+        "cpu": {"batch_size": (2, 3), "M": (16, 24, 40), "N": (16, 32, 48), "K": (16, 32, 48)},
+        "cuda": {
+            "batch_size": (8, 16, 32),
+            "M": (256, 512, 1024),
+            "N": (256, 512, 1024),
+            "K": (256, 1024),
+        },
+    },
+}
+#: The order of each layout's size globals in ``Shape.dims``.
+LAYOUT_DIMS = {
+    "long_row": ("batch_size", "dim"),
+    "dim_reduction": ("batch_size", "dim1", "dim2"),
+    "tiled_matmul": ("M", "K", "N"),
+    "bmm": ("batch_size", "M", "K", "N"),
+}
+
+
+def _layout_shape(rng: random.Random, table: str, kind: str) -> Shape:
+    sizes = LAYOUT_SIZES[table][kind]
+    return Shape(tuple((name, rng.choice(sizes[name])) for name in LAYOUT_DIMS[table]))
+
+
+def _draw_layout(rng: random.Random, family: str, config: DrawConfig) -> Graph:
+    """A graph of a layout family (``LAYOUT_FAMILIES``): float32, unary and scalar pointwise
+    operators around the core, with the growth guards of every other family."""
+    allowed = UNARY + SCALAR
+    guard: set[str] = set()
+    cores = (
+        LONG_ROW_CORES
+        if family == "long_row"
+        else tuple(sorted(k for k, f in CORE_FAMILY.items() if f == family))
+    )
+    core_kind = rng.choice(cores)
+    if core_kind is None:
+        count = rng.randint(1, config.max_pointwise)
+        prologue, epilogue = _pointwise(rng, count, False, guard, allowed=allowed), []
+    else:
+        budget = rng.randint(0, config.max_pointwise - 1)
+        n_pro = 0 if family == "tiled_matmul" else rng.randint(0, budget)
+        prologue = _pointwise(rng, n_pro, False, guard, allowed=allowed)
+        growing = core_kind not in ("sum", "sum_dim")
+        epilogue = _pointwise(
+            rng, budget - n_pro, False, guard, growing, previous=core_kind, allowed=allowed
+        )
+    table = "bmm" if core_kind == "bmm" else family
+    sizes = {kind: _layout_shape(random.Random(rng.random()), table, kind) for kind in PROFILES}
+    core = Op(core_kind) if core_kind is not None else None
+    return Graph(family, "float32", tuple(prologue), core, tuple(epilogue), sizes)
+
+
 @dataclass
 class DrawConfig:
     """What ``draw`` may produce: families with their weights, dtypes with theirs, chain lengths."""
@@ -219,17 +332,18 @@ def _pointwise(
     guard: set[str],
     growing: bool = True,
     previous: str | None = None,
+    allowed: tuple[str, ...] = POINTWISE,
 ) -> list[Op]:
     """``count`` pointwise operators; ``reduced``: after a row reduction, where a row vector
     does not fit and a full second input has the column's shape (one name per computation:
     ``add_col``, so that dedup by graph finds what dedup by computation finds);
     ``guard``: growing operators already used (at most one per task); ``growing``: whether
     one may be drawn here at all; ``previous``: the operator before the first one drawn here
-    (``EXP_AFTER``)."""
+    (``EXP_AFTER``); ``allowed``: the operators that may be drawn at all."""
     ops: list[Op] = []
     after_reduction = ("add_row", "mul_row", "add_input", "mul_input")
     for _ in range(count):
-        choices = [k for k in POINTWISE if not (reduced and k in after_reduction)]
+        choices = [k for k in allowed if not (reduced and k in after_reduction)]
         if guard or not growing:
             choices = [k for k in choices if k not in GROWING]
         if previous not in EXP_AFTER:
@@ -266,6 +380,8 @@ def _shape(rng: random.Random, profile: SizeProfile, rank3: bool, linear: bool) 
 def draw(rng: random.Random, config: DrawConfig) -> Graph:
     """One graph from ``rng`` (all randomness comes from it: same state, same graph)."""
     family = _weighted(rng, config.families)
+    if family in LAYOUT_FAMILIES:
+        return _draw_layout(rng, family, config)
     dtype = _weighted(rng, config.dtypes)
     guard: set[str] = set()
     if family == "elementwise":

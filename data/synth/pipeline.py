@@ -113,6 +113,19 @@ def _sandbox_set(
     return sample, candidates
 
 
+def sandbox_failures(report: StepReport) -> list[str]:
+    """The tasks the sandbox found broken, to be removed. A ``harness_error`` is our failure,
+    not the task's: removing such a task would change the dataset (and, after the split, its
+    splits) because the environment failed, so the run stops and says so instead."""
+    ours = [r for r in report.removed if r.reason == "harness_error"]
+    if ours:
+        raise RuntimeError(
+            f"the sandbox could not judge {len(ours)} task(s) ({ours[0].id}: {ours[0].detail}): "
+            "a failure of the environment, not of the tasks; nothing was written"
+        )
+    return [r.id for r in report.removed]
+
+
 def run_synthesis(
     config: SynthConfig,
     pool: Pool | None = None,
@@ -130,19 +143,7 @@ def run_synthesis(
     raw, report = generate_tasks(config, console)
     reports.append(report)
     graphs = {row["id"]: row["graph"] for row in raw}
-    tasks = make_dataset([{k: v for k, v in row.items() if k != "graph"} for row in raw], "tasks")
-    tasks, report = normalize_tasks(
-        tasks, config.backend, config.prompt_template, console, one_shot=config.one_shot
-    )
-    reports.append(report)
-    tasks, report = dedup(tasks, config.dedup, console=console)
-    reports.append(report)
-    if config.benchmark_sources:
-        benchmark = Benchmark.from_sources(config.benchmark_sources, config.decontaminate)
-        tasks, report = decontaminate(tasks, benchmark, console=console)
-        reports.append(report)
-    tasks, report = tag_difficulty(tasks, DifficultyConfig(), console=console)
-    reports.append(report)
+    tasks = _curated(config, raw, reports, console)
 
     combos = [graphs[i].combination for i in tasks["id"]]
     assignment = split_combinations(
@@ -157,6 +158,40 @@ def run_synthesis(
     if problems:  # split_combinations guarantees none; a violation is a bug of ours
         raise RuntimeError(f"split violates its promise: {problems[:3]}")
 
+    tasks, checked = _sandboxed(config, tasks, graphs, pool, reports, console)
+    sample, candidates, sandbox_failed, samples, sft = checked
+
+    splits = {name: tasks.filter(lambda r, n=name: r["split"] == n) for name in SPLITS}
+    summary = _summary(
+        config, tasks, graphs, splits, sample, candidates, sandbox_failed, samples, sft
+    )
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    _write(out, config, splits, sft, samples, reports, summary, command)
+    if console is not None:
+        console.print(
+            steps_table(
+                reports, title=f"synthetic tasks: {config.name} ({summary['seconds']:.0f} s)"
+            )
+        )
+        console.print(
+            f"wrote {len(tasks)} tasks ("
+            + ", ".join(f"{n} {len(d)}" for n, d in splits.items())
+            + f") and {len(sft) if sft is not None else 0} verified reference solutions to {out}"
+        )
+    return SynthResult(splits, sft, reports, summary, out)
+
+
+def _sandboxed(
+    config: SynthConfig,
+    tasks: Dataset,
+    graphs: dict[str, Graph],
+    pool: Pool | None,
+    reports: list[StepReport],
+    console: Console | None,
+) -> tuple[Dataset, tuple[Any, ...]]:
+    """The seeded sample and the reference candidates run in the sandbox (the broken removed),
+    then the candidates' references judged by the environment: (tasks, (sample, candidates,
+    removed, evaluated samples, SFT rows))."""
     sample, candidates = _sandbox_set(tasks, graphs, config)
     wanted = set(sample) | (set(candidates) if config.validate_candidates else set())
     sandbox_ids = [i for i, task_id in enumerate(tasks["id"]) if task_id in wanted]
@@ -172,7 +207,7 @@ def run_synthesis(
         )
         report.notes.update(sample=len(sample), reference_candidates=len(candidates))
         reports.append(report)
-        sandbox_failed = [r.id for r in report.removed]
+        sandbox_failed = sandbox_failures(report)
         passed = {row["id"]: row for row in validated}
         rows = []
         for row in tasks:
@@ -198,24 +233,31 @@ def run_synthesis(
                     pool.close()
             reports.extend(step_reports)
 
-    splits = {name: tasks.filter(lambda r, n=name: r["split"] == n) for name in SPLITS}
-    summary = _summary(
-        config, tasks, graphs, splits, sample, candidates, sandbox_failed, samples, sft
+    return tasks, (sample, candidates, sandbox_failed, samples, sft)
+
+
+def _curated(
+    config: SynthConfig,
+    raw: list[dict[str, Any]],
+    reports: list[StepReport],
+    console: Console | None,
+) -> Dataset:
+    """The generated tasks through curation's reading steps: the KernelBench contract,
+    computation dedup, decontamination against the benchmarks, difficulty tags."""
+    tasks = make_dataset([{k: v for k, v in row.items() if k != "graph"} for row in raw], "tasks")
+    tasks, report = normalize_tasks(
+        tasks, config.backend, config.prompt_template, console, one_shot=config.one_shot
     )
-    summary["seconds"] = round(time.perf_counter() - started, 1)
-    _write(out, config, splits, sft, samples, reports, summary, command)
-    if console is not None:
-        console.print(
-            steps_table(
-                reports, title=f"synthetic tasks: {config.name} ({summary['seconds']:.0f} s)"
-            )
-        )
-        console.print(
-            f"wrote {len(tasks)} tasks ("
-            + ", ".join(f"{n} {len(d)}" for n, d in splits.items())
-            + f") and {len(sft) if sft is not None else 0} verified reference solutions to {out}"
-        )
-    return SynthResult(splits, sft, reports, summary, out)
+    reports.append(report)
+    tasks, report = dedup(tasks, config.dedup, console=console)
+    reports.append(report)
+    if config.benchmark_sources:
+        benchmark = Benchmark.from_sources(config.benchmark_sources, config.decontaminate)
+        tasks, report = decontaminate(tasks, benchmark, console=console)
+        reports.append(report)
+    tasks, report = tag_difficulty(tasks, DifficultyConfig(), console=console)
+    reports.append(report)
+    return tasks
 
 
 def _summary(

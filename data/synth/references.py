@@ -27,7 +27,7 @@ from kernelrl.data.curate.sft_select import (
 )
 from kernelrl.data.schema import make_dataset
 from kernelrl.data.synth.graph import Graph
-from kernelrl.data.synth.triton_ref import explain, render_solution
+from kernelrl.data.synth.layout_ref import explain_for, solution_for
 from kernelrl.env.pools import Pool
 
 ORIGIN = "synthetic_reference"
@@ -56,7 +56,7 @@ def pick_candidates(
 
 def completion_for(graph: Graph) -> str:
     """The candidate's completion: concise reasoning, then the solution in a code block."""
-    return f"<think>\n{explain(graph)}\n</think>\n\n```python\n{render_solution(graph)}```\n"
+    return f"<think>\n{explain_for(graph)}\n</think>\n\n```python\n{solution_for(graph)}```\n"
 
 
 def reference_sft(

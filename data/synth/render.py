@@ -9,7 +9,7 @@ tasks differ in their text exactly where their graphs differ.
 
 from __future__ import annotations
 
-from kernelrl.data.synth.graph import FAMILIES, OPERAND, Graph, Op, tolerances
+from kernelrl.data.synth.graph import ALL_FAMILIES, CORE_FAMILY, OPERAND, Graph, Op, tolerances
 
 _TORCH_DTYPE = {
     "float32": "torch.float32",
@@ -22,8 +22,11 @@ _CATEGORY = {
     "softmax": "softmax",
     "norm": "normalization",
     "matmul": "fused",
+    "long_row": "",  # the category of its core's family (``category``)
+    "dim_reduction": "reduction",
+    "tiled_matmul": "matmul",
 }
-assert set(_CATEGORY) == set(FAMILIES)
+assert set(_CATEGORY) == set(ALL_FAMILIES)
 
 _UNARY_TORCH = {
     "relu": "torch.relu(h)",
@@ -47,7 +50,32 @@ _CORE_TORCH = {
     "rms_norm": "h * torch.rsqrt(torch.mean(h * h, dim=-1, keepdim=True) + 1e-6)",
     "l2_normalize": "F.normalize(h, p=2.0, dim=-1)",
     "linear": "F.linear(h, self.weight, self.bias)",
+    "sum_dim": "torch.sum(h, dim=1, keepdim=True)",
+    "mean_dim": "torch.mean(h, dim=1, keepdim=True)",
+    "amax_dim": "torch.amax(h, dim=1, keepdim=True)",
+    "amin_dim": "torch.amin(h, dim=1, keepdim=True)",
+    "softmax_dim": "torch.softmax(h, dim=1)",
+    "rms_norm_dim": "h * torch.rsqrt(torch.mean(h * h, dim=1, keepdim=True) + 1e-6)",
+    "matmul": "torch.matmul(a, b)",
+    "matmul_ta": "torch.matmul(a.T, b)",
+    "matmul_tb": "torch.matmul(a, b.T)",
+    "bmm": "torch.bmm(a, b)",
 }
+#: The two inputs of a tiled matrix product: their shapes as global names. ``b`` is scaled by
+#: K ** -0.5 so that outputs stay of unit scale whatever K (an exp may follow).
+_MATMUL_INPUTS = {
+    "matmul": ("M, K", "K, N"),
+    "matmul_ta": ("K, M", "K, N"),
+    "matmul_tb": ("M, K", "N, K"),
+    "bmm": ("batch_size, M, K", "batch_size, K, N"),
+}
+
+
+def category(graph: Graph) -> str:
+    """The task's category (KernelBench's kind): a long row's is its core's family's."""
+    if graph.family != "long_row":
+        return _CATEGORY[graph.family]
+    return "elementwise" if graph.core is None else _CATEGORY[CORE_FAMILY[graph.core.kind]]
 
 
 def operand_name(op: Op, position: int) -> str | None:
@@ -120,8 +148,9 @@ def render_task(
     for it (``tolerance.measured_tolerances``), widening the graph's own where wider."""
     dtype = _TORCH_DTYPE[graph.dtype]
     linear = graph.core is not None and graph.core.kind == "linear"
+    matmul = graph.family == "tiled_matmul"
     operands = operand_shapes(graph)
-    args = ", ".join(["x"] + [name for name, _ in operands])
+    args = "a, b" if matmul else ", ".join(["x"] + [name for name, _ in operands])
     lines = [
         f'"""Synthetic {graph.family} task ({graph.dtype}): {describe(graph)}."""',
         "",
@@ -142,7 +171,7 @@ def render_task(
         ]
     else:
         lines += ["    def __init__(self):", "        super().__init__()"]
-    lines += ["", f"    def forward(self, {args}):", "        h = x"]
+    lines += ["", f"    def forward(self, {args}):", *([] if matmul else ["        h = x"])]
     lines += [f"        {torch_line(op, i)}" for i, op in enumerate(graph.ops)]
     lines += ["        return h", "", ""]
     values = graph.sizes[size_profile].values
@@ -153,8 +182,13 @@ def render_task(
     ]
     lines += [f"{name} = {values[name]}" for name in names]
     lines += ["", "", "def get_inputs():"]
-    x_dims = ", ".join(n for n, _ in graph.sizes[size_profile].dims)
-    lines.append(f"    x = torch.randn({x_dims}, dtype={dtype})")
+    if matmul:
+        first, second = _MATMUL_INPUTS[graph.core.kind]
+        lines.append(f"    a = torch.randn({first}, dtype={dtype})")
+        lines.append(f"    b = torch.randn({second}, dtype={dtype}) * K**-0.5")
+    else:
+        x_dims = ", ".join(n for n, _ in graph.sizes[size_profile].dims)
+        lines.append(f"    x = torch.randn({x_dims}, dtype={dtype})")
     for name, shape in operands:
         lines.append(f"    {name} = torch.randn({', '.join(shape)}, dtype={dtype})")
     lines += [f"    return [{args}]", "", "", "def get_init_inputs():"]
@@ -162,7 +196,7 @@ def render_task(
     other = "cpu" if size_profile == "cuda" else "cuda"
     other_values = {n: graph.sizes[other].values[n] for n in names}
     meta: dict[str, object] = {
-        "category": _CATEGORY[graph.family],
+        "category": category(graph),
         "sizes": {other: other_values, size_profile: {}}
         if other == "cpu"
         else {"cpu": {}, "cuda": other_values},

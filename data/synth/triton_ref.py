@@ -48,6 +48,11 @@ def _pointwise(op: Op, operand: str | None) -> str:
     raise ValueError(f"not a pointwise operator: {kind}")
 
 
+def pointwise_lines(ops: list[Op] | tuple[Op, ...]) -> list[str]:
+    """Statements applying unary and scalar pointwise operators (no operands) to ``h``."""
+    return [f"h = {_pointwise(op, None)}" for op in ops]
+
+
 def _row_core(kind: str) -> list[str]:
     """Statements turning the masked row ``h`` into the core's result (a scalar for reductions)."""
     if kind == "sum":

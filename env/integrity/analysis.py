@@ -18,11 +18,11 @@ from kernelrl.env.integrity.names import (
     flatten_targets,
     holder_key,
     is_self_attribute,
-    parent_map,
     walk_skipping,
 )
+from kernelrl.env.integrity.registrations import cpp_extension_bindings, registered_ops
 from kernelrl.env.integrity.vocabulary import is_passive_layer
-from kernelrl.env.parse import is_cpp_extension_call, triton_kernels
+from kernelrl.env.parse import triton_kernels
 from kernelrl.env.python_syntax import parse_python
 
 _CONTAINER_CALLS = frozenset(
@@ -30,21 +30,6 @@ _CONTAINER_CALLS = frozenset(
 )
 _HOOK_REGISTRARS = frozenset(
     {"register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook"}
-)
-# PyTorch's documented ways to register a Python function as an op (``torch.ops.ns.name``):
-# calling the op runs that function, so it is the solution's own code, not torch compute.
-OP_REGISTRARS = frozenset(
-    {
-        "torch.library.custom_op",
-        "torch.library.triton_op",
-        "torch._library.custom_ops.custom_op",
-        "torch._library.triton.triton_op",
-    }
-)
-# Registering another implementation for an op (``@op.register_kernel("cpu")``,
-# ``torch.library.register_kernel("ns::op", "cpu", fn)``): calling the op may run it instead.
-IMPL_REGISTRARS = frozenset(
-    {"register_kernel", "register_torch_dispatch", "register_autograd", "register_vmap", "impl"}
 )
 # Wrappers that hand a Triton kernel to torch's tracing (``wrap_triton(k)[grid](...)``): in eager
 # mode they launch ``k`` itself.
@@ -112,15 +97,17 @@ class SolutionAnalysis:
             ):
                 aliases.setdefault(holder_key(target) or "", []).append(value)
         self.callable_aliases = _alias_closure(aliases)
-        self.registered_ops = self._registered_ops()
+        self.registered_ops, self.op_impls = registered_ops(self.tree, self.names, self.functions)
         self.attribute_types = self._attribute_types()
         self.layer_attrs, self.layer_names = self._layers()
         self.instances = self._instances()
         self.containers = self._containers()
         self.kernel_holders = self._kernel_holders()
-        self.extension_names, self.loader_functions = self._cpp_extension_bindings()
-        self.forward = self._method("ModelNew", "forward")
-        roots = [m for m in (self.forward, self._method("ModelNew", "__call__")) if m is not None]
+        self.extension_names, self.loader_functions = cpp_extension_bindings(
+            self.tree, self.names.imports
+        )
+        self.forward = self.method("ModelNew", "forward")
+        roots = [m for m in (self.forward, self.method("ModelNew", "__call__")) if m is not None]
         roots += self._hooks()
         self.forward_path = self._reachable(roots) if self.forward else []
         self.compute_path = self._compute_path()
@@ -128,7 +115,7 @@ class SolutionAnalysis:
     def resolve(self, node: ast.AST) -> str | None:
         return self.names.resolve(node)
 
-    def _method(self, class_name: str, method: str) -> ast.FunctionDef | None:
+    def method(self, class_name: str, method: str) -> ast.FunctionDef | None:
         cls = self.classes.get(class_name)
         seen: set[str] = set()
         while cls is not None and cls.name not in seen:
@@ -139,91 +126,6 @@ class SolutionAnalysis:
             bases = [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in self.classes]
             cls = self.classes[bases[0]] if bases else None
         return None
-
-    def _registered_ops(self) -> dict[str, ast.AST]:
-        """Ops the solution registers from its own functions, ``"ns::name" -> function``:
-        ``@custom_op("ns::name", ...)``/``@triton_op(...)`` on a def, ``op = custom_op("ns::name",
-        fn, ...)`` and ``op = triton_op("ns::name", ...)(fn)``. A name bound to the op object is
-        made a function name too, so calls through it reach the body."""
-        ops: dict[str, ast.AST] = {}
-        for node in ast.walk(self.tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                for decorator in node.decorator_list:
-                    name = self._op_name(decorator)
-                    if name:
-                        ops[name] = node
-        for target, value in bindings(self.tree):
-            if not isinstance(value, ast.Call):
-                continue
-            name = self._op_name(value.func)  # triton_op("ns::n", ...)(fn)
-            fn_node = value.args[0] if name and value.args else None
-            if name is None and len(value.args) >= 2:  # custom_op("ns::n", fn, ...)
-                name = self._op_name(value)
-                fn_node = value.args[1] if name else None
-            if name and isinstance(fn_node, ast.Name) and fn_node.id in self.functions:
-                ops[name] = self.functions[fn_node.id]
-                if isinstance(target, ast.Name):
-                    self.functions.setdefault(target.id, ops[name])
-        self.op_impls = self._op_impls(ops)
-        return ops
-
-    def _op_impls(self, ops: dict[str, ast.AST]) -> dict[int, list[ast.AST]]:
-        """Further implementations registered for the solution's ops (device kernels, dispatch
-        rules, autograd), by the op's main function: they run when the op is called, so they
-        join the forward path with it."""
-        by_python_name = {
-            name: fn for name, fn in self.functions.items() if any(fn is o for o in ops.values())
-        }
-        impls: dict[int, list[ast.AST]] = {}
-        parents = parent_map(self.tree)
-        for node in ast.walk(self.tree):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            op_fn: ast.AST | None = None
-            if (
-                isinstance(func, ast.Attribute)
-                and func.attr in IMPL_REGISTRARS
-                and isinstance(func.value, ast.Name)
-            ):
-                op_fn = by_python_name.get(func.value.id)
-            qualified = self.resolve(func) or ""
-            if qualified.startswith("torch.library.") and qualified.rsplit(".", 1)[-1] in (
-                IMPL_REGISTRARS
-            ):
-                first = node.args[0] if node.args else None
-                name = self.names.const(first)
-                op_fn = ops.get(name or "") or (
-                    by_python_name.get(first.id) if isinstance(first, ast.Name) else None
-                )
-            if op_fn is None:
-                continue
-            registered: list[ast.AST] = []
-            parent = parents.get(id(node))
-            calls = [node] + ([parent] if isinstance(parent, ast.Call) else [])
-            for call in calls:
-                for argument in list(call.args) + [k.value for k in call.keywords]:  # type: ignore[attr-defined]
-                    if isinstance(argument, ast.Lambda):
-                        registered.append(argument)
-                    elif isinstance(argument, ast.Name) and argument.id in self.functions:
-                        registered.append(self.functions[argument.id])
-            if isinstance(parent, ast.FunctionDef | ast.AsyncFunctionDef) and (
-                node in parent.decorator_list
-            ):
-                registered.append(parent)
-            impls.setdefault(id(op_fn), []).extend(r for r in registered if r is not op_fn)
-        return impls
-
-    def _op_name(self, node: ast.AST) -> str | None:
-        """``"ns::name"`` when ``node`` is a registrar call ``custom_op("ns::name", ...)``."""
-        if not (isinstance(node, ast.Call) and self.resolve(node.func) in OP_REGISTRARS):
-            return None
-        first = node.args[0] if node.args else None
-        for keyword in node.keywords:
-            if keyword.arg == "name":
-                first = keyword.value
-        name = self.names.const(first)
-        return name if name and "::" in name else None
 
     def own_op(self, qualified: str | None) -> ast.AST | None:
         """The solution function behind ``torch.ops.ns.name`` (or ``.overload``), if the
@@ -379,68 +281,6 @@ class SolutionAnalysis:
             target = target.value if isinstance(target, ast.Subscript) else target.args[0]  # type: ignore[attr-defined]
         return self._holds_kernel(target, self.kernel_holders)
 
-    def _cpp_extension_bindings(self) -> tuple[set[str], set[str]]:
-        """Names and ``self`` attributes bound to a ``load_inline`` result, and functions that
-        return one (lazy loaders)."""
-        names: set[str] = set()
-        loaders: set[str] = set()
-        imports = self.names.imports
-        functions = {
-            n.name: n
-            for n in ast.walk(self.tree)
-            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-        }
-        for fn in functions.values():
-            for node in ast.walk(fn):
-                if (
-                    isinstance(node, ast.Return)
-                    and node.value is not None
-                    and is_cpp_extension_call(node.value, imports)
-                ):
-                    loaders.add(fn.name)
-        changed = True
-        while changed:
-            changed = False
-            for node in ast.walk(self.tree):
-                if not isinstance(node, ast.Assign):
-                    continue
-                value = node.value
-                bound = (
-                    is_cpp_extension_call(value, imports)
-                    or (
-                        isinstance(value, ast.Call)
-                        and isinstance(value.func, ast.Name)
-                        and value.func.id in loaders
-                    )
-                    or (isinstance(value, ast.Name) and value.id in names)
-                )
-                if not bound:
-                    continue
-                for target in node.targets:
-                    key = (
-                        target.id
-                        if isinstance(target, ast.Name)
-                        else target.attr
-                        if is_self_attribute(target)
-                        else None
-                    )
-                    if key and key not in names:
-                        names.add(key)
-                        changed = True
-            for fn in functions.values():
-                if fn.name in loaders:
-                    continue
-                for node in ast.walk(fn):
-                    if (
-                        isinstance(node, ast.Return)
-                        and isinstance(node.value, ast.Name)
-                        and node.value.id in names
-                    ):
-                        loaders.add(fn.name)
-                        changed = True
-                        break
-        return names, loaders
-
     def is_extension(self, owner: ast.AST) -> bool:
         """``ext``, ``self.ext`` or ``load_ext()``: an object whose methods are the solution's
         compiled CUDA functions."""
@@ -523,7 +363,7 @@ class SolutionAnalysis:
                 yield self.functions[node.id]
             elif node.id in self.classes:
                 for method in ("__init__", "forward", "__call__"):
-                    found = self._method(node.id, method)
+                    found = self.method(node.id, method)
                     if found:
                         yield found
         elif isinstance(node, ast.Attribute):
@@ -532,12 +372,12 @@ class SolutionAnalysis:
                 yield registered
             owner = node.value
             if isinstance(owner, ast.Name) and owner.id in self.classes:
-                found = self._method(owner.id, "forward")  # MyFunction.apply -> forward
+                found = self.method(owner.id, "forward")  # MyFunction.apply -> forward
                 if found:
                     yield found
             if is_self_attribute(node) and self.attribute_types.get(node.attr) in self.classes:
                 for method in ("forward", "__call__"):
-                    found = self._method(self.attribute_types[node.attr], method)
+                    found = self.method(self.attribute_types[node.attr], method)
                     if found:
                         yield found
             yield from self.methods.get(node.attr, [])
@@ -570,9 +410,9 @@ class SolutionAnalysis:
             and node not in self.kernel_defs
             and id(node) not in init_only
         ]
-        return self._reachable([self._import_time_code(), *functions])
+        return self._reachable([self.import_time_code(), *functions])
 
-    def _import_time_code(self) -> ast.Module:
+    def import_time_code(self) -> ast.Module:
         """Statements that run when the module is imported: module level and class bodies
         (not the functions they define), and every decorator expression."""
         body: list[ast.stmt] = []

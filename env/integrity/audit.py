@@ -10,6 +10,7 @@ one off shows.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import types
 from collections import Counter
@@ -21,11 +22,17 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from kernelrl.env.integrity import vocabulary
+from kernelrl.env.integrity.failure import GLOBAL_STATE
+from kernelrl.env.integrity.global_state import STATE_FOLLOWERS, torch_global_state
 
 SCALAR_READ = "aten::_local_scalar_dense"  # float(t), int(t), t.item(): a value into Python
 # Reads of each one-element parameter or buffer allowed per call (a scalar may be read in a
 # few places of a forward).
 READS_PER_SCALAR = 4
+# The one-element parameters and buffers whose reads are allowed, at most: what a task needs
+# (KernelBench's references have two at most). A model of thousands of them would otherwise
+# carry a whole task's values into Python, a few per parameter.
+MAX_SCALAR_PARAMETERS = 4
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,9 @@ class ScalarParameters:
 
     @property
     def reads_per_call(self) -> int:
-        return READS_PER_SCALAR * len(self.pointers)
+        """Reads allowed per call, all parameters together: bounded by what a task needs
+        (``MAX_SCALAR_PARAMETERS``), however many one-element parameters the model has."""
+        return READS_PER_SCALAR * min(len(self.pointers), MAX_SCALAR_PARAMETERS)
 
 
 class ComputeSeen(BaseException):  # noqa: N818 - a signal, not an error of the solution's
@@ -260,18 +269,29 @@ class TamperGuard:
     socket method, dispatch hook, launch counter or harness function, a replaced module in
     ``sys.modules``, or a trace/profile hook is tampering. Only callables, classes and modules
     are watched (torch rebinds plain state values lazily); names added later are ignored.
+    torch's process-wide state (``torch_global_state``) must also read as it did: its changes
+    are reported as what they are (``GLOBAL_STATE``), not as tampering with the harness.
     """
 
     def __init__(self, owners: list[tuple[str, Any]], modules: list[str]) -> None:
         self._watched: list[tuple[str, Any, str, Any]] = []
         for label, owner in owners:
             for name, value in list(vars(owner).items()):
+                if owner is torch and name in STATE_FOLLOWERS:
+                    continue  # part of the state, compared as such
                 if callable(value) or isinstance(value, types.ModuleType | type):
                     self._watched.append((label, owner, name, value))
         self._modules = {name: sys.modules.get(name) for name in modules}
+        self._state = torch_global_state()
 
     def verify(self) -> list[str]:
+        state = torch_global_state()
         changed = [
+            f"{GLOBAL_STATE}: {name} {before!r} -> {state.get(name)!r}"
+            for name, before in self._state.items()
+            if state.get(name) != before
+        ]
+        changed += [
             f"{label}.{name}"
             for label, owner, name, value in self._watched
             if vars(owner).get(name) is not value
@@ -288,3 +308,28 @@ class TamperGuard:
         if _get_current_dispatch_mode_stack():
             changed.append("a dispatch mode left active")
         return changed[:8]
+
+
+# A GPU copy as CUPTI names it (``Memcpy DtoH (Device -> Pageable)``): its kind, and its size
+# among the activity's metadata (``"bytes": 4``).
+_COPY_KIND = re.compile(r"^Memcpy ([A-Z])to([A-Z])\b")
+_COPY_BYTES = re.compile(r'"bytes"\s*:\s*(\d+)')
+
+
+def host_copy(event: Any) -> dict[str, Any] | None:
+    """A profiled GPU copy to or from host memory (``HtoD``, ``DtoH``, ``HtoH``...; not
+    ``DtoD``) as ``{"name", "bytes", "us"}``, ``bytes`` ``None`` where the profiler's metadata
+    does not say; ``None`` for anything else. Copies between the device and the host in a
+    forward call move its work to host code (``host_compute``), but for a few scalars."""
+    kind = _COPY_KIND.match(event.name())
+    if kind is None or "H" not in kind.groups():
+        return None
+    try:
+        size = _COPY_BYTES.search(event.metadata_json() or "")
+    except (AttributeError, RuntimeError):  # a profiler build without the metadata
+        size = None
+    return {
+        "name": event.name(),
+        "bytes": int(size.group(1)) if size else None,
+        "us": event.duration_ns() / 1e3,
+    }

@@ -10,14 +10,24 @@ torch, numpy or the reference ``Model``.
 from __future__ import annotations
 
 import ast
+import builtins
 
 from kernelrl.env.backends import get_backend
 from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.failure import CheckFailure
-from kernelrl.env.integrity.names import bindings, holder_key, module_of, parent_map
+from kernelrl.env.integrity.names import (
+    bindings,
+    flatten_targets,
+    holder_key,
+    is_self_attribute,
+    module_of,
+    parent_map,
+)
 from kernelrl.env.integrity.vocabulary import (
     COPYING_TORCH_OPS,
     GLUE_TORCH_OPS,
+    METADATA_OPS,
+    MOVEMENT_OPS,
     is_glue_method,
     is_glue_torch,
     is_passive_layer,
@@ -120,10 +130,11 @@ def _scalar(node: ast.AST) -> bool:
 
 def is_data_movement(ref_ops: set[str]) -> bool:
     """The reference's own forward only moves data (``cat``, a broadcasting ``copy_``,
-    ``permute`` + ``contiguous``, ``pad``): every op it runs is glue and no operator or layer
-    computes. Only then can torch glue in a solution *be* the task, so only then are the
-    reference's own copying ops and the glue budget limited."""
-    return bool(ref_ops) and all(_named_in(op, GLUE_TORCH_OPS) for op in ref_ops)
+    ``permute`` + ``contiguous``, ``pad``, ``transpose`` + ``repeat``): every op it runs is glue
+    or moves data (``MOVEMENT_OPS``) and no operator or layer computes. Only then can torch glue
+    in a solution *be* the task, so only then are the reference's own copying ops and the glue
+    budget limited."""
+    return bool(ref_ops) and all(_named_in(op, GLUE_TORCH_OPS | MOVEMENT_OPS) for op in ref_ops)
 
 
 def _named_in(op: str, names: frozenset[str]) -> bool:
@@ -148,7 +159,7 @@ def reference_ops(reference_source: str | None) -> set[str]:
             ops.add(ARITHMETIC)
         if not isinstance(node, ast.Call):
             continue
-        if analysis.layer_of(node.func):
+        if analysis.layer_of(node.func) or _opaque_call(node, analysis):
             ops.add(LAYER)
         qualified = analysis.resolve(node.func)
         if qualified:
@@ -158,6 +169,21 @@ def reference_ops(reference_source: str | None) -> set[str]:
         ):
             ops.add(node.func.attr.rstrip("_"))
     return ops - {""}
+
+
+def _opaque_call(call: ast.Call, analysis: SolutionAnalysis) -> bool:
+    """A call of something the reference holds rather than names: a loop variable over its
+    layers, ``self.blocks[i]``, a submodule built by a helper (``self.block(x)``). It may
+    compute, so the reference is not taken for one that only moves data."""
+    func = call.func
+    if analysis.resolve(func):
+        return False
+    if isinstance(func, ast.Name):
+        known = set(analysis.functions) | set(analysis.classes) | set(dir(builtins))
+        return func.id not in known
+    if isinstance(func, ast.Subscript | ast.Call):
+        return True
+    return is_self_attribute(func) and func.attr not in analysis.methods  # type: ignore[union-attr]
 
 
 def check_no_custom_kernel(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
@@ -253,7 +279,108 @@ def check_torch_fallback(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[
                 "kernel.",
                 node,
             )
+    for node in import_time_tensor_arithmetic(analysis):
+        fail(
+            f"at import, {ast.unparse(node)[:80]} computes with torch tensors: a table built when "
+            "the module loads is work no checked call sees; compute it in your kernel.",
+            node,
+        )
     return failures
+
+
+# Tensor attributes that are tensors themselves (``t.T``); every other attribute of a tensor
+# (``t.shape``, ``t.dtype``) is metadata.
+_TENSOR_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "real", "imag", "data"})
+_TENSOR_CLASSES = frozenset({"torch.nn.Parameter", "torch.nn.Buffer", "torch.Tensor"})
+
+
+def import_time_tensor_arithmetic(analysis: SolutionAnalysis) -> list[ast.AST]:
+    """Operators (``*``, ``/``, ``**``, ``-x``, ``<``, ``+=``) on tensors in code that runs
+    when the module is imported (module level, class bodies): torch computing there, in
+    arithmetic rather than a call. Tensors are what torch's tensor functions return, the names
+    bound to them there, and their views, items and methods (``t.float()``; not metadata such as
+    ``t.shape[0] * 2``). Import-time compute is audited at run time too (``init_compute``)."""
+    statements = analysis.import_time_code().body
+    tensors: set[str] = set()
+
+    def is_tensor(node: ast.AST | None) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in tensors
+        if isinstance(node, ast.Call):
+            qualified = analysis.resolve(node.func)
+            if qualified:
+                return _makes_tensor(qualified)
+            func = node.func
+            return (
+                isinstance(func, ast.Attribute)
+                and func.attr not in METADATA_OPS
+                and is_tensor(func.value)
+            )
+        if isinstance(node, ast.Attribute):
+            return node.attr in _TENSOR_ATTRIBUTES and is_tensor(node.value)
+        if isinstance(node, ast.Subscript | ast.Starred):
+            return is_tensor(node.value)
+        if isinstance(node, ast.BinOp):
+            return is_tensor(node.left) or is_tensor(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return is_tensor(node.operand)
+        if isinstance(node, ast.IfExp):
+            return is_tensor(node.body) or is_tensor(node.orelse)
+        return False
+
+    nodes = [n for statement in statements for n in _walk_outside_functions(statement)]
+    for _ in range(3):  # names bound from names bound earlier
+        for node in nodes:
+            if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign) and is_tensor(
+                node.value
+            ):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                tensors.update(
+                    t.id for t in flatten_targets(list(targets)) if isinstance(t, ast.Name)
+                )
+    found: list[ast.AST] = []
+    for node in nodes:
+        if isinstance(node, ast.BinOp):
+            operands: list[ast.AST] = [node.left, node.right]
+        elif isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.Not):
+            operands = [node.operand]
+        elif isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+        elif isinstance(node, ast.AugAssign):
+            operands = [node.target, node.value]
+        else:
+            continue
+        if any(is_tensor(operand) for operand in operands):
+            found.append(node)
+    return found
+
+
+def _makes_tensor(qualified: str) -> bool:
+    """A torch function whose result is a tensor: an allocation, view, copy or cast, or compute
+    (anything public that is neither metadata, a value, a class nor a namespace's plumbing)."""
+    if qualified in _TENSOR_CLASSES:
+        return True
+    parts = qualified.split(".")
+    if parts[0] != "torch" or len(parts) < 2 or parts[1] in ("cuda", "backends", "library"):
+        return False
+    leaf = parts[-1]
+    if leaf in METADATA_OPS or leaf[:1].isupper():
+        return False
+    return leaf in GLUE_TORCH_OPS or not is_torch_value(qualified)
+
+
+def _walk_outside_functions(root: ast.AST) -> list[ast.AST]:
+    """``ast.walk`` that does not enter function or lambda bodies (they run when called)."""
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(
+            child
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        )
+    return found
 
 
 def _compute_holders(analysis: SolutionAnalysis) -> dict[str, str]:

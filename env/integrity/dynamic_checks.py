@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.env.backends import get_backend
+from kernelrl.env.integrity.failure import GLOBAL_STATE
 from kernelrl.env.integrity.vocabulary import is_trivial_gpu_kernel
 
 DYNAMIC_CHECKS: dict[str, str] = {
@@ -20,7 +21,9 @@ DYNAMIC_CHECKS: dict[str, str] = {
     "torch_fallback_runtime": "forward may allocate, view, copy, cast and pad with torch, nothing else: every other aten op or torch GPU kernel is torch doing the work that belongs in the solution's kernels",
     "glue_budget": "in a task whose reference only moves data (cat, a broadcasting copy_, permute + contiguous), torch copies may not do the moving: bounded in bytes copied per call and in share of GPU time; elsewhere cast and layout glue around the solution's kernels only costs runtime",
     "harness_tampered": "the solution must leave the harness, torch, timers, sockets and the audit as they were: no patched functions, replaced modules, trace hooks or removed dispatch modes",
-    "init_compute": "the constructor may initialise parameters as the task's Model does, nothing more: torch compute at construction (a lookup table, a precomputed answer) is work no checked call sees",
+    "global_state": "torch's process-wide state must stay as the sandbox set it: the default dtype and device, torch.backends flags (allow_tf32...), deterministic algorithms, float32 matmul precision, denormal flushing",
+    "host_compute": "the work must be done on the GPU by the solution's own kernels: copies between the device and the host beyond a few scalars per call move the task to host code no check sees",
+    "init_compute": "importing the solution and its constructor may initialise parameters as the task's Model does, nothing more: torch compute at import or construction (a lookup table, a precomputed answer) is work no checked call sees",
     "input_mutated": "forward must leave its inputs unchanged",
     "output_aliases_input": "an output must not share memory with an input",
     "output_reused": "each call must return fresh outputs: no buffer handed out twice, no result cached across calls",
@@ -34,12 +37,20 @@ MIN_EVENT_TO_KERNEL_RATIO = 0.7
 # The glue budget applies only where glue can be the task: the reference itself only moves
 # data (``compute_checks.is_data_movement``). Elsewhere casts and layout copies around the
 # solution's own kernels are paid for in the measured runtime and are not cheating.
-# Bytes torch glue may copy per call in such a task, as a share of the bytes of the call's
-# inputs and outputs: a ``cat`` or broadcast ``copy_`` done by torch copies the whole output
-# (half or more of them); a kernel that does the moving leaves glue a small remainder.
-GLUE_BYTES_PER_IO_BYTE = 0.25
+# Bytes torch glue may copy per call in such a task, as a share of the data the task moves
+# (the smaller of the call's input and output bytes): a ``cat``, broadcast ``copy_`` or
+# ``clone`` of a permuted view done by torch copies at least that much, once; a kernel that
+# does the moving leaves glue a small remainder.
+GLUE_BYTES_PER_MOVED_BYTE = 0.25
 # Largest share of a call's GPU time that torch's trivial copy/fill kernels may take there.
-MAX_GLUE_GPU_SHARE = 0.5
+MAX_GLUE_GPU_SHARE = 0.25
+# Bytes a call may copy between the GPU and the host (both ways together): scalars read into
+# Python or handed to a kernel, a small table of offsets. Computing the task on the host
+# copies its inputs there and its outputs back: megabytes at any published size.
+HOST_COPY_BYTES_PER_CALL = 64 * 1024
+# A copy whose size the profiler does not report is taken to run at this rate (bytes per
+# microsecond: 1 GB/s, below any PCIe link's, so a copy is never taken for smaller than it is).
+HOST_COPY_BYTES_PER_US = 1000.0
 
 
 @dataclass
@@ -50,7 +61,10 @@ class CallEvidence:
     flags: set[str] = field(default_factory=set)
     compute_ops: Counter[str] = field(default_factory=Counter)
     copied_bytes: list[int] = field(default_factory=list)
-    io_bytes: list[int] = field(default_factory=list)
+    # Per call, the bytes a data-movement task moves: the smaller of its inputs' and its
+    # outputs' (the outputs as described for the comparison, the inputs what remains of the
+    # call's input and output bytes); all of them where no output is described.
+    moved_bytes: list[int] = field(default_factory=list)
     tampered: list[str] = field(default_factory=list)
 
     def add(self, report: dict[str, Any]) -> None:
@@ -58,30 +72,50 @@ class CallEvidence:
         self.flags.update(str(f) for f in report["flags"])
         self.compute_ops.update({str(k): int(v) for k, v in report["compute_ops"].items()})
         self.copied_bytes.append(int(report["copied_bytes"]))
-        self.io_bytes.append(int(report["io_bytes"]))
+        io = int(report["io_bytes"])
+        described = [o for o in report.get("outputs", []) if o.get("kind") == "tensor"]
+        out = sum(int(o["nbytes"]) for o in described)
+        self.moved_bytes.append(min(io - out, out) if described and out <= io else io)
         self.tampered.extend(str(t) for t in report["tampered"])
 
 
 def check_init_compute(
     solution_ops: Mapping[str, int], reference_ops: frozenset[str]
 ) -> list[tuple[str, str]]:
-    """Compute ops the solution's constructor dispatched that the reference's does not."""
+    """Compute ops that importing the solution module and building its model dispatched (the
+    sandbox audits both as one) that building the reference does not."""
     extra = sorted(set(solution_ops) - reference_ops)
     if not extra:
         return []
     return [
         (
             "init_compute",
-            f"the constructor computed with torch ({', '.join(extra[:5])}) beyond what the "
-            "task's Model does to initialise its parameters; compute in your kernels instead",
+            f"the module's import or the constructor computed with torch ({', '.join(extra[:5])})"
+            " beyond what the task's Model does to initialise its parameters; compute in your "
+            "kernels instead",
         )
     ]
 
 
 def check_tampering(tampered: list[str]) -> list[tuple[str, str]]:
-    if not tampered:
-        return []
-    return [("harness_tampered", "changed: " + ", ".join(sorted(set(tampered))[:6]))]
+    """The guard's findings: torch's process-wide state changed (``global_state``, said as
+    what it is), or the harness itself (``harness_tampered``)."""
+    state = sorted({t.split(": ", 1)[-1] for t in tampered if t.startswith(GLOBAL_STATE)})
+    harness = sorted({t for t in tampered if not t.startswith(GLOBAL_STATE)})
+    violations = []
+    if state:
+        violations.append(
+            (
+                "global_state",
+                "the solution changed torch's process-wide state ("
+                + "; ".join(state[:4])
+                + "): the sandbox makes the inputs and reads the outputs under it; leave "
+                "torch's defaults and backend flags as they are",
+            )
+        )
+    if harness:
+        violations.append(("harness_tampered", "changed: " + ", ".join(harness[:6])))
+    return violations
 
 
 def check_calls(
@@ -119,18 +153,19 @@ def glue_can_be_the_task(reference_source: str | None) -> bool:
 
 
 def _glue_bytes(evidence: CallEvidence, glue_is_task: bool) -> list[tuple[str, str]]:
-    """In a data-movement task, torch copies that move a large share of a call's bytes are
-    torch doing the task; in any other task they only cost runtime."""
+    """In a data-movement task, torch copies that move a large share of the data the task
+    moves are torch doing the task; in any other task they only cost runtime."""
     if not glue_is_task:
         return []
-    for copied, io in zip(evidence.copied_bytes, evidence.io_bytes, strict=True):
-        if copied > GLUE_BYTES_PER_IO_BYTE * max(io, 1):
+    for copied, moved in zip(evidence.copied_bytes, evidence.moved_bytes, strict=True):
+        if copied > GLUE_BYTES_PER_MOVED_BYTE * max(moved, 1):
             return [
                 (
                     "glue_budget",
                     f"the task only moves data, and torch copies/casts/padding moved {copied} "
-                    f"bytes in one call, more than {GLUE_BYTES_PER_IO_BYTE:g}x the {io} bytes "
-                    "of its inputs and outputs: move the data in your kernel",
+                    f"bytes in one call, more than {GLUE_BYTES_PER_MOVED_BYTE:g}x the {moved} "
+                    "bytes the task moves (the smaller of its inputs and outputs): move the data "
+                    "in your kernel",
                 )
             ]
     return []
@@ -275,6 +310,7 @@ def check_gpu_profile(
                 f"{MAX_GLUE_GPU_SHARE:.0%}): move the data in your kernel",
             )
         )
+    violations.extend(_host_copies(profile))
     current = profile["current_stream"]
     streams = sorted({k["stream"] for k in profile["kernels"] if k["stream"] != current})
     if streams:
@@ -293,3 +329,28 @@ def check_gpu_profile(
             )
         )
     return violations
+
+
+def _host_copies(profile: dict[str, Any]) -> list[tuple[str, str]]:
+    """Copies between the GPU and the host in the profiled calls: beyond a few scalars per
+    call, the work left the GPU for host code (copied out, computed there, copied back), which
+    neither the audit nor the kernel profile sees."""
+    copies = profile.get("host_copies", [])
+    if not copies:
+        return []
+    total = sum(
+        int(c["bytes"]) if c.get("bytes") is not None else float(c["us"]) * HOST_COPY_BYTES_PER_US
+        for c in copies
+    )
+    per_call = total / max(int(profile["calls"]), 1)
+    if per_call <= HOST_COPY_BYTES_PER_CALL:
+        return []
+    kinds = ", ".join(sorted({str(c["name"]).split(" (")[0] for c in copies}))
+    return [
+        (
+            "host_compute",
+            f"the profiled calls copied {per_call:.0f} bytes per call between the GPU and the "
+            f"host ({kinds}; at most {HOST_COPY_BYTES_PER_CALL} allowed): compute on the GPU in "
+            "your kernels, not in host code",
+        )
+    ]

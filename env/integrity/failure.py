@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# How the sandbox's guard names a change of torch's process-wide state (the default dtype, a
+# backend flag) among what it reports, so that the trusted side says it as ``global_state``.
+GLOBAL_STATE = "torch global state"
+
 
 @dataclass(frozen=True)
 class CheckFailure:

@@ -213,3 +213,23 @@ SIDE_STREAM_CUDA = re.compile(
 DISPATCH_HOOKS = frozenset({"__torch_function__", "__torch_dispatch__"})
 DISPATCH_MODULES = ("torch.overrides", "torch.utils._python_dispatch", "torch._subclasses")
 MEMO_DECORATORS = frozenset({"functools.cache", "functools.lru_cache", "functools.cached_property"})
+
+# Host code reaching device data, in a CUDA C++ source: the work copied to the host and done
+# there, out of every kernel's and profile's view. Copies whose direction reads the device from
+# the host (or is left to the runtime: ``cudaMemcpyDefault``), memory the host and the GPU
+# share (pinned, mapped, managed), CPU tensors and their accessors, and names looked up at run
+# time or pasted together (``dlsym``, ``##``), which hide which of these is called.
+HOST_ACCESS_CUDA = re.compile(
+    r"\b(\w*(?:DeviceToHost|DtoH|AtoH|ToHost)\w*|cudaMemcpyDefault|cudaMemcpy\w*FromSymbol\w*"
+    r"|cudaMemcpy\w*FromArray\w*|cuMemcpy(?:Async)?|cuMemcpy[23]D\w*|cudaMemcpy3D\w*"
+    r"|cudaMallocHost|cudaHostAlloc|cudaHostRegister|cudaHostGetDevicePointer|cudaMallocManaged"
+    r"|cuMemHostAlloc|cuMemAllocHost\w*|cuMemAllocManaged|cuMemHostRegister\w*"
+    r"|cuMemHostGetDevicePointer\w*|__managed__|cudaMemPrefetchAsync|cudaMemAdvise\w*"
+    r"|host_vector|pinned_memory|pin_memory|kCPU|accessor|dlsym|dlopen"
+    r"|cudaGetDriverEntryPoint\w*|cuGetProcAddress\w*)\b"
+    r'|\.\s*cpu\s*\(|DeviceType\s*::\s*CPU\b|"cpu(?::\d+)?"|##'
+)
+# A memory copy's runtime call: its direction must be named in the call (``cudaMemcpyHostToDevice``
+# or ``cudaMemcpyDeviceToDevice``), not passed as a number or a variable.
+CUDA_COPY_CALL = re.compile(r"\b(cudaMemcpy(?:Async|2D|2DAsync)?)\s*\(")
+CUDA_COPY_DIRECTIONS = ("HostToDevice", "DeviceToDevice")

@@ -9,15 +9,27 @@ small AST helpers the checks share.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 
 from kernelrl.env.parse import import_aliases
 
+# The longest string the checks fold. Folding runs on the trusted side over source a model
+# wrote: ``"{:>400000000}".format(x)`` or a chain of doublings would otherwise make the worker
+# build gigabytes. No name the checks look for is anywhere near this long.
+MAX_FOLDED_CHARS = 4096
+_FORMAT_WIDTH = re.compile(r"\d{5,}")
+
 
 def const_str(node: ast.AST | None, strings: dict[str, str] | None = None) -> str | None:
     """The value of a string expression built from constants (``"nan" + "sum"``, f-strings of
-    constants, ``"".join([...])``, slicing, case and replace), else ``None``."""
-    strings = strings or {}
+    constants, ``"".join([...])``, slicing, case and replace), else ``None``; ``None`` too for
+    anything longer than ``MAX_FOLDED_CHARS``, decided before it is built."""
+    text = _folded(node, strings or {})
+    return text if text is None or len(text) <= MAX_FOLDED_CHARS else None
+
+
+def _folded(node: ast.AST | None, strings: dict[str, str]) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.Name):
@@ -27,7 +39,10 @@ def const_str(node: ast.AST | None, strings: dict[str, str] | None = None) -> st
         if isinstance(node.op, ast.Add) and left is not None and right is not None:
             return left + right
         if isinstance(node.op, ast.Mult) and isinstance(node.right, ast.Constant):
-            return left * node.right.value if left is not None else None  # type: ignore[operator]
+            times = node.right.value
+            if left is None or not isinstance(times, int) or len(left) * times > MAX_FOLDED_CHARS:
+                return None
+            return left * times
         return None
     if isinstance(node, ast.JoinedStr):
         parts = []
@@ -64,8 +79,17 @@ def const_str(node: ast.AST | None, strings: dict[str, str] | None = None) -> st
             return None
         if None in args:
             return None
+        if node.func.attr == "format" and _FORMAT_WIDTH.search(base):
+            return None  # a width or precision that large only builds a huge string
+        if node.func.attr == "replace" and len(args) >= 2:
+            grows = base.count(args[0]) * max(len(args[1]) - len(args[0]), 0) if args[0] else 0
+            if len(base) + grows > MAX_FOLDED_CHARS:
+                return None
         if node.func.attr in ("lower", "upper", "strip", "lstrip", "rstrip", "replace", "format"):
-            return getattr(base, node.func.attr)(*args)
+            try:
+                return getattr(base, node.func.attr)(*args)
+            except (ValueError, IndexError, KeyError, TypeError):
+                return None  # not a constant the checks can read, like any other
     return None
 
 

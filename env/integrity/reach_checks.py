@@ -1,6 +1,6 @@
 """Static checks on what a solution reaches beyond its kernel: another compiler, patched
 modules, forbidden modules and builtins, introspection, side streams (deny-lists in
-``forbidden``)."""
+``forbidden``), torch's process-wide state (a class: ``global_state``)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from kernelrl.env.integrity.analysis import SolutionAnalysis
 from kernelrl.env.integrity.failure import CheckFailure, dedup
 from kernelrl.env.integrity.forbidden import (
     ALLOWED_DUNDERS,
+    CUDA_COPY_CALL,
+    CUDA_COPY_DIRECTIONS,
     DISPATCH_HOOKS,
     DISPATCH_MODULES,
     DYNAMIC_LOOKUP_CALLS,
     FORBIDDEN_BUILTINS,
     FORBIDDEN_MODULES,
     FORBIDDEN_TORCH_APIS,
+    HOST_ACCESS_CUDA,
     INTROSPECTION_ATTRIBUTES,
     NAME_TAKING_BUILTINS,
     OS_ALLOWED,
@@ -26,7 +29,8 @@ from kernelrl.env.integrity.forbidden import (
     SIDE_STREAM_CALLS,
     SIDE_STREAM_CUDA,
 )
-from kernelrl.env.integrity.names import flatten_targets, module_of
+from kernelrl.env.integrity.global_state import global_state_change
+from kernelrl.env.integrity.names import flatten_targets, module_of, parent_map
 from kernelrl.env.parse import cpp_extension_sources, strip_c_comments
 
 
@@ -284,3 +288,80 @@ def check_side_stream(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[Che
                         )
                     )
     return dedup(failures)
+
+
+def check_global_state(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
+    """Anywhere in the module, a reference (a call, a write, a value) to something that changes
+    torch's process-wide state (``global_state.global_state_change``), said as what it is."""
+    failures = []
+    parents = parent_map(analysis.tree)
+    for node in ast.walk(analysis.tree):
+        if not isinstance(node, ast.Attribute | ast.Name | ast.Call):
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            continue  # only the whole chain is judged
+        changed = global_state_change(analysis.resolve(node))
+        if changed:
+            failures.append(
+                CheckFailure(
+                    "global_state",
+                    f"{changed} changes torch's process-wide state (defaults, backend flags, "
+                    "deterministic algorithms, denormal flushing); the sandbox makes the inputs "
+                    "and reads the outputs under that state, so a solution must leave it as it "
+                    "is.",
+                    node.lineno,
+                )
+            )
+    return dedup(failures)
+
+
+def check_host_compute(analysis: SolutionAnalysis, ref_ops: set[str]) -> list[CheckFailure]:
+    """Host code that reaches device data in a compiled extension's source (``HOST_ACCESS_CUDA``;
+    a memory copy whose direction is not named as host-to-device or device-to-device), and in a
+    CUDA solution's Python a tensor moved to or made on the host (``.cpu()``, ``"cpu"``,
+    ``pin_memory``), which only host code in the extension could compute on."""
+    failures = []
+
+    def fail(what: str, lineno: int | None) -> None:
+        failures.append(
+            CheckFailure(
+                "host_compute",
+                f"{what}: the work must be done on the GPU by your kernels; host code that "
+                "reads device data (copies to the host, pinned, mapped or managed memory, CPU "
+                "tensors) computes where no check looks.",
+                lineno,
+            )
+        )
+
+    for _, sources in cpp_extension_sources(analysis.tree, analysis.names.imports):
+        for fragments in sources.values():
+            for text, lineno in fragments:
+                code = strip_c_comments(text)
+                match = HOST_ACCESS_CUDA.search(code)
+                if match:
+                    fail(f"{match.group(0)} in the CUDA source", lineno)
+                for call in CUDA_COPY_CALL.finditer(code):
+                    arguments = _call_arguments(code, call.end())
+                    named = any(d in arguments for d in CUDA_COPY_DIRECTIONS)
+                    if not named and not HOST_ACCESS_CUDA.search(arguments):  # not said above
+                        fail(f"{call.group(1)} without a named host-to-device direction", lineno)
+    if analysis.backend == "cuda":
+        for node in ast.walk(analysis.tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("cpu", "pin_memory"):
+                fail(f".{node.attr} in a CUDA solution", node.lineno)
+            elif isinstance(node, ast.keyword) and node.arg == "pin_memory":
+                fail("pin_memory in a CUDA solution", node.value.lineno)
+            elif isinstance(node, ast.Constant) and str(node.value).split(":")[0] == "cpu":
+                fail('the device "cpu" in a CUDA solution', node.lineno)
+    return dedup(failures)
+
+
+def _call_arguments(code: str, start: int) -> str:
+    """The text of a call's arguments, from just after its ``(`` to the matching ``)``."""
+    depth = 1
+    for index in range(start, len(code)):
+        depth += {"(": 1, ")": -1}.get(code[index], 0)
+        if depth == 0:
+            return code[start:index]
+    return code[start:]

@@ -68,6 +68,7 @@ GLUE_ATEN_OPS = frozenset(
         "unbind",
         "alias",
         "detach",
+        "detach_",
         "movedim",
         "swapaxes",
         "swapdims",
@@ -109,18 +110,8 @@ GLUE_ATEN_OPS = frozenset(
 # data-movement task's whole work to them.
 COPYING_ATEN_OPS = frozenset(
     "aten::" + name
-    for name in [
-        "clone",
-        "copy_",
-        "_copy_from",
-        "_copy_from_and_resize",
-        "_to_copy",
-        "contiguous",
-        "constant_pad_nd",
-        "pad",
-        "cat",
-        "stack",
-    ]
+    for name in ["clone", "copy_", "_copy_from", "_copy_from_and_resize", "_to_copy"]
+    + ["contiguous", "constant_pad_nd", "pad", "cat", "stack"]
 )
 
 
@@ -329,6 +320,7 @@ METADATA_OPS = frozenset(
         "enable_grad",
         "set_grad_enabled",
         "is_grad_enabled",
+        "set_printoptions",
         "is_inference_mode_enabled",
     ]
 )
@@ -338,6 +330,18 @@ GLUE_TORCH_OPS = ALLOCATION_OPS | VIEW_OPS | COPY_CAST_OPS | METADATA_OPS
 COPYING_TORCH_OPS = frozenset(
     ["clone", "copy_", "contiguous", "pad", "constant_pad_nd", "cat", "concat", "concatenate"]
     + ["stack", "to", "type", "type_as"]
+)
+
+# Ops that compute nothing but move, repeat or select data, beyond the glue above. A reference
+# made of these and glue only moves data (``compute_checks.is_data_movement``), so torch glue
+# in a solution could do its whole work; in a solution they stay compute: torch doing the moving.
+MOVEMENT_OPS = frozenset(
+    ["repeat", "tile", "repeat_interleave", "expand_copy", "broadcast_to", "narrow_copy"]
+    + ["flip", "fliplr", "flipud", "roll", "rot90", "diagonal", "diag_embed", "unfold"]
+    + ["index_select", "gather", "take", "take_along_dim", "masked_select"]
+    + ["pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle"]
+    + ["hstack", "vstack", "dstack", "column_stack", "row_stack", "moveaxis"]
+    + ["tensor_split", "hsplit", "vsplit", "dsplit", "permute_copy"]
 )
 
 # Fully qualified torch names outside the op namespaces that are plumbing, not compute.

@@ -4,8 +4,10 @@ and curation.
 ``local``: sandboxed subprocesses on this machine (its GPUs, or CPU slots); ``ray``: evaluation
 actors on the GPUs of a Ray cluster (a local Ray with logical GPUs when none is given and there is
 no GPU); ``service``: a running ``kernelrl env serve`` shared with other jobs. With
-``store_path`` a results store sits in front (``CachedPool``), so a completion already evaluated
-on this device with these library versions is not evaluated again; a service has its own store.
+``store_path`` a results store sits in front (``CachedPool``), so a completion already judged
+exactly as this pool would judge it (the task's tolerances and sizes, this device, these library
+versions, the pool's evaluation settings, this code: ``env/verdict_key.py``) is not evaluated
+again; a service has its own store.
 
 The pool modules are imported only for the kind asked for: choosing a pool in a recipe must not
 import torch or Ray.
@@ -65,7 +67,7 @@ def make_pool(
     from kernelrl.env.pools.cached import CachedPool
     from kernelrl.env.store import ResultsStore
 
-    return CachedPool(pool, ResultsStore(store_path))
+    return CachedPool(pool, ResultsStore(store_path), config)  # its settings are keyed
 
 
 @dataclass

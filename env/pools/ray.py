@@ -5,23 +5,22 @@ Ray does what Ray does: actors pinned to GPUs (``num_gpus=1``), restarted when t
 (the pool is one event loop over them). The pool's own part is small (``scheduler``): which
 evaluation runs next and where (longest-first), and blame isolation when a worker dies.
 
-- **Workers** (``ray_workers``): one async ``EvalWorker`` per GPU with ``per_gpu`` evaluations
-  in flight. Without GPUs the pool starts a local Ray with *logical* GPUs and the actors evaluate
-  on CPU under the Triton interpreter: the same code paths, scheduling and fault handling.
-  ``precheck_workers`` CPU actors run parse and static checks first, so a completion that fails
-  them never takes a GPU slot (GPU workers check too: a dead pre-checker costs the shortcut).
+- **Workers** (``ray_workers``): one async ``EvalWorker`` per GPU, ``per_gpu`` evaluations in
+  flight; without GPUs, a local Ray with *logical* GPUs whose actors evaluate on CPU under the
+  Triton interpreter (same code paths). ``precheck_workers`` CPU actors run parse and static
+  checks first, so a completion failing them takes no GPU slot (GPU workers check too).
 - **Faults.** Ray does not retry a call whose GPU worker died (``max_task_retries=0``): a blind
   retry would rerun a worker-killing solution beside innocent ones. What was in flight reruns
   *alone*; a solution that kills its worker ``max_retries`` + 1 times is answered
   ``runtime_error`` with the causes. A worker silent past ``timeout_s + eval_margin_s`` is killed
   and restarted the same way (given up as ``timeout``); one that stays dead is replaced
   (``max_replacements``). A ``harness_error`` is evaluated once more, from scratch.
-- **Backpressure and deadlines.** ``submit`` blocks while ``max_pending`` items are unresolved;
-  ``batch_timeout_s`` (per pool or per ``submit``) answers what is not done by then: ``timeout``
-  if it was running, ``harness_error`` if it still waited for a worker. ``close(timeout_s)``
-  answers what is left as ``harness_error``. Such verdicts of the pool carry
-  ``sandbox["pool_error"]`` (never served from a cache); every result records
-  ``phase_seconds["pool_queue"]`` and ``["pool_overhead"]`` (round trip beyond the evaluation).
+- **Backpressure, deadlines, cancellation.** ``submit`` blocks while ``max_pending`` items are
+  unresolved; ``batch_timeout_s`` (per pool or per ``submit``) answers what is not done by then:
+  ``timeout`` if it was running, ``harness_error`` if it still waited for a worker;
+  ``close(timeout_s)`` answers what is left as ``harness_error`` (verdicts with
+  ``sandbox["pool_error"]``, never cached). A future the caller cancels leaves the queue at once.
+  Every result records ``phase_seconds["pool_queue"]`` and ``["pool_overhead"]``.
 
 Every future resolves exactly once, on the pool's event-loop thread: a done-callback must not
 block on ``submit``.
@@ -106,12 +105,10 @@ class RayPool(SubmitPool):
         ready_timeout_s: float = 300.0,
     ) -> None:
         """``workers``: GPU actors (default: every GPU of the cluster). ``address``: a Ray
-        cluster to join ("auto" or "host:port"); without one, an already initialised Ray is
-        used, else a local instance is started, declaring ``logical_gpus`` (default
-        ``workers`` or 1) when this machine has no GPU. ``store_path``: a ResultsStore file the
-        workers share reference timings through (on several nodes: a shared filesystem); its
-        past evaluation times seed the scheduler's cost estimates, as ``task_seconds`` (seconds
-        per task hash) do."""
+        cluster to join ("auto", "host:port"); else an initialised Ray, else a local one with
+        ``logical_gpus`` (default ``workers`` or 1) on a machine without GPUs. ``store_path``:
+        a ResultsStore the workers share reference timings through; its past evaluation times
+        seed the scheduler's cost estimates, as ``task_seconds`` (per task hash) do."""
         import ray
 
         self.config = own_config(config or EvalConfig(), per_gpu)
@@ -137,18 +134,14 @@ class RayPool(SubmitPool):
             runtime_env=runtime_env,
         )
         try:
-            first = self._fleet.ready(ready_timeout_s)
-            self.device, self.device_name = first["device"], first["device_name"]
-            self.versions: dict[str, str] = first["versions"]
-            self._where = (self.device, self.device_name, self.versions)
-            self._fleet.start_checkers(
-                precheck_workers, self.config.static_checks, self._where,
-                max_restarts, runtime_env, ready_timeout_s,
-            )  # fmt: skip
+            first = self._fleet.start(precheck_workers, self.config.static_checks, max_restarts,
+                                      runtime_env, ready_timeout_s)  # fmt: skip
         except Exception:
-            self._fleet.kill()
             self._shutdown_ray()
             raise
+        self.device, self.device_name = first["device"], first["device_name"]
+        self.versions: dict[str, str] = first["versions"]
+        self._where = (self.device, self.device_name, self.versions)
         self._workers = self._fleet.workers
 
         seconds: dict[str, float] = {}
@@ -161,6 +154,10 @@ class RayPool(SubmitPool):
         self._scheduler = Scheduler(max_retries)
         for worker in self._workers:
             self._scheduler.add_worker(worker.index, per_gpu)
+        self._start_loop(max_pending)
+
+    def _start_loop(self, max_pending: int) -> None:
+        """The bookkeeping of jobs and the event-loop thread every future resolves on."""
         self._keys, self._batches = itertools.count(), itertools.count()
         self._room = threading.BoundedSemaphore(max_pending)
         self._admission = threading.Lock()
@@ -176,9 +173,8 @@ class RayPool(SubmitPool):
         self._recent: collections.deque[float] = collections.deque(maxlen=10_000)
         self._started = time.time()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="kernelrl-ray-pool", daemon=True
-        )
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kernelrl-ray-pool",
+                                        daemon=True)  # fmt: skip
         self._thread.start()
 
     # ------------------------------------------------------------------ public interface
@@ -187,8 +183,7 @@ class RayPool(SubmitPool):
         return len(self._workers) * self.per_gpu
 
     def actor(self, index: int) -> Any:
-        """The Ray actor handle of worker ``index`` (as numbered in ``stats()``), for operators
-        and fault-injection tests."""
+        """Worker ``index``'s actor handle (as in ``stats()``), for operators and fault tests."""
         return self._workers[index].handle
 
     def submit(
@@ -227,8 +222,8 @@ class RayPool(SubmitPool):
         return self._snapshot_now()
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Finish what was submitted (answering what is left after ``timeout_s`` as
-        ``harness_error``), then stop the actors and the Ray instance this pool started."""
+        """Finish what was submitted (what is left after ``timeout_s``: ``harness_error``),
+        then stop the actors and the Ray instance this pool started."""
         with self._admission:
             if self._closing:
                 return
@@ -248,8 +243,7 @@ class RayPool(SubmitPool):
         self._unresolved.add(job)
         if item.deadline is not None:
             item.timer = self._loop.call_at(item.deadline, self._expire, job)
-        # A caller that gives up (an HTTP client that disconnected) cancels its future: the
-        # item leaves the queue at once, so it neither takes a worker nor holds max_pending room.
+        # A caller that gives up cancels its future: out of the queue, no worker, no room held.
         item.future.add_done_callback(lambda future: self._on_cancel(future, job))
         if self._fleet.checkers:
             self._spawn(self._precheck(job))
@@ -395,15 +389,13 @@ class RayPool(SubmitPool):
         status = Status.TIMEOUT if running else Status.HARNESS_ERROR
         self._resolve(job, self._verdict(job, status, why, "batch_timeout"))
 
-    def _on_cancel(self, future: Future, job: Job) -> None:
-        """Done-callback of an item's future, on whichever thread cancelled it."""
+    def _on_cancel(self, future: Future, job: Job) -> None:  # on the cancelling thread
         if future.cancelled():
             with contextlib.suppress(RuntimeError):  # the pool's loop is closed: nothing left
                 self._loop.call_soon_threadsafe(self._withdrawn, job)
 
     def _withdrawn(self, job: Job) -> None:
-        """The caller cancelled the item before a worker took it (a running item cannot be
-        cancelled: its future is running): out of the queue and resolved, nothing evaluated."""
+        """Cancelled before a worker took it (a running future cannot be): out of the queue."""
         if job.payload.done:
             return
         self._stats["cancelled"] += 1
@@ -463,9 +455,9 @@ class RayPool(SubmitPool):
     def _task_done(self, task: asyncio.Task) -> None:
         """Never leave a future hanging, whatever broke."""
         self._tasks.discard(task)
-        if task.cancelled() or task.exception() is None:
+        exc = None if task.cancelled() else task.exception()
+        if exc is None:
             return
-        exc = task.exception()
         log.error("kernelrl ray pool failed", exc_info=exc)
         why = f"the pool failed: {type(exc).__name__}: {exc}"
         for job in list(self._unresolved):

@@ -182,6 +182,22 @@ class Fleet:
         self.checkers: list[Checker] = []
         self._idle: asyncio.Queue[Checker] = asyncio.Queue()
 
+    def start(
+        self, precheck_workers: int, static_checks: bool, max_restarts: int,
+        runtime_env: dict[str, Any] | None, timeout_s: float,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Wait for the GPU actors, then start the pre-check actors (as the GPU workers
+        check); if any fails, every actor is killed. The first worker's ``info``."""
+        try:
+            first = self.ready(timeout_s)
+            where = (first["device"], first["device_name"], first["versions"])
+            self.start_checkers(precheck_workers, static_checks, where, max_restarts,
+                                runtime_env, timeout_s)  # fmt: skip
+        except Exception:
+            self.kill()
+            raise
+        return first
+
     def ready(self, timeout_s: float) -> dict[str, Any]:
         """Wait for every actor's constructor; the first worker's ``info``."""
         infos = wait_ready([w.handle.info.remote() for w in self.workers], timeout_s)

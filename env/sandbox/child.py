@@ -166,6 +166,10 @@ def main() -> None:
     except BaseException as exc:  # noqa: BLE001 - every failure is reported, none kills silently
         with contextlib.suppress(OSError):
             report_failure(sock, exc, worker.phase if worker else {})
+        # Alive until the worker hangs up: it reads this process's GPU memory from the driver
+        # to tell whether the device was short (an exit now would free it under its eyes).
+        with contextlib.suppress(Exception):
+            recv_message(sock)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,5 +1,6 @@
-"""A sandboxed child seen from the worker: feeding it, watching its clock and memory, pausing
-and killing every process it has, and saying how it ended."""
+"""A sandboxed child seen from the worker: feeding it, watching its clock, its host memory and
+(through the driver) its GPU memory, pausing and killing every process it has, and saying how
+it ended."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from kernelrl.env.sandbox import cgroups
 from kernelrl.env.sandbox.fork_server import ForkedProcess
+from kernelrl.env.sandbox.gpu_memory import GIB, GpuShare
 from kernelrl.env.sandbox.protocol import (
     ProtocolError,
     recv_exactly_into,
@@ -75,9 +77,12 @@ class Child:
     def send(self, message: dict[str, Any]) -> None:
         send_message(self.sock, message)
 
-    def receive(self, deadline: float, max_rss_bytes: int | None = None) -> dict[str, Any]:
-        """Next message, watching the clock and the child's memory while waiting."""
-        self._wait_readable(deadline, max_rss_bytes)
+    def receive(
+        self, deadline: float, max_rss_bytes: int | None = None, gpu: GpuShare | None = None
+    ) -> dict[str, Any]:
+        """Next message, watching the clock and the child's memory (host, and with ``gpu`` its
+        share of the GPU) while waiting."""
+        self._wait_readable(deadline, max_rss_bytes, gpu)
         try:
             return recv_message(self.sock)
         except (EOFError, ConnectionError):
@@ -87,10 +92,14 @@ class Child:
             raise ChildDied(f"sent a malformed message ({exc})") from None
 
     def receive_into(
-        self, buffer: memoryview, deadline: float, max_rss_bytes: int | None = None
+        self,
+        buffer: memoryview,
+        deadline: float,
+        max_rss_bytes: int | None = None,
+        gpu: GpuShare | None = None,
     ) -> None:
         """Raw bytes that follow a message (a tensor's chunk), under the same watch."""
-        self._wait_readable(deadline, max_rss_bytes)
+        self._wait_readable(deadline, max_rss_bytes, gpu)
         self.sock.settimeout(max(deadline - time.monotonic(), 0.05))
         try:
             recv_exactly_into(self.sock, buffer)
@@ -102,8 +111,11 @@ class Child:
         finally:
             self.sock.settimeout(None)
 
-    def _wait_readable(self, deadline: float, max_rss_bytes: int | None) -> None:
+    def _wait_readable(
+        self, deadline: float, max_rss_bytes: int | None, gpu: GpuShare | None = None
+    ) -> None:
         while True:
+            self._watch_gpu(gpu)  # also when messages come fast: it looks every 0.2 s at most
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.kill("timeout")
@@ -118,6 +130,23 @@ class Child:
                 raise ChildDied(
                     f"exceeded the host memory limit of {max_rss_bytes / 2**30:.1f} GiB"
                 )
+
+    def _watch_gpu(self, gpu: GpuShare | None) -> None:
+        """Kill a child that holds more GPU memory than was admitted for it: memory promised
+        to other evaluations, whose out-of-memory errors would otherwise read as ours."""
+        if gpu is None:
+            return
+        held = gpu.over_share(self.pids())
+        if held is not None:
+            self.kill("gpu memory")
+            raise ChildDied(
+                f"held {held / GIB:.2f} GiB of GPU memory, more than the {gpu.admitted / GIB:.2f} "
+                "GiB admitted for this evaluation, and was killed"
+            )
+
+    def pids(self) -> list[int]:
+        """The ids, in this process's PID namespace, of every process of the child."""
+        return self._tree()
 
     def _tree(self) -> list[int]:
         """The child's process and all its descendants: with a PID namespace the process we
@@ -157,6 +186,8 @@ class Child:
             return "closed its channel and hung; killed"
         if self.killed_for == "memory":
             return "exceeded the memory limit and was killed"
+        if self.killed_for == "gpu memory":
+            return "held more GPU memory than was admitted for it and was killed"
         if self.killed_for == "start timeout":
             return "did not finish its start in time and was killed"
         if getattr(self.process, "lost_with_server", False):

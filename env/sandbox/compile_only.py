@@ -1,5 +1,5 @@
-"""Solutions on a machine without a GPU: CUDA C++ compiled with nvcc, never loaded or run;
-Triton's libdevice functions made to say that they need a GPU."""
+"""Solutions on a machine without a GPU: CUDA C++ compiled with nvcc, never loaded or run (its
+functions say they need a GPU when called); Triton's libdevice functions made to say that too."""
 
 from __future__ import annotations
 
@@ -9,6 +9,26 @@ from typing import Any
 
 class CompiledOnly(RuntimeError):
     """CUDA C++ that could be compiled here but not run: the child answers ``not_run``."""
+
+
+class CompiledExtension:
+    """What ``load_inline`` gives a solution on a machine without a GPU: every function of the
+    extension raises ``CompiledOnly`` when called. The forward still runs under the audit up to
+    its first call into CUDA code, so what it does before (torch compute) is judged; only a
+    forward that reaches that call with nothing else found ends ``not_run``."""
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        reason = self._reason
+
+        def needs_a_gpu(*_: Any, **__: Any) -> None:
+            raise CompiledOnly(reason)
+
+        return needs_a_gpu
 
 
 class GpuOnly(NotImplementedError):
@@ -54,7 +74,9 @@ def stub_load_inline_for_cpu(scratch: str) -> None:
     def compile_only(name, cpp_sources=None, cuda_sources=None, **_: Any):
         nvcc = shutil.which("nvcc")
         if nvcc is None:
-            raise CompiledOnly("nvcc is not installed on this machine: CUDA source not compiled")
+            return CompiledExtension(
+                "nvcc is not installed on this machine: CUDA source not compiled"
+            )
         sources = cuda_sources if isinstance(cuda_sources, list | tuple) else [cuda_sources or ""]
         src = Path(scratch) / f"{name}.cu"
         src.write_text("#include <torch/extension.h>\n" + "\n".join(sources))
@@ -64,7 +86,7 @@ def stub_load_inline_for_cpu(scratch: str) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         missing = _missing_toolkit_header(proc.stderr, cpp_extension.include_paths())
         if proc.returncode != 0 and missing:
-            raise CompiledOnly(
+            return CompiledExtension(
                 f"this machine's CUDA toolkit lacks {missing}, which torch's own headers include; "
                 "the source can only be compiled and run on a GPU machine"
             )
@@ -74,7 +96,7 @@ def stub_load_inline_for_cpu(scratch: str) -> None:
                 f"Error building extension '{name}':\n"
                 + "\n".join(errors[:20] or [proc.stderr[-3000:]])
             )
-        raise CompiledOnly("CUDA source compiled with nvcc; executing it needs a GPU")
+        return CompiledExtension("CUDA source compiled with nvcc; executing it needs a GPU")
 
     cpp_extension.load_inline = compile_only
 

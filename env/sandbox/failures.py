@@ -1,5 +1,9 @@
-"""How a failure inside the sandboxed child is told apart and reported: the solution's own
-(compile or runtime error, with its traceback) or ours (the harness, the task, its inputs)."""
+"""How a failure inside the sandboxed child is reported: the solution's own (compile or runtime
+error, with its traceback) or one of the harness's steps (loading the task, making its inputs).
+
+The child only reports; the worker decides whose failure it is (``kernelrl.env.attribution``):
+a step of the harness that fails once solution code has run in the child is no evidence of a
+failure of ours, since the solution shares the child's interpreter, memory and tensors."""
 
 from __future__ import annotations
 
@@ -8,15 +12,15 @@ import traceback
 
 import torch
 
-from kernelrl.env.sandbox.compile_only import GpuOnly
+from kernelrl.env.sandbox.compile_only import CompiledOnly, GpuOnly
 from kernelrl.env.sandbox.protocol import send_message
 
 
 class HarnessFailure(RuntimeError):
-    """Our own code failed in the sandbox: never a verdict on the solution. ``stage`` says
-    where: ``task`` (loading the task), ``inputs`` (its get_inputs) or ``harness``; the worker
-    decides what each means for it (the evaluator: ours; curation, validating the task: the
-    task's)."""
+    """A step of the harness failed in the sandbox. ``stage`` says where: ``task`` (loading
+    the task), ``inputs`` (its get_inputs) or ``harness``; the worker decides what each means
+    for it (the evaluator: ours only while no solution code has run; curation, validating the
+    task: the task's)."""
 
     def __init__(self, message: str, stage: str = "harness") -> None:
         super().__init__(message)
@@ -100,35 +104,57 @@ def _raised_in_triton(exc: BaseException, path: str) -> bool:
     return bool(frames) and path in frames[-1].filename
 
 
-def solution_failure(exc: BaseException, admitted_bytes: int | None) -> Exception:
-    """What the solution's own code raised, said as the solution's fault, except a GPU out of
-    memory when the device no longer had the share admitted for this evaluation (what this
-    process holds plus what is free is less than it was promised): other work on the shared GPU
-    took it, which is ours to schedule. A solution that asks for more than its share, with its
-    share still there, ran out of memory by itself."""
-    unsupported = interpreter_cannot_run(exc)
+def solution_failure(exc: BaseException) -> Exception:
+    """What the solution's own code raised, said as the solution's fault; ``not_run`` where it
+    needs what only a GPU can run. A GPU out of memory is reported as the solution's too, with
+    ``out_of_memory`` set: only the worker, which sees the device and this process's share of
+    it from outside (``sandbox.gpu_memory``), can tell whether other work took that share."""
+    unsupported = gpu_only_reason(exc)
     if unsupported:
         return NotRunHere(unsupported)
-    if isinstance(exc, torch.OutOfMemoryError) and admitted_bytes is not None:
-        free, _ = torch.cuda.mem_get_info()
-        available = torch.cuda.memory_reserved() + free
-        if available < admitted_bytes:
-            return HarnessFailure(
-                f"the GPU ran out of memory with {available / 2**30:.1f} GiB left to this "
-                f"evaluation of the {admitted_bytes / 2**30:.1f} GiB admitted for it: other "
-                "work on the GPU took the rest"
-            )
     return SolutionFailure(compile_error_stage(exc), exc)
+
+
+def gpu_only_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` says the code needs a GPU (Triton's interpreter, CUDA C++ compiled only)."""
+    if type(exc) is CompiledOnly:
+        return str(exc)
+    return interpreter_cannot_run(exc)
+
+
+def out_of_memory(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is a GPU out of memory: a claim
+    the worker weighs against what it sees itself. Read off the type and the base class's own
+    slots, so that nothing the solution defined runs."""
+    cause = BaseException.__dict__["__cause__"]
+    context = BaseException.__dict__["__context__"]
+    for _ in range(8):
+        if exc is None:
+            return False
+        if issubclass(type(exc), torch.OutOfMemoryError):
+            return True
+        exc = cause.__get__(exc) or context.__get__(exc)
+    return False
 
 
 def report_failure(sock: socket.socket, exc: BaseException, phase: dict[str, float]) -> None:
     if type(exc) is NotRunHere:
         message = {"type": "not_run", "reason": str(exc)}
     elif isinstance(exc, SolutionFailure):
-        message = {"type": "error", "stage": exc.stage, "error": short_traceback(exc.cause)}
-    else:  # the harness itself failed: say so, never a verdict on the solution
+        message = {
+            "type": "error",
+            "stage": exc.stage,
+            "error": short_traceback(exc.cause),
+            "out_of_memory": out_of_memory(exc.cause),
+        }
+    else:  # a step of the harness failed: the worker decides whose failure that is
         where = traceback.extract_tb(exc.__traceback__)[-1:] or []
         at = f" (at {where[0].name}:{where[0].lineno})" if where else ""
         stage = exc.stage if isinstance(exc, HarnessFailure) else "harness"
-        message = {"type": "error", "stage": stage, "error": f"{exc!r}{at}"[-2000:]}
+        message = {
+            "type": "error",
+            "stage": stage,
+            "error": f"{exc!r}{at}"[-2000:],
+            "out_of_memory": out_of_memory(exc),
+        }
     send_message(sock, {**message, "phase": phase})

@@ -80,9 +80,14 @@ def make_inputs(module: types.ModuleType, seed: int, device: torch.device) -> li
     return [x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
-# The profiler range around the harness's own input generation during timing: its ops are the
-# harness's, not the solution's (``job.aten_compute`` leaves them out).
-INPUTS_RANGE = "kernelrl::timed_inputs"
+# The profiler range around the harness's own work during timing and profiling (new input
+# contents, the copies of kept outputs): its ops, and the GPU kernels they launch, are the
+# harness's, not the solution's (``timed_run.aten_compute`` and ``profile_kernels`` leave them
+# out).
+HARNESS_RANGE = "kernelrl::harness"
+# Timing input sets whose kept output (one of its timed calls, drawn after the fact) the trusted
+# side compares with the reference; the memory plan (``admission``) counts a copy of each.
+TIMED_OUTPUTS_CHECKED = 2
 
 
 class TimedInputs:
@@ -95,6 +100,11 @@ class TimedInputs:
     can remake the inputs of any timed call whose output it checks. New contents are copied
     into the set's own tensors, so a placement keeps its memory (a memory-bound kernel's time
     depends on it); only when a second copy does not fit are the old tensors dropped first.
+
+    The solution holds these tensors between refreshes and may have changed them (marked them
+    as requiring grad, restrided them, swapped or freed their storage): a tensor is copied into
+    only while it is still exactly as it was made, else it is replaced. Whatever the solution
+    did, a refresh does not fail because of it.
     """
 
     def __init__(self, make: Callable[[int], list[Any]], first_seed: int, count: int) -> None:
@@ -109,6 +119,7 @@ class TimedInputs:
             except torch.cuda.OutOfMemoryError:
                 break
         self.versions = [0] * len(self.sets)
+        self.made = [[_as_made(value) for value in inputs] for inputs in self.sets]
         self.dropped: list[weakref.ref] = []
 
     def seed(self, placement: int, version: int) -> int:
@@ -117,17 +128,24 @@ class TimedInputs:
     def refresh(self, placement: int) -> None:
         self.versions[placement] += 1
         seed = self.seed(placement, self.versions[placement])
-        with torch.profiler.record_function(INPUTS_RANGE):
+        with torch.no_grad(), torch.profiler.record_function(HARNESS_RANGE):
             try:
                 fresh = self.make(seed)
             except torch.cuda.OutOfMemoryError:
                 self.dropped = [weakref.ref(t) for t in tensors_in(self.sets[placement])]
                 self.sets[placement] = []
-                self.sets[placement] = self.make(seed)
-                return
-            self.sets[placement] = [
-                _copied_into(old, new) for old, new in zip(self.sets[placement], fresh, strict=True)
-            ]
+                fresh = self.make(seed)
+                self.sets[placement] = fresh
+            else:
+                self.sets[placement] = [
+                    old.copy_(new)
+                    if _unchanged(old, made) and _layout(old) == _layout(new)
+                    else new
+                    for old, new, made in zip(
+                        self.sets[placement], fresh, self.made[placement], strict=True
+                    )
+                ]
+            self.made[placement] = [_as_made(value) for value in self.sets[placement]]
 
     def dropped_held(self) -> bool:
         """Whether the model still holds contents a ``refresh`` without room for a second copy
@@ -135,17 +153,30 @@ class TimedInputs:
         return any(ref() is not None for ref in self.dropped)
 
 
-def _copied_into(old: Any, new: Any) -> Any:
-    """``new``'s values in ``old``'s memory when both are tensors of one layout, else ``new``."""
-    same_layout = (
-        type(old) is torch.Tensor
-        and type(new) is torch.Tensor
-        and (old.shape, old.stride(), old.dtype, old.device)
-        == (new.shape, new.stride(), new.dtype, new.device)
+def _layout(value: Any) -> tuple[Any, ...] | None:
+    """A plain tensor's layout and the size of its storage; ``None`` for anything a refresh
+    never copies into (not exactly a tensor, or one that requires grad)."""
+    if type(value) is not torch.Tensor or value.requires_grad or value.is_inference():
+        return None
+    return (
+        tuple(value.shape),
+        value.stride(),
+        value.storage_offset(),
+        value.dtype,
+        value.device,
+        value.untyped_storage().nbytes(),
     )
-    if not same_layout:
-        return new
-    return old.copy_(new)
+
+
+def _unchanged(value: Any, made: tuple[Any, ...] | None) -> bool:
+    return made is not None and _as_made(value) == made
+
+
+def _as_made(value: Any) -> tuple[Any, ...] | None:
+    """``_layout`` and where the storage is: a tensor whose record changed since the harness
+    made it was changed by the solution (restrided, storage swapped or resized)."""
+    layout = _layout(value)
+    return None if layout is None else (*layout, value.untyped_storage().data_ptr())
 
 
 def seed_generators(seed: int, device: torch.device) -> None:

@@ -28,12 +28,17 @@ whatever the host permits (each step is reported in ``Isolation.describe``, none
   with the worker, so a killed worker or waiter takes the whole namespace along. Init also
   inherits every orphan of the namespace, so the waiter's process tree is the whole
   evaluation: where no cgroup can be had, the worker pauses and kills that tree by signals.
-- **Mount namespace**: every mount read-only and nosuid, a private tmpfs over ``/tmp`` and
-  ``/dev/shm`` (other evaluations' scratch directories live there), the scratch directory (the
-  cwd) bound back writable, and a fresh ``/proc`` that shows the namespace's processes only.
-  Device files stay usable on a read-only mount (writes to a device are not writes to the
-  filesystem): /dev/nvidia* keep working; /sys and /proc/driver stay readable. The cgroup
-  filesystem is read-only too: no process can leave its cgroup or thaw it.
+- **Mount namespace**: a root of the child's own (``isolation_view``) that holds only what it
+  needs, read-only and nosuid: the system trees, the interpreter and its packages, kernelrl's
+  environment code, a few devices (/dev/nvidia* on a GPU), /sys; a private tmpfs over ``/tmp``
+  and ``/dev/shm`` (other evaluations' scratch directories live there), the scratch directory
+  (the cwd) bound back writable, and a fresh ``/proc`` that shows the namespace's processes
+  only. The host's root is detached, so no socket file or writable folder of the host (in
+  ``/var/tmp``, ``/run``, a home) is reachable, read-only or not. Device files stay usable on a
+  read-only mount (writes to a device are not writes to the filesystem). The cgroup filesystem
+  is read-only too: no process can leave its cgroup or thaw it. Where the host refuses the own
+  root, the host's tree is shown read-only instead (``isolation_mounts``), and the report says
+  that its socket files are reachable.
 - **User**: a uid/gid of its own, unused by anyone else (``SANDBOX_UID_BASE`` + the waiter's
   pid), owner of the scratch directory; supplementary groups only those of GPU device files
   that are not open to everyone; ``PR_SET_NO_NEW_PRIVS``. If that user could not read the
@@ -51,8 +56,8 @@ import sys
 from dataclasses import dataclass, field
 
 from kernelrl.env.sandbox import cgroups
-from kernelrl.env.sandbox.isolation_mounts import confine_filesystem
 from kernelrl.env.sandbox.isolation_user import drop_privileges, needed_paths
+from kernelrl.env.sandbox.isolation_view import confine_filesystem
 from kernelrl.env.sandbox.linux import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -259,8 +264,8 @@ def isolate(parent_pid: int) -> Isolation:
 
     if flags & CLONE_NEWNS:
         try:
-            needed = [] if in_user_ns else [p for p, _ in needed_paths(device)]
-            report.filesystem = confine_filesystem(scratch, in_pid_ns, needed)
+            needed = [p for p, _ in needed_paths(device)]
+            report.filesystem = confine_filesystem(scratch, in_pid_ns, needed, device)
         except OSError as exc:
             report.filesystem = f"partly confined ({exc})"
     report.user = drop_privileges(scratch, uid, in_user_ns, device)

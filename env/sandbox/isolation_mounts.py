@@ -1,6 +1,8 @@
-"""The child's own view of the filesystem, in its mount namespace (``isolation``): everything
-read-only and nosuid, a private tmpfs over ``/tmp`` and ``/dev/shm``, the scratch directory
-writable, its own ``/proc``, and what a user who is not root needs made reachable."""
+"""Mount helpers of the child's filesystem (``isolation_view``), and the host view it falls back
+to where the host refuses a root of the child's own: the host's tree with every mount read-only
+and nosuid, a private tmpfs over ``/tmp`` and ``/dev/shm``, the scratch directory writable, its
+own ``/proc``, and what a user who is not root needs made reachable. That view stops writes,
+not connections to the host's Unix socket files: its report says so."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from kernelrl.env.sandbox.linux import (
     MS_NODIRATIME,
     MS_NOEXEC,
     MS_NOSUID,
-    MS_PRIVATE,
     MS_RDONLY,
     MS_REC,
     MS_RELATIME,
@@ -41,7 +42,7 @@ def _mount_points() -> list[tuple[str, str]]:
     return sorted(points.items(), key=lambda item: item[0].count("/"))
 
 
-def _flags_of(path: str) -> int:
+def flags_of(path: str) -> int:
     """The mount flags of the mount at ``path``, as mount(2) flags (a bind remount must keep
     those that a user namespace locks: nosuid, nodev, noexec, atime)."""
     vfs = os.statvfs(path).f_flag
@@ -108,7 +109,7 @@ def _mount_own_proc() -> None:
         for point, fd in handles:
             with contextlib.suppress(OSError):
                 mount(f"/proc/self/fd/{fd}", point, None, MS_BIND)
-                flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | _flags_of(point)
+                flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | flags_of(point)
                 mount(None, point, None, flags)
     finally:
         for _, fd in handles:
@@ -130,46 +131,52 @@ def _bind_back_read_only(kept: dict[str, int]) -> None:
     for path, fd in kept.items():
         os.makedirs(path, exist_ok=True)
         mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | _flags_of(path))
+        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | flags_of(path))
 
 
-def confine_filesystem(scratch: str, own_proc: bool, needed: list[str]) -> str:
-    """Read-only everything, private /tmp and /dev/shm, scratch writable, own /proc; the
-    ``needed`` paths reachable for a user who is not root."""
-    scratch_fd = os.open(scratch, os.O_PATH | os.O_DIRECTORY)
-    try:
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        covered = _expose_needed(needed)
-        left_writable = []
-        for point, fstype in _mount_points():
-            if fstype == "autofs" or point.startswith("/proc/"):  # never trigger an automount
-                continue
+def read_only_everywhere() -> list[str]:
+    """Remount every mount of this namespace read-only and nosuid (autofs and /proc's own
+    aside); returns the mount points that refused."""
+    left_writable = []
+    for point, fstype in _mount_points():
+        if fstype == "autofs" or point.startswith("/proc/"):  # never trigger an automount
+            continue
+        try:
+            mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | flags_of(point))
+        except OSError:
+            if os.path.exists(point):
+                left_writable.append(point)
+    return left_writable
+
+
+def proc_submounts() -> list[str]:
+    """The host's mounts inside /proc (a container's masks, /proc/driver/nvidia)."""
+    return [p for p, fstype in _mount_points() if p.startswith("/proc/") and fstype != "autofs"]
+
+
+def confine_host_view(scratch: str, scratch_fd: int, own_proc: bool, needed: list[str]) -> str:
+    """The host's tree, already read-only (``read_only_everywhere``): private /tmp and
+    /dev/shm, scratch (``scratch_fd``) bound back writable, own /proc; the ``needed`` paths
+    reachable for a user who is not root."""
+    covered = _expose_needed(needed)
+    private = []
+    for point in PRIVATE_TMPFS:
+        if os.path.isdir(point) and not os.path.islink(point):
+            kept = _open_code_under(point, needed)
+            options = f"size={PRIVATE_TMPFS_BYTES},mode=1777"
             try:
-                flags = _flags_of(point)
-                mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | flags)
-            except OSError:
-                if os.path.exists(point):
-                    left_writable.append(point)
-        private = []
-        for point in PRIVATE_TMPFS:
-            if os.path.isdir(point) and not os.path.islink(point):
-                kept = _open_code_under(point, needed)
-                options = f"size={PRIVATE_TMPFS_BYTES},mode=1777"
-                try:
-                    mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, options)
-                    _bind_back_read_only(kept)
-                finally:
-                    for fd in kept.values():
-                        os.close(fd)
-                private.append(point)
-        if not os.path.isdir(scratch):
-            os.makedirs(scratch)
-        mount(f"/proc/self/fd/{scratch_fd}", scratch, None, MS_BIND)
-        keep = _flags_of(scratch) & ~MS_RDONLY
-        mount(None, scratch, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | keep)
-        os.chdir(scratch)  # the old cwd is the read-only mount underneath
-    finally:
-        os.close(scratch_fd)
+                mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, options)
+                _bind_back_read_only(kept)
+            finally:
+                for fd in kept.values():
+                    os.close(fd)
+            private.append(point)
+    if not os.path.isdir(scratch):
+        os.makedirs(scratch)
+    mount(f"/proc/self/fd/{scratch_fd}", scratch, None, MS_BIND)
+    keep = flags_of(scratch) & ~MS_RDONLY
+    mount(None, scratch, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | keep)
+    os.chdir(scratch)  # the old cwd is the read-only mount underneath
     proc = "host /proc (read-only)"
     if own_proc:
         try:
@@ -177,9 +184,7 @@ def confine_filesystem(scratch: str, own_proc: bool, needed: list[str]) -> str:
             proc = "own /proc"
         except OSError as exc:
             proc = f"host /proc (read-only; own /proc failed: {exc.strerror})"
-    text = "read-only except the scratch dir"
-    if left_writable:
-        text += f" (left writable: {', '.join(left_writable[:5])})"
+    text = "read-only except the scratch dir (host view)"
     text += f"; private tmpfs on {', '.join(private) or 'nothing'}; {proc}"
     if covered:
         text += f"; only what the child needs left in {', '.join(covered)}"

@@ -15,16 +15,32 @@ from kernelrl.env.sandbox.linux import PR_SET_NO_NEW_PRIVS, load_libc, prctl
 _CAPABILITY_VERSION_3 = 0x20080522
 
 
+def is_package_folder(path: str) -> bool:
+    """Whether a folder on ``sys.path`` holds installed packages (the interpreter's own, or
+    any with ``*.dist-info``/``*.egg-info``: site-packages, carried packages such as
+    ``/tmp/site`` on a GPU host), rather than being on the path for another reason (a script's
+    folder, a test suite's, a home): only those are the child's to see."""
+    real = os.path.realpath(path)
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    if any(real.startswith(os.path.realpath(p).rstrip("/") + "/") for p in prefixes):
+        return True
+    try:
+        names = os.listdir(real)
+    except OSError:
+        return False
+    return any(name.endswith((".dist-info", ".egg-info")) for name in names)
+
+
 def needed_paths(device: str) -> list[tuple[str, int]]:
-    """What the sandbox's user must be able to use for the child to work at all, with how."""
+    """What the sandbox's user must be able to use for the child to work at all, with how:
+    the interpreter, torch, Triton and kernelrl, and the package folders on ``sys.path``."""
     code = os.R_OK | os.X_OK
     paths = [(sys.executable, code), (os.path.dirname(os.__file__), code)]
     for name in ("torch", "triton", "kernelrl"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             paths.extend((p, code) for p in spec.submodule_search_locations)
-    # Everything importable: carried packages (e.g. /tmp/site on a GPU host) and the checkout.
-    paths.extend((p, code) for p in sys.path if p and os.path.isdir(p))
+    paths.extend((p, code) for p in sys.path if p and os.path.isdir(p) and is_package_folder(p))
     if device != "cpu":
         devices = [p for p in glob.glob("/dev/nvidia*") if _is_char_device(p)]
         paths.extend((p, os.R_OK | os.W_OK) for p in devices)

@@ -1,9 +1,11 @@
-"""Serving one job in the sandboxed child: load the task and the solution, then one forward
-call or one timing run at a time, as the trusted side asks.
+"""Serving one job in the sandboxed child: load the task (and make its inputs once), say so,
+then load the solution, then one forward call or one timing run at a time, as the trusted side
+asks.
 
-Every correctness call is audited (``integrity.audit``) and timed calls are audited at random;
-inputs are checked unchanged and outputs fresh by fingerprints; outputs leave through the socket
-right after the call that made them. The trusted side (``session``) decides every verdict.
+Every correctness call is audited (``integrity.audit``) and timed calls are audited at random
+(``timed_run``); inputs are checked unchanged and outputs fresh by fingerprints; outputs leave
+through the socket right after the call that made them. The trusted side (``session``) decides
+every verdict, whose failure it is included.
 """
 
 from __future__ import annotations
@@ -14,31 +16,23 @@ import socket
 import sys
 import time
 import types
-from collections import Counter
-from collections.abc import Callable
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from kernelrl.env import compare, sizes
-from kernelrl.env.integrity import vocabulary
-from kernelrl.env.integrity.audit import (
-    SCALAR_READ,
-    AtenAudit,
-    LaunchCounter,
-    ScalarParameters,
-    nbytes,
-)
-from kernelrl.env.sandbox import compile_only, failures, harness
+from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, ScalarParameters, nbytes
+from kernelrl.env.sandbox import compile_only, failures, harness, timed_run
 from kernelrl.env.sandbox.compile_only import (
     refuse_libdevice_in_interpreter,
     stub_load_inline_for_cpu,
 )
 from kernelrl.env.sandbox.failures import (
     HarnessFailure,
+    NotRunHere,
     SolutionFailure,
     compile_error_stage,
+    gpu_only_reason,
     solution_failure,
 )
 from kernelrl.env.sandbox.guard import harness_guard
@@ -49,16 +43,7 @@ from kernelrl.env.sandbox.protocol import (
     send_message,
     send_tensor_bytes,
 )
-from kernelrl.env.timing import TimingConfig, placements, time_fn
-
-# Between two timed batches, an audited call runs with this probability, on a random input set:
-# the solution cannot tell from the outside which of its calls are watched.
-SPOT_AUDIT_PROBABILITY = 0.5
-# Timing input sets whose kept output (one of its timed calls, drawn after the fact) the
-# trusted side compares with the reference.
-TIMED_OUTPUTS_CHECKED = 2
-
-T = TypeVar("T")
+from kernelrl.env.sandbox.timed_run import TimedRun, plain_outputs
 
 
 def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[int, int]:
@@ -84,7 +69,9 @@ def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[in
 
 
 def inputs_failure(exc: Exception) -> HarnessFailure:
-    """The task's get_inputs failed in the sandbox: the harness's failure, never the kernel's."""
+    """The task's get_inputs failed in the sandbox. Before the solution was loaded that is ours;
+    after, the worker counts it as the solution's (the solution shares this process's memory and
+    holds the input tensors), unless it sees itself that the device was short."""
     if isinstance(exc, torch.OutOfMemoryError):
         first_line = str(exc).splitlines()[0] if str(exc) else "out of memory"
         return HarnessFailure(
@@ -94,50 +81,28 @@ def inputs_failure(exc: Exception) -> HarnessFailure:
     return HarnessFailure(f"the task's get_inputs failed: {exc!r}", "inputs")
 
 
-def plain_outputs(output: Any, device: torch.device) -> list[Any]:
-    """The outputs of one call, accepted only as exactly ``torch.Tensor`` (type identity: a
-    subclass would run its own code when the harness reads it), dense, on the job's device, or
-    plain numbers, in a tuple or list of exactly those types. Nothing here calls a method a
-    solution could have defined."""
-    values = list(output) if type(output) in (tuple, list) else [output]
-    for index, value in enumerate(values):
-        kind = type(value)
-        if kind is torch.Tensor:
-            if value.layout != torch.strided:
-                raise TypeError(f"output {index} is not a dense tensor ({value.layout})")
-            if value.device != device:
-                raise TypeError(f"output {index} is on {value.device}, expected {device}")
-        elif kind not in (int, float, bool, type(None)):
-            name = type.__dict__["__name__"].__get__(kind)
-            raise TypeError(f"output {index} is a {name}: forward must return torch.Tensor")
-    return values
+def defer_gpu_only_launches(noted: list[str]) -> None:
+    """Under Triton's CPU interpreter, a launch that only a GPU can run (inline PTX, libdevice,
+    an autotuner's benchmark) is noted in ``noted`` and skipped, rather than ending the call:
+    the rest of the forward still runs under the audit, so what it does besides (torch compute
+    after the launch) is judged, and the call ends ``not_run`` only when nothing else is."""
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.interpreter import InterpretedFunction
 
+    for cls in (InterpretedFunction, Autotuner):
+        original = cls.run
 
-class KeptOutputs:
-    """For a few timing input sets drawn at random, one output drawn uniformly from that set's
-    timed calls *after* each call returned (reservoir sampling), so no call can know whether
-    its output will be compared: a solution that returns garbage or ``torch.empty`` on some
-    timed calls shows. Each output is kept with the version of its input contents
-    (``harness.TimedInputs``), from which the trusted side remakes them. Holding one output per
-    drawn set is what the memory plan allows (the current call's outputs and one more)."""
+        def run(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            try:
+                return _original(self, *args, **kwargs)
+            except Exception as exc:
+                reason = gpu_only_reason(exc)
+                if reason is None:
+                    raise
+                noted.append(reason)
+                return None
 
-    def __init__(self, sets: int, count: int, rng: random.Random) -> None:
-        self.rng = rng
-        self.calls = dict.fromkeys(sorted(rng.sample(range(sets), min(count, sets))), 0)
-        self.outputs: dict[int, tuple[int, Any]] = {}
-
-    def offer(self, index: int, version: int, output: Any) -> None:
-        if index in self.calls:
-            self.calls[index] += 1
-            if self.rng.randrange(self.calls[index]) == 0:
-                self.outputs[index] = (version, output)
-
-    def plain(self, device: torch.device) -> list[tuple[int, int, list[Any]]]:
-        """The kept outputs as (input set, version, plain outputs (``plain_outputs``))."""
-        return [
-            (index, version, plain_outputs(output, device))
-            for index, (version, output) in sorted(self.outputs.items())
-        ]
+        cls.run = run
 
 
 def sampled_outputs(outputs: list[Any], size: int) -> tuple[list[Any], list[dict[str, Any]]]:
@@ -189,9 +154,29 @@ class Job:
         self.rng = random.SystemRandom()
         self.calls = 0
         self.previous: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
+        self.gpu_only: list[str] = []  # launches skipped as only a GPU can run them (CPU)
 
     def send(self, message: dict[str, Any]) -> None:
         send_message(self.sock, {**message, "phase": self.phase})
+
+    def tampered(self) -> list[str]:
+        return self.guard.verify()
+
+    def task_loaded(self) -> None:
+        """Make the task's inputs once, drop them, say the task is loaded and take the solution.
+        Until then only our code has run here: a failure so far is ours, and the inputs are
+        shown to fit in this sandbox before the solution's code can take its memory."""
+        if self.job.get("probe_inputs"):
+            probe = self._inputs(self.rng.getrandbits(31))
+            del probe
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()  # the worker reads what the device has left for us
+        self.send({"type": "task_loaded"})
+        reply = recv_message(self.sock)
+        if reply.get("type") != "solution":
+            raise HarnessFailure(f"expected 'solution', got {reply.get('type')!r}", "harness")
+        self.job["solution_source"] = str(reply["solution_source"])
 
     def serve(self) -> None:
         job = self.job
@@ -204,15 +189,23 @@ class Job:
         self.task = task
         if job.get("await_admission"):
             self.await_admission(task)
+        self.task_loaded()
         if job["backend"] == "cuda" and self.device.type == "cpu":
             stub_load_inline_for_cpu(os.getcwd())
         if job["backend"] == "triton" and self.device.type == "cpu":
             refuse_libdevice_in_interpreter()
-        self.guard = harness_guard([self.entry, sys.modules[__name__], failures, compile_only])
+            defer_gpu_only_launches(self.gpu_only)
+        self.guard = harness_guard(
+            [self.entry, sys.modules[__name__], failures, compile_only, timed_run]
+        )
 
         start = time.perf_counter()
+        # Compute at import (a module-level table) is judged as the constructor's is: one audit
+        # watches both, reported as ``init_compute``.
+        audit = AtenAudit(self.counter)
         try:
-            solution = harness.load_module(job["solution_source"], SOLUTION_MODULE)
+            with audit:
+                solution = harness.load_module(job["solution_source"], SOLUTION_MODULE)
         except BaseException as exc:  # noqa: BLE001 - SystemExit from the solution is its own
             self.phase["load"] = time.perf_counter() - start
             if type(exc) is compile_only.CompiledOnly:
@@ -221,7 +214,6 @@ class Job:
             raise SolutionFailure("compile", exc) from exc
         self.phase["load"] = time.perf_counter() - start
 
-        audit = AtenAudit(self.counter)
         try:
             with audit:
                 self.model = harness.build_model(
@@ -253,8 +245,8 @@ class Job:
 
         Curation sends untrusted corpus records, whose code may only run in a sandbox, so their
         footprint cannot be measured on the trusted side as the evaluator does for our tasks. A
-        record that under-reports can only take memory promised to others: their out-of-memory
-        errors then read as ours (``gpu_bytes_admitted``) and are rerun alone, never blamed.
+        record that under-reports can only take memory promised to others: curation reruns a
+        run that ran out of GPU memory alone, never blaming the record for it.
         """
         try:
             footprint = sizes.measure_module(task)
@@ -269,7 +261,6 @@ class Job:
         reply = recv_message(self.sock)
         if reply.get("type") != "admitted":
             raise HarnessFailure(f"expected 'admitted', got {reply.get('type')!r}", "harness")
-        self.job["gpu_bytes_admitted"] = int(reply["bytes"])
         if "timing_placements" in reply:
             self.job["timing"]["placements"] = int(reply["timing_placements"])
 
@@ -279,7 +270,7 @@ class Job:
         except Exception as exc:
             raise inputs_failure(exc) from exc
 
-    def _timed_inputs(self, seed: int, count: int) -> harness.TimedInputs:
+    def timed_inputs(self, seed: int, count: int) -> harness.TimedInputs:
         try:
             return harness.TimedInputs(
                 lambda s: harness.make_inputs(self.task, s, self.device), seed, count
@@ -287,15 +278,14 @@ class Job:
         except Exception as exc:
             raise inputs_failure(exc) from exc
 
-    def _refresh(self, timed: harness.TimedInputs, index: int) -> None:
+    def refresh(self, timed: harness.TimedInputs, index: int) -> None:
         try:
             timed.refresh(index)
-        except torch.OutOfMemoryError as exc:
-            if timed.dropped_held():  # the model kept the inputs of its calls
-                raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
-            raise inputs_failure(exc) from exc
         except Exception as exc:
-            raise inputs_failure(exc) from exc
+            failure = inputs_failure(exc)
+            if timed.dropped_held():
+                failure.args = (f"{failure}; the model still holds the inputs of its calls",)
+            raise failure from exc
 
     def call(self, seed: int) -> None:
         start = time.perf_counter()
@@ -308,25 +298,19 @@ class Job:
         stop = bool(self.job.get("stop_at_compute"))
         audit = AtenAudit(self.counter, self.scalars, stop_at_compute=stop)
         call_start = time.perf_counter()
+        skipped = len(self.gpu_only)
         try:
             with torch.no_grad(), audit:
                 output = self.model(*inputs)
                 alone = audit.on_top()
+            if len(self.gpu_only) > skipped:  # its output is not what it would be on a GPU
+                raise NotRunHere(self.gpu_only[skipped])
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             outputs = plain_outputs(output, self.device)
         except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
-            if audit.compute:  # stopped at its first compute op, or computed and then failed
-                tampered = self.guard.verify() + audit.tampered()
-                self.send(
-                    {
-                        "type": "compute_seen",
-                        "compute_ops": dict(audit.compute),
-                        "tampered": tampered,
-                    }
-                )
-                return
-            raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
+            self._stopped(exc, audit, skipped)
+            return
         self.calls += 1
         if self.calls == 1:  # the first call compiles the kernels (JIT) and runs them once
             self.phase["first_call"] = time.perf_counter() - call_start
@@ -336,8 +320,8 @@ class Job:
         except Exception as exc:
             # These tensors were read before the call; only the solution can have broken them
             # since (an input's storage resized to nothing, a kept output freed), unless the GPU
-            # memory admitted for this evaluation was taken by other work.
-            raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
+            # memory admitted for this evaluation was taken by other work (the worker sees).
+            raise solution_failure(exc) from exc
         tampered = self.guard.verify() + audit.tampered()
         if not alone:
             tampered.append("the audit's dispatch mode was removed or covered")
@@ -367,6 +351,23 @@ class Job:
         self.previous = (tensors, [fingerprint(t) for t in tensors])
         del inputs, input_tensors
 
+    def _stopped(self, exc: BaseException, audit: AtenAudit, skipped: int) -> None:
+        """A checked call that did not return plain outputs: stopped at its first compute op
+        (or computed, then failed), needing a GPU for what it launched (``not_run``, sent only
+        when the audit saw nothing else), or the solution's failure (raised)."""
+        tampered = self.guard.verify() + audit.tampered()
+        if audit.compute:  # stopped at its first compute op, or computed and then failed
+            self.send(
+                {"type": "compute_seen", "compute_ops": dict(audit.compute), "tampered": tampered}
+            )
+            return
+        failure = solution_failure(exc)
+        if len(self.gpu_only) > skipped or type(failure) is NotRunHere:
+            reason = self.gpu_only[skipped] if len(self.gpu_only) > skipped else str(failure)
+            self.send({"type": "not_run", "reason": reason, "tampered": tampered})
+            return
+        raise failure from exc
+
     def _call_flags(
         self, inputs: list[torch.Tensor], before: list[Any], outputs: list[torch.Tensor]
     ) -> list[str]:
@@ -390,183 +391,5 @@ class Job:
                 send_tensor_bytes(self.sock, value)
 
     def time(self, seed: int, settle_s: float = 0.0) -> None:
-        settle_until = time.monotonic() + settle_s
-        config = TimingConfig(**self.job["timing"])
         self.previous = None
-        timed = self._timed_inputs(seed, placements(self.device, config))
-        input_sets = timed.sets
-        model, counter = self.model, self.counter
-        made = [0]
-        spot = AtenAudit(counter, self.scalars)
-        spot_calls = [0]
-        alone = [True]
-        wanted = TIMED_OUTPUTS_CHECKED if self.job.get("check_timed_outputs") else 0
-        kept = KeptOutputs(len(input_sets), wanted, random.Random(self.rng.getrandbits(64)))
-
-        def forward(index: int) -> None:
-            made[0] += 1
-            try:
-                with torch.no_grad():
-                    output = model(*input_sets[index])
-                kept.offer(index, timed.versions[index], output)
-            except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
-                raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
-
-        def timed_call(index: int) -> Callable[[], None]:
-            return lambda: forward(index)
-
-        def spot_audit() -> None:
-            if self.rng.random() >= SPOT_AUDIT_PROBABILITY:
-                return
-            inputs = self.rng.choice(input_sets)
-            made[0] += 1
-            spot_calls[0] += 1
-            spot.new_call()
-            try:
-                with torch.no_grad(), spot:
-                    model(*inputs)
-                    alone[0] = alone[0] and spot.on_top()
-            except BaseException as exc:  # noqa: BLE001 - whatever the solution raises is its own
-                raise solution_failure(exc, self.job.get("gpu_bytes_admitted")) from exc
-
-        calls = [timed_call(index) for index in range(len(input_sets))]
-        prepares = [partial(self._refresh, timed, index) for index in range(len(input_sets))]
-        counter.counts.clear()
-        start = time.perf_counter()
-        if self.device.type == "cuda":
-            stats = time_fn(calls, self.device, config, spot_audit, prepares, settle_until)
-        else:  # interpreter timings mean nothing, so every timed call can be watched
-            stats, events = profile_cpu_ops(
-                lambda: time_fn(calls, self.device, config, spot_audit, prepares)
-            )
-            reads = made[0] * self.scalars.reads_per_call
-            profile = {"aten_ops": aten_compute(events, allowed_scalar_reads=reads)}
-        self.phase["timing"] = time.perf_counter() - start
-        launches, calls_made = counter.total(), made[0]
-        start = time.perf_counter()
-        if self.device.type == "cuda":
-            # Timed calls on input sets drawn at random: no pattern marks them as profiled.
-            profiled = [self.rng.choice(calls) for _ in range(self.job["profile_calls"])]
-            reads = len(profiled) * self.scalars.reads_per_call
-            profile = profile_kernels(profiled, self.device, counter, allowed_scalar_reads=reads)
-        self.phase["profile"] = time.perf_counter() - start
-        tampered = self.guard.verify() + spot.tampered()
-        if not alone[0]:
-            tampered.append("the audit's dispatch mode was removed or covered")
-        try:
-            checked = kept.plain(self.device)
-        except BaseException as exc:  # noqa: BLE001 - a timed call returned something else
-            raise SolutionFailure("runtime", exc) from exc
-        self.send(
-            {
-                "type": "timing",
-                "checked_outputs": [
-                    {
-                        "input_set": index,
-                        "version": version,
-                        "outputs": compare.describe_outputs(values),
-                    }
-                    for index, version, values in checked
-                ],
-                "placements_asked": timed.count,
-                "runtime": stats.__dict__,
-                "profile": profile,
-                "timed_calls": calls_made,
-                "timed_launches": launches,
-                "spot_audits": spot_calls[0],
-                "compute_ops": dict(spot.compute),
-                "tampered": tampered,
-            }
-        )
-        for _, _, values in checked:
-            self.send_values(values)
-
-
-def profile_kernels(
-    calls: list[Callable[[], None]],
-    device: torch.device,
-    counter: LaunchCounter,
-    allowed_scalar_reads: int = 0,
-) -> dict[str, Any]:
-    """GPU kernels of ``calls`` forward calls under CUPTI: names, time, stream; and the aten ops
-    that are not glue, from the profiler's CPU events.
-
-    A marker kernel launched on the caller's current stream first tells which stream id the
-    profiler gives that stream, so work on any other stream can be recognised.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    marker = torch.zeros(1, device=device)
-    torch.cuda.synchronize()
-    counter.counts.clear()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        marker.fill_(1.0)  # not a compute op: it must not count as the solution's aten work
-        torch.cuda.synchronize()
-        for call in calls:
-            call()
-        torch.cuda.synchronize()
-    kernels = []
-    marker_stream = None
-    events = prof.profiler.kineto_results.events()
-    aten_ops = aten_compute(events, allowed_scalar_reads)
-    for event in events:
-        name = event.name()
-        if event.device_type() != torch.autograd.DeviceType.CUDA or event.is_user_annotation():
-            continue
-        if name.startswith(("Memcpy", "Memset", "cudaMemcpy")):
-            continue
-        stream = event.device_resource_id()
-        if marker_stream is None:
-            marker_stream = stream  # the first kernel is the marker
-            continue
-        kernels.append({"name": name, "us": event.duration_ns() / 1e3, "stream": stream})
-    return {
-        "kernels": kernels,
-        "current_stream": marker_stream,
-        "calls": len(calls),
-        "aten_ops": aten_ops,
-        "triton_launches": dict(counter.counts),
-    }
-
-
-def profile_cpu_ops(run: Callable[[], T]) -> tuple[T, list[Any]]:
-    """``run`` (the whole timed phase on CPU) under the profiler, with the events it recorded.
-
-    The profiler's C++ op events leave nothing in the solution's interpreter, unlike the
-    dispatch-mode audit, whose Python frames inside every op a solution can probe (how deep it
-    may recurse before an op fails): a solution cannot tell which of these calls are watched,
-    and here all of them are, the untimed first one included. On a GPU, where profiling would
-    disturb the timings, ``profile_kernels`` watches calls drawn at random after timing.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        value = run()
-    return value, prof.profiler.kineto_results.events()
-
-
-def aten_compute(events: list[Any], allowed_scalar_reads: int = 0) -> dict[str, int]:
-    """The aten ops among a profile's CPU events that are not glue, less the reads of the
-    model's scalar parameters the calls were allowed (``ScalarParameters``; events carry no
-    tensor identity, so they are counted) and the harness's own input generation (ops inside
-    its ``harness.INPUTS_RANGE`` on the same thread)."""
-    harness_spans = [
-        (event.start_thread_id(), event.start_ns(), event.end_ns())
-        for event in events
-        if event.is_user_annotation() and event.name() == harness.INPUTS_RANGE
-    ]
-
-    def in_harness_span(event: Any) -> bool:
-        thread, start = event.start_thread_id(), event.start_ns()
-        return any(t == thread and lo <= start <= hi for t, lo, hi in harness_spans)
-
-    aten_ops: Counter[str] = Counter()
-    for event in events:
-        name = event.name()
-        on_cpu = event.device_type() == torch.autograd.DeviceType.CPU
-        compute = name.startswith("aten::") and not vocabulary.is_glue_aten(name)
-        if on_cpu and compute and not in_harness_span(event):
-            aten_ops[name] += 1
-    for name in (SCALAR_READ, "aten::item"):  # the profiler records item() above the read
-        aten_ops[name] -= allowed_scalar_reads
-    return {name: count for name, count in aten_ops.items() if count > 0}
+        TimedRun(self, seed, settle_s).run()

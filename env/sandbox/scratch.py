@@ -5,7 +5,9 @@ A worker removes its scratch folders itself (a child's when it is reaped, the ot
 but a worker killed by SIGKILL or the OOM killer cannot, and on tmpfs what it left holds
 memory until the machine restarts. Each folder's name carries the worker's PID namespace and
 PID; a worker sweeps, once, the folders of workers of its own PID namespace that no longer
-exist. Folders of another namespace are never touched: their owners' PIDs mean nothing here.
+exist. Folders of another namespace are never touched: their owners' PIDs mean nothing here;
+nor is anything in the shared folder that is not a folder of this user (another user's, planted
+under a dead worker's name, or a symbolic link to somewhere else).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -66,6 +69,12 @@ def sweep_orphans(root: str | None = None) -> list[Path]:
     for path in base.glob(f"{PREFIX}*"):
         match = _NAME.match(path.name)
         if match is None or match[1] != namespace or process_exists(int(match[2])):
+            continue
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

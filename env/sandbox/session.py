@@ -2,17 +2,22 @@
 
 A session drives one sandboxed child through one job:
 
-    start(job[, admit]) -> "loaded" | "error" | "not_run"      (load, compile, build the model;
-                                                                 with admit, after the GPU
-                                                                 memory it reports is reserved)
+    start(job[, admit]) -> "loaded" | "error" | "not_run"      (load the task; with admit, after
+                                                                 the GPU memory it reports is
+                                                                 reserved; then the solution:
+                                                                 compile, build the model)
     send_call(seed); receive()  -> "outputs" | "error"           (one forward call on fresh inputs)
     read_tensors(described, on_chunk)                            (that call's output bytes)
     send_time(seed, settle_s); receive() -> "timing" | "error"   (timing and profile)
 
-Input seeds are sent one call at a time, so the child never holds the seeds of calls it has not
-made yet. A call's outputs are described in its message and their bytes follow in chunks,
-straight from the harness after the call: they are never written where the solution could
-rewrite them, and the receiver holds one chunk of host memory at a time.
+The job goes in two messages: the task (the child answers ``task_loaded`` once it has loaded it
+and made its inputs once), then the solution. Until the solution is sent (``solution_sent``)
+only our code has run in the child, so a failure it reports is ours; after, the child's word is
+no evidence of anything, its failures included. Input seeds are sent one call at a time, so the
+child never holds the seeds of calls it has not made yet. A call's outputs are described in its
+message and their bytes follow in chunks, straight from the harness after the call: they are
+never written where the solution could rewrite them, and the receiver holds one chunk of host
+memory at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 
 from kernelrl.env.compare import DTYPES
 from kernelrl.env.sandbox.child_process import Child
+from kernelrl.env.sandbox.gpu_memory import GpuShare
 from kernelrl.env.sandbox.protocol import CHUNK_BYTES, TASK_MODULE
 
 
@@ -38,34 +44,56 @@ def reference_as_solution() -> dict[str, Any]:
 
 
 class SandboxSession:
-    def __init__(self, child: Child, timeout_s: float, max_rss_bytes: int | None) -> None:
+    def __init__(
+        self,
+        child: Child,
+        timeout_s: float,
+        max_rss_bytes: int | None,
+        gpu: GpuShare | None = None,
+    ) -> None:
+        """``gpu``: the GPU memory admitted for this evaluation, which the child is held to
+        while the session waits for it (``Child.receive``)."""
         self.child = child
         self.deadline = time.monotonic() + timeout_s
         self.max_rss_bytes = max_rss_bytes
+        self.gpu = gpu
+        self.solution_sent = False
         self._buffer: torch.Tensor | None = None
 
     def receive(self) -> dict[str, Any]:
-        return self.child.receive(self.deadline, self.max_rss_bytes)
+        return self.child.receive(self.deadline, self.max_rss_bytes, self.gpu)
 
     def start(
         self,
         job: dict[str, Any],
         admit: Callable[[dict[str, Any]], dict[str, int]] | None = None,
     ) -> dict[str, Any]:
-        """Send the job and return the child's answer to loading it.
+        """Send the job, the task first and then the solution, and return the child's answer
+        to loading them; an answer before ``task_loaded`` is returned as it is, with the
+        solution never sent.
 
         With ``admit``, the child first reports the task's footprint and waits: ``admit(footprint)``
         blocks until GPU memory is reserved and returns what was admitted: ``bytes``, and
         ``timing_placements`` where the run must time on fewer input sets than its job says.
         """
-        self.child.send({"type": "job", **job, "await_admission": admit is not None})
-        if admit is None:
-            return self.receive()
+        task_job = {key: value for key, value in job.items() if key != "solution_source"}
+        self.child.send({"type": "job", **task_job, "await_admission": admit is not None})
         message = self.receive()
-        if message["type"] != "footprint":
-            return message  # the task failed to load: nothing to admit
-        self.child.send({"type": "admitted", **admit(message)})
+        if admit is not None and message["type"] == "footprint":
+            self.child.send({"type": "admitted", **admit(message)})
+            message = self.receive()
+        if message["type"] != "task_loaded":
+            return message  # the task failed to load or make its inputs: no solution code ran
+        if self.gpu is not None:
+            self.gpu.note_before_solution(self.child.pids())
+        self.solution_sent = True
+        self.child.send({"type": "solution", "solution_source": job["solution_source"]})
         return self.receive()
+
+    def memory_shortfall(self) -> str | None:
+        """Why the device, not the solution, was short of this evaluation's GPU memory, when
+        the worker can show it (``GpuShare.shortfall``); None otherwise and on a CPU."""
+        return self.gpu.shortfall(self.child.pids()) if self.gpu is not None else None
 
     def send_call(self, seed: int) -> None:
         self.child.send({"type": "call", "seed": seed})
@@ -97,7 +125,7 @@ class SandboxSession:
             while remaining > 0:
                 size = min(step, remaining)
                 self.child.receive_into(
-                    memoryview(buffer.numpy())[:size], self.deadline, self.max_rss_bytes
+                    memoryview(buffer.numpy())[:size], self.deadline, self.max_rss_bytes, self.gpu
                 )
                 on_chunk(index, buffer[:size].view(dtype))
                 remaining -= size

@@ -5,6 +5,7 @@ of their own and nothing of the worker's."""
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 from kernelrl.env.sandbox import cgroups
 from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.fork_server import ForkServer
+from kernelrl.env.sandbox.isolation_view import VIEW_PACKAGE_ENV, package_view
 from kernelrl.env.sandbox.scratch import make_scratch
 from kernelrl.env.sandbox.triton_seed import triton_seed
 
@@ -74,8 +76,16 @@ def visible_device(gpu_index: int) -> str:
     return entries[gpu_index]
 
 
+@functools.cache
+def _package_view() -> str:
+    """What of kernelrl's package the child's filesystem shows (``isolation_view``): computed
+    once per worker, not once per child."""
+    return package_view()
+
+
 def _child_env(device: str, gpu_index: int | None, home: Path) -> dict[str, str]:
     env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
+    env[VIEW_PACKAGE_ENV] = _package_view()
     env.update(
         HOME=str(home),
         TMPDIR=str(home),

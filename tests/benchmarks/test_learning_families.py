@@ -86,3 +86,22 @@ def test_a_folder_without_its_synthesis_is_refused_with_what_to_copy(tmp_path: P
     _sweep(tmp_path / "eval_sft", [("t0", Status.CORRECT, "x")])
     with pytest.raises(SystemExit, match="no synthetic tasks under"):
         learning_families.main([str(tmp_path), "--stages", "eval_sft"])
+
+
+def test_a_task_one_stage_could_not_judge_is_left_out_of_every_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The harness failed on h2's answers after SFT: counting RL's answers to it would put
+    answers in RL's column that SFT's has no counterpart of (the report pairs by task)."""
+    out = tmp_path / "learning"
+    _tasks(
+        out / "synth/tasks/heldout", [("h1", "log_softmax", "softmax"), ("h2", None, "elementwise")]
+    )
+    _sweep(out / "eval_sft", [("h1", RIGHT, ""), ("h2", OURS, ""), ("h2", OURS, "")])
+    _sweep(out / "eval_rl", [("h1", WRONG, ""), ("h2", RIGHT, ""), ("h2", RIGHT, "")])
+    learning_families.main([str(out), "--stages", "eval_sft", "eval_rl"])
+    printed = capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): line for line in printed.splitlines()}
+    assert rows["log_softmax"].startswith("| log_softmax | 1 | 1 -> 0 |")
+    assert "elementwise" not in rows
+    assert "not judged at every stage): h2" in printed

@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import learning  # noqa: E402
+import learning_bench  # noqa: E402
 
 
 def _bench(tmp_path: Path, *extra: str) -> learning.Benchmark:
@@ -182,13 +183,13 @@ def test_the_rl_recipe_scores_the_stages_and_filters_the_curriculum(tmp_path: Pa
 
     gpu = _bench(tmp_path, "--rl-recipe", "recipes/smollm2/learning/trloo_gpu.yaml")
     cpu = _bench(tmp_path)
-    assert learning._recipe_value(gpu.rl_recipe, "task_difficulty", default="") == ""
-    assert learning._recipe_value(cpu.rl_recipe, "task_difficulty", default="") == "easy"
+    assert learning.recipe_value(gpu.rl_recipe, "task_difficulty", default="") == ""
+    assert learning.recipe_value(cpu.rl_recipe, "task_difficulty", default="") == "easy"
     training_args, _ = parse_train_recipe(["--config", str(cpu.rl_recipe)])
     assert cpu.reward_config == training_args.reward_config()
     assert gpu.reward_config.speedup_weight == 1.0
     with pytest.raises(KeyError):
-        learning._recipe_value(gpu.rl_recipe, "task_difficulty")
+        learning.recipe_value(gpu.rl_recipe, "task_difficulty")
 
 
 def test_processes_sharing_a_folder_keep_each_others_records(tmp_path: Path) -> None:
@@ -293,15 +294,15 @@ def test_a_choices_validation_sweeps_run_at_once_one_per_gpu(
     together = threading.Barrier(2, timeout=10)
     placed: dict[str, tuple[str, frozenset[int]]] = {}
 
-    def fake_run_stage(name, argv, out, log, min_gb, placement=None):
+    def fake_run_stage(name, argv, out, log, min_gb, placement=None, script=None):
         together.wait()
         placed[name] = (placement.gpu, placement.cores)
         return {"wall_s": 0.0, "returncode": 0}
 
     scores = {"val_rl_checkpoint-5": 0.5, "val_rl_checkpoint-10": 0.25}
-    monkeypatch.setattr(learning, "run_stage", fake_run_stage)
+    monkeypatch.setattr(learning_bench, "run_stage", fake_run_stage)
     monkeypatch.setattr(
-        learning,
+        learning_bench,
         "attempts",
         lambda path, config: {"t": [{"correct": scores[path.parent.name], "compile": 1.0}]},
     )
@@ -351,3 +352,34 @@ def test_kernelbench_is_found_from_the_checkout_or_its_levels_folder(
 def test_a_folder_without_kernelbench_levels_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="level1"):
         learning.kernelbench_sources(tmp_path)
+
+
+def test_the_kernelbench_set_is_answered_where_the_models_are_and_judged_later(
+    tmp_path: Path,
+) -> None:
+    """generate_kb runs the generator (no judging) for the chosen SFT and RL checkpoints, and
+    the base model only when asked; judge_kb replays each set of completions it finds."""
+    bench = _bench(tmp_path, "--rl-tag", "protocol", "--run-seed", "2", "--kb-base")
+    (tmp_path / "tasks" / "kernelbench").mkdir(parents=True)
+    bench.stages = {"select_sft": {"chosen": "/sft"}, "select_rl_protocol": {"chosen": "/rl"}}
+    ran: dict[str, tuple[list[str], Path | None]] = {}
+    bench.run = lambda name, argv, placement=None, script=None: ran.setdefault(name, (argv, script))
+    bench.generate_kb()
+    assert sorted(ran) == ["generate_kb_base", "generate_kb_rl", "generate_kb_sft"]
+    argv, script = ran["generate_kb_rl"]
+    assert script is not None and script.name == "learning_generate.py"
+    assert argv[argv.index("--model_name_or_path") + 1] == "/rl"
+    assert argv[argv.index("--output_dir") + 1] == str(tmp_path / "generated" / "kb_rl")
+    assert argv[argv.index("--seed") + 1] == "202"  # the run's sweeps: R + 200
+    ran.clear()
+    folder = tmp_path / "generated" / "kb_sft"
+    folder.mkdir(parents=True)
+    (folder / "completions.jsonl").write_text("")
+    bench.judge_kb()
+    assert list(ran) == ["kb_sft"]
+    argv, script = ran["kb_sft"]
+    assert script is None and argv[argv.index("--client") + 1] == "fixed"
+    assert argv[argv.index("--fixed_solutions") + 1] == str(folder / "completions.jsonl")
+    no_base = _bench(tmp_path / "other", "--rl-tag", "protocol")
+    no_base.stages = {"select_sft": {"chosen": "/sft"}}
+    assert list(no_base.kb_models()) == ["kb_sft"]

@@ -332,3 +332,105 @@ def test_a_half_precision_sum_gets_the_tolerance_a_fused_kernel_needs(tmp_path):
         },
     )
     assert measured_tolerances(short, render_task(short)) is None
+
+
+# ------------------------------------------------------------------------------ layout families
+def _layout_tasks(tmp_path: Path, num_tasks: int = 40, seed: int = 5) -> list[dict]:
+    from kernelrl.data.synth.graph import LAYOUT_FAMILIES
+
+    config = _config(
+        tmp_path, num_tasks=num_tasks, seed=seed, families=list(LAYOUT_FAMILIES), max_pointwise=3
+    )
+    rows, _ = generate_tasks(config)
+    return rows
+
+
+def test_layout_families_draw_what_the_row_template_cannot_express(tmp_path):
+    """Rows longer than the references' block at both sizes, cores over dimension 1, products of
+    two inputs; float32; a long row is its own combination; legacy recipes never draw them."""
+    from kernelrl.data.synth.graph import LAYOUT_FAMILIES, pointwise_in
+    from kernelrl.data.synth.layout_ref import DIM_BLOCK_M, LONG_BLOCK
+
+    rows = _layout_tasks(tmp_path)
+    graphs = [r["graph"] for r in rows]
+    assert {g.family for g in graphs} == set(LAYOUT_FAMILIES)
+    assert {g.dtype for g in graphs} == {"float32"}
+    for graph in graphs:
+        cpu, cuda = graph.sizes["cpu"].values, graph.sizes["cuda"].values
+        if graph.family == "long_row":
+            assert cpu["dim"] > LONG_BLOCK and cuda["dim"] >= 32 * LONG_BLOCK
+            assert graph.combination.startswith("long_row>")
+            assert pointwise_in(graph.combination) == graph.pointwise
+        if graph.family == "dim_reduction":
+            assert cpu["dim1"] > DIM_BLOCK_M and graph.core.kind.endswith("_dim")
+        if graph.family == "tiled_matmul":
+            assert graph.prologue == () and set(cpu) >= {"M", "N", "K"}
+    short = [g for g in graphs if g.family == "long_row"][0]
+    assert short.combination != ">".join(op.kind for op in short.ops)  # not the row task's
+    legacy = generate_tasks(_config(tmp_path, num_tasks=60, seed=5))[0]
+    assert {r["graph"].family for r in legacy} <= set(FAMILIES)
+
+
+def test_layout_references_are_judged_correct_by_the_environment(tmp_path):
+    """Each family's looping, strided or tiled reference, evaluated as the synthesis evaluates
+    every reference (the environment on CPU, Triton's interpreter, at the tasks' CPU sizes):
+    correct; one written from another graph (max where the task asks for min) is not."""
+    rows = _layout_tasks(tmp_path)
+    wanted = ["softmax", "layer_norm", "sum", None, "softmax_dim", "amin_dim", "rms_norm_dim"]
+    wanted += ["matmul_ta", "matmul_tb", "bmm"]
+    by_core = {}
+    for row in rows:
+        core = row["graph"].core.kind if row["graph"].core else None
+        by_core.setdefault((row["graph"].family == "long_row", core), row)
+    picked = [by_core[(core in (None, "softmax", "layer_norm", "sum"), core)] for core in wanted]
+    graphs = {r["id"]: r["graph"] for r in picked}
+    wrong = by_core[(False, "amin_dim")]
+    graphs[wrong["id"]] = dataclasses.replace(wrong["graph"], core=Op("amax_dim"))
+    tasks, _ = normalize_tasks(_dataset(picked))
+    with LocalPool(EvalConfig(device="cpu"), workers=2) as pool:
+        samples, sft, _ = reference_sft(tasks, graphs, pool, _config(tmp_path).sft)
+    statuses = {s["task_id"]: json.loads(s["result"])["status"] for s in samples}
+    assert statuses.pop(wrong["id"]) == "incorrect"
+    assert set(statuses.values()) == {"correct"}, statuses
+    assert sorted(sft["task_id"]) == sorted(statuses)
+
+
+def test_a_harness_error_in_the_sandbox_stops_the_run_instead_of_dropping_the_task():
+    """A task the sandbox found broken is removed; one it could not judge (our failure) is not
+    the task's fault, and dropping it would change the dataset and its splits."""
+    from kernelrl.data.curate.report import StepReport
+    from kernelrl.data.synth.pipeline import sandbox_failures
+
+    report = StepReport("validate")
+    report.remove("synth0_000001", "constant_output", "outputs equal for two seeds")
+    assert sandbox_failures(report) == ["synth0_000001"]
+    report.remove("synth0_000002", "harness_error", "HarnessFailure('expected solution')")
+    with pytest.raises(RuntimeError, match="not of the tasks"):
+        sandbox_failures(report)
+
+
+def test_the_synthesis_runs_the_layout_families_end_to_end(tmp_path):
+    """Curation reads them (contract, dedup, difficulty), the split keeps its promise with a
+    long row as its own operator, and each family's reference is verified by the environment."""
+    from kernelrl.data.synth.graph import LAYOUT_FAMILIES
+
+    config = _config(
+        tmp_path,
+        num_tasks=60,
+        seed=4,
+        families=list(LAYOUT_FAMILIES),
+        max_pointwise=3,
+        sandbox_sample=1,
+        reference_solutions=3,
+        validate_candidates=False,
+    )
+    result = run_synthesis(config)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tasks"] == 60 and set(summary["families"]) == set(LAYOUT_FAMILIES)
+    assert summary["reference_solutions"]["statuses"] == {"correct": 3}
+    rows = [row for split in result.splits.values() for row in split]
+    assert check_split([r["combination"] for r in rows], [r["split"] for r in rows]) == []
+    families = {r["task_id"]: r for r in result.sft}
+    assert len(families) == 3
+    by_id = {r["id"]: r["family"] for r in rows}
+    assert {by_id[task] for task in families} == set(LAYOUT_FAMILIES)

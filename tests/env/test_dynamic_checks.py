@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import movement_support as movement
 import pytest
 
 from kernelrl.env.evaluator import EvalConfig, Evaluator
@@ -266,3 +267,112 @@ def test_a_data_movement_task_done_by_torch_glue_is_caught(
     names = {f.name for f in run_static_checks(CAT_BY_GLUE, "triton", CAT_TASK)}
     assert names == {"torch_fallback"}
     assert run_static_checks(CAT_BY_KERNEL, "triton", CAT_TASK) == []
+
+
+def test_glue_is_measured_against_the_data_the_task_moves() -> None:
+    """A clone of the transposed input is the whole permutation, though a small share of a
+    call's bytes when the output repeats it several times: glue is held to the smaller of the
+    inputs and outputs, the data a data-movement task moves."""
+    evidence = CallEvidence()
+    base = {"launches": 1, "flags": [], "compute_ops": {}, "tampered": []}
+    output = [{"kind": "tensor", "dtype": "float32", "shape": [8, 64], "nbytes": 8000}]
+    evidence.add({**base, "io_bytes": 10_000, "copied_bytes": 400, "outputs": output})
+    assert dynamic_checks.check_calls(evidence, "triton") == []
+    evidence.add({**base, "io_bytes": 10_000, "copied_bytes": 2000, "outputs": output})
+    assert _names(dynamic_checks.check_calls(evidence, "triton")) == {"glue_budget"}
+
+
+def _host_copies(*copies: tuple[str, int | None, float]) -> list[dict]:
+    return [{"name": n, "bytes": b, "us": us} for n, b, us in copies]
+
+
+def test_host_copies_beyond_a_few_scalars_are_host_compute() -> None:
+    kernels = [("relu_kernel", 100.0, 7)] * 5
+    profile = _profile(kernels)
+    summary = dynamic_checks.summarize_profile(profile, ["relu_kernel"])
+    profile["host_copies"] = _host_copies(*[("Memcpy DtoH (Device -> Pageable)", 4, 2.0)] * 10)
+    assert dynamic_checks.check_gpu_profile(profile, summary, 0.11) == []  # scalar reads
+    out, back = "Memcpy DtoH (Device -> Pageable)", "Memcpy HtoD (Pageable -> Device)"
+    profile["host_copies"] = _host_copies(*[(out, 2**22, 400.0), (back, 2**22, 400.0)] * 5)
+    violations = dynamic_checks.check_gpu_profile(profile, summary, 0.11)
+    assert _names(violations) == {"host_compute"}
+    assert "DtoH" in violations[0][1] and "HtoD" in violations[0][1]
+
+
+def test_a_host_copy_of_unknown_size_is_sized_from_its_duration() -> None:
+    kernels = [("relu_kernel", 100.0, 7)] * 5
+    profile = _profile(kernels)
+    summary = dynamic_checks.summarize_profile(profile, ["relu_kernel"])
+    profile["host_copies"] = _host_copies(("Memcpy DtoH (Device -> Pinned)", None, 2.0))
+    assert dynamic_checks.check_gpu_profile(profile, summary, 0.11) == []
+    profile["host_copies"] = _host_copies(("Memcpy DtoH (Device -> Pinned)", None, 2000.0))
+    assert _names(dynamic_checks.check_gpu_profile(profile, summary, 0.11)) == {"host_compute"}
+
+
+def test_global_state_changes_are_said_as_what_they_are() -> None:
+    from kernelrl.env.integrity.failure import GLOBAL_STATE
+
+    state = f"{GLOBAL_STATE}: default dtype torch.float32 -> torch.float64"
+    assert _names(dynamic_checks.check_tampering([state])) == {"global_state"}
+    both = dynamic_checks.check_tampering([state, "time.perf_counter"])
+    assert _names(both) == {"global_state", "harness_tampered"}
+    assert "default dtype" in dict(both)["global_state"]
+    assert "default dtype" not in dict(both)["harness_tampered"]
+
+
+def test_the_guard_sees_torch_state_change_and_names_it() -> None:
+    import torch
+
+    from kernelrl.env.integrity.audit import TamperGuard
+
+    guard = TamperGuard([], [])
+    assert guard.verify() == []
+    torch.set_default_dtype(torch.float64)
+    torch.set_flush_denormal(True)
+    try:
+        changed = guard.verify()
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.set_flush_denormal(False)
+    assert _names(dynamic_checks.check_tampering(changed)) == {"global_state"}
+    assert any("default dtype" in c for c in changed)
+    assert any("denormals flushed" in c for c in changed)
+    assert guard.verify() == []
+
+
+@pytest.fixture(scope="module")
+def transpose_repeat_results() -> dict[str, EvalResult]:
+    """The transpose + repeat task through the real evaluator on CPU, static checks off: the
+    dynamic checks must hold on their own."""
+    task = task_from_source(movement.TASK, "transpose_repeat")
+    solutions = {"kernel": movement.BY_KERNEL}
+    solutions.update({name: movement.glue_solution(b) for name, b in movement.BY_GLUE.items()})
+    evaluator = Evaluator(EvalConfig(device="cpu", spare_children=0, static_checks=False))
+    try:
+        return {
+            name: evaluator.evaluate(task, f"```python\n{source}```\n")
+            for name, source in solutions.items()
+        }
+    finally:
+        evaluator.close()
+
+
+def test_a_repeat_is_data_movement() -> None:
+    assert dynamic_checks.glue_can_be_the_task(movement.TASK)
+
+
+def test_transpose_repeat_by_its_own_kernel_is_correct(
+    transpose_repeat_results: dict[str, EvalResult],
+) -> None:
+    result = transpose_repeat_results["kernel"]
+    assert result.status is Status.CORRECT, result.feedback
+    assert run_static_checks(movement.BY_KERNEL, "triton", movement.TASK) == []
+
+
+@pytest.mark.parametrize("spelling", sorted(movement.BY_GLUE))
+def test_transpose_repeat_done_by_torch_is_caught(
+    spelling: str, transpose_repeat_results: dict[str, EvalResult]
+) -> None:
+    result = transpose_repeat_results[spelling]
+    assert result.status is Status.INTEGRITY_VIOLATION, result.feedback
+    assert set(result.checks_failed) & {"glue_budget", "torch_fallback_runtime"}, result.feedback

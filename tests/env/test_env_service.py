@@ -1,6 +1,7 @@
 """The environment service end to end: `kernelrl env serve` in a subprocess (its own local Ray
-with a logical GPU), a Ray client and an HTTP client sharing it, `kernelrl env status`, a clean
-stop on SIGINT; then `kernelrl env check-suite --pool ray`. Tests run in file order."""
+with a logical GPU, inline tasks allowed), a Ray client and an HTTP client sharing it, `kernelrl
+env status`, a clean stop on SIGINT; then `kernelrl env check-suite --pool ray`. Tests run in
+file order. Authentication, limits and cancellation: test_service_auth.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelrl.env.pools.service import read_token, token_path, token_variable
 from kernelrl.env.result import Status
 from kernelrl.env.store import ResultsStore
 from kernelrl.env.task import TaskError, load_task, task_from_source
@@ -42,12 +44,17 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def client_env() -> dict[str, str]:
+def client_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     # Ray turns token authentication on for local clusters; a client that joins by address
     # opts in explicitly (the token itself is in ~/.ray/auth_token, as for any local cluster).
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1"}
+    # The service's own token goes to a private KERNELRL_HOME, where its clients read it.
+    home = str(tmp_path_factory.mktemp("kernelrl_home"))
+    env = {k: v for k, v in os.environ.items() if k != token_variable(NAME)}
+    env.update({"RAY_AUTH_MODE": "token", "HF_HUB_OFFLINE": "1", "KERNELRL_HOME": home})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAY_AUTH_MODE", "token")
+        patch.setenv("KERNELRL_HOME", home)
+        patch.delenv(token_variable(NAME), raising=False)
         yield env
 
 
@@ -59,7 +66,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, client_env: dict[str, str]
     command = CLI + [
         "env", "serve", "--config", str(ROOT / "recipes" / "env" / "local_cpu.yaml"),
         "--name", NAME, "--workers", "1", "--logical_gpus", "1", "--timeout_s", "60",
-        "--store_path", str(store_path), "--http_port", str(port),
+        "--store_path", str(store_path), "--http_port", str(port), "--allow_inline_tasks", "true",
     ]  # fmt: skip
     log = open(folder / "serve.log", "w+")  # noqa: SIM115 - read back below
     process = subprocess.Popen(
@@ -77,7 +84,8 @@ def service(tmp_path_factory: pytest.TempPathFactory, client_env: dict[str, str]
     text = "".join(lines)
     address = re.search(r"address='([^']+)'", text).group(1)
     info = {"process": process, "address": address, "url": f"http://127.0.0.1:{port}",
-            "store_path": store_path, "banner": text, "log": log}  # fmt: skip
+            "store_path": store_path, "banner": text, "log": log,
+            "token": read_token(NAME)}  # fmt: skip
     yield info
     if process.poll() is None:  # a test failed before the stop test: do not leak the cluster
         process.send_signal(signal.SIGINT)
@@ -88,10 +96,9 @@ def service(tmp_path_factory: pytest.TempPathFactory, client_env: dict[str, str]
     log.close()
 
 
-def post(url: str, body: object, timeout: float = 300) -> tuple[int, object]:
-    request = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
-    )
+def post(url: str, body: object, token: str, timeout: float = 300) -> tuple[int, object]:
+    headers = {"content-type": "application/json", "Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.load(response)
@@ -131,7 +138,7 @@ def test_ray_client_uses_the_named_service(service: dict) -> None:
         assert [r.status for r in results] == [Status.CORRECT, Status.RUNTIME_ERROR]
         broken = task_from_source(RELU.source.replace("torch.relu(x)", "torch.relu(y)"), "broken")
         futures = client.submit([broken, RELU], [GOOD, GOOD + "\n# beside broken\n"])
-        with pytest.raises(TaskError, match="reference fails to run"):
+        with pytest.raises(TaskError, match=r"broken: .*reference"):  # the task's failure
             futures[0].result(timeout=300)
         assert futures[1].result(timeout=300).correct
         stats = client.stats()
@@ -140,12 +147,12 @@ def test_ray_client_uses_the_named_service(service: dict) -> None:
 
 
 def test_http_endpoint_shares_pool_and_cache(service: dict) -> None:
-    url = service["url"]
-    code, result = post(f"{url}/evaluate", {"task_id": "01_relu", "solution": GOOD})
+    url, token = service["url"], service["token"]
+    code, result = post(f"{url}/evaluate", {"task_id": "01_relu", "solution": GOOD}, token)
     assert code == 200 and result["status"] == "correct" and result["task_id"] == "01_relu"
     # Evaluated once by the Ray client above? No: its texts differed. Now repeat this one.
     started = time.monotonic()
-    code, again = post(f"{url}/evaluate", {"task_id": "01_relu", "solution": GOOD})
+    code, again = post(f"{url}/evaluate", {"task_id": "01_relu", "solution": GOOD}, token)
     assert code == 200 and again == result and time.monotonic() - started < 5  # cache hit
     body = {
         "items": [
@@ -153,7 +160,7 @@ def test_http_endpoint_shares_pool_and_cache(service: dict) -> None:
             {"task_id": "01_relu", "solution": GOOD + "\n# http batch\n"},
         ]
     }
-    code, batch = post(f"{url}/evaluate", body)
+    code, batch = post(f"{url}/evaluate", body, token)
     assert code == 200 and [r["status"] for r in batch] == ["format_error", "correct"]
     assert batch[0]["task_id"] == "my_relu" and batch[0]["feedback"]
     for bad, expected, message in (
@@ -163,11 +170,32 @@ def test_http_endpoint_shares_pool_and_cache(service: dict) -> None:
         # a well-formed request whose inline task does not load: 422, as the README says
         ({"task": {"source": "x = 1", "id": "t"}, "solution": GOOD}, 422, "not a KernelBench task"),
     ):
-        code, payload = post(f"{url}/evaluate", bad)
+        code, payload = post(f"{url}/evaluate", bad, token)
         assert code == expected and message in payload["error"], payload
-    with urllib.request.urlopen(f"{url}/status", timeout=60) as response:
+    request = urllib.request.Request(f"{url}/status", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
         status = json.load(response)
     assert status["cache_hits"] >= 1 and status["workers"][0]["state"] == "ok"
+
+
+def test_client_tasks_are_untrusted(service: dict) -> None:
+    """A task the service does not hold, sent inline over HTTP or as a Task by a Ray client, is
+    evaluated as an untrusted task (its hash says so: an untrusted task's is salted), however
+    the client marked it; one it holds (same source and metadata) stays the service's own."""
+    from kernelrl.env.pools.service import ServiceClient
+
+    source = RELU.source.replace("return torch.relu(x)", "return torch.relu(x)  # a client's")
+    mine = task_from_source(source, "client_relu")
+    assert mine.trusted and mine.hash != task_from_source(source, "x", trusted=False).hash
+    untrusted_hash = task_from_source(source, "x", trusted=False).hash
+    item = {"task": {"source": source, "id": "client_relu"}, "solution": "no code at all"}
+    code, result = post(f"{service['url']}/evaluate", item, service["token"])
+    assert code == 200 and result["status"] == "format_error"
+    assert result["task_hash"] == untrusted_hash
+    with ServiceClient(name=NAME, address=service["address"]) as client:
+        held, sent = client.evaluate([RELU, mine], ["no code at all", "no code, again"])
+    assert held.task_hash == RELU.hash and sent.task_hash == untrusted_hash
+    assert sent.status == Status.FORMAT_ERROR
 
 
 def test_status_command(service: dict, client_env: dict[str, str]) -> None:
@@ -194,9 +222,11 @@ def test_status_command(service: dict, client_env: dict[str, str]) -> None:
 
 def test_serve_stops_cleanly_and_keeps_its_results(service: dict) -> None:
     process = service["process"]
+    assert token_path(NAME).is_file()
     process.send_signal(signal.SIGINT)
     assert process.wait(90) == 0
     assert "stopping environment service" in process.stdout.read()
+    assert not token_path(NAME).exists()  # the token dies with the service
     with ResultsStore(service["store_path"]) as store:  # everything it evaluated is on disk
         statuses = [row["status"] for row in store.rows()]
         assert statuses.count("correct") >= 4 and "runtime_error" in statuses

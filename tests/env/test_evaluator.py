@@ -63,7 +63,8 @@ def test_every_status_and_dynamic_check_has_a_solution() -> None:
         }
     )
     assert not missing_statuses, f"no solution exercises {missing_statuses}"
-    cpu_checks = set(DYNAMIC_CHECKS) - {"side_stream", "timing_unconfirmed"}  # GPU-only evidence
+    # GPU-only evidence: streams, the CUPTI timing and its copies between device and host.
+    cpu_checks = set(DYNAMIC_CHECKS) - {"side_stream", "timing_unconfirmed", "host_compute"}
     # glue_budget needs a data-movement task, not ReLU: test_dynamic_checks covers it on a cat.
     assert cpu_checks - covered - {"output_aliases_input", "glue_budget"} == set()
 
@@ -266,3 +267,27 @@ def test_what_the_solution_raises_is_never_ours(
         assert result.status is Status.RUNTIME_ERROR, result.error
     subclass = results_without_static_checks["runtime_error__tensor_subclass_output.py"]
     assert "must return torch.Tensor" in subclass.error
+
+
+def test_work_left_for_a_later_call_is_held_against_the_timed_call(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
+    """Outputs left unwritten by timed calls and completed by later ones (untimed calls on
+    repeated contents, or any next call) are compared as they were when their call ended."""
+    for name in (
+        "incorrect__unwritten_until_inputs_repeat.py",
+        "incorrect__output_filled_in_a_later_call.py",
+    ):
+        result = results_without_static_checks[name]
+        assert result.status is Status.INCORRECT and "timed call" in result.error, result.error
+
+
+def test_failures_the_solution_causes_are_never_ours(
+    results_without_static_checks: dict[str, EvalResult],
+) -> None:
+    """A forged report of a failure of ours is the solution's; an input the solution marked as
+    requiring grad no longer breaks the harness's next refresh."""
+    forged = results_without_static_checks["runtime_error__forged_harness_error.py"]
+    assert forged.status is Status.RUNTIME_ERROR and "solution's" in forged.error
+    marked = results_without_static_checks["correct__requires_grad_on_an_input.py"]
+    assert marked.status is Status.CORRECT, marked.error

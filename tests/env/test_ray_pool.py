@@ -283,7 +283,7 @@ def test_results_store_serves_repeats_and_shares_reference_timings(
     assert pool.stats()["submitted"] - submitted == 1  # one new evaluation, shared in flight
     assert (cached.hits, cached.misses) == (3, 1)
     # A verdict of the pool itself (worker lost) is stored but never served again.
-    killer = store.get(RELU, KILLER, pool.device_name)
+    killer = store.get(RELU, KILLER, cached.context)
     assert killer is None or killer.status is Status.CORRECT  # correct where it cannot kill
 
     dataset = store.to_dataset()

@@ -1,8 +1,9 @@
 """Scratch folders of workers that died (SIGKILL, OOM) are removed by the next worker, and
-nothing of a live worker or of another PID namespace is."""
+nothing of a live worker, of another PID namespace, of another user, or behind a link is."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,22 @@ def test_scratch_folders_are_named_after_their_worker() -> None:
         assert int(match[2]) == scratch.os.getpid()
     finally:
         folder.rmdir()
+
+
+def test_only_this_users_own_folders_are_swept(tmp_path: Path) -> None:
+    """The shared folder (/dev/shm) is anyone's to write: a folder under a dead worker's name
+    that another user made, or a link with that name, is not ours to remove (or follow)."""
+    namespace = scratch._pid_namespace()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "precious").write_text("keep me")
+    link = tmp_path / f"kernelrl-sbx-{namespace}-{_dead_pid()}-lnk"
+    link.symlink_to(elsewhere)
+    removed = scratch.sweep_orphans(str(tmp_path))
+    assert removed == [] and link.is_symlink() and (elsewhere / "precious").exists()
+    if os.geteuid() != 0:
+        return  # making a folder another user's needs root
+    theirs = tmp_path / f"kernelrl-sbx-{namespace}-{_dead_pid()}-oth"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    assert scratch.sweep_orphans(str(tmp_path)) == [] and theirs.is_dir()

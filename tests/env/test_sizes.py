@@ -145,7 +145,7 @@ def get_init_inputs():
 # ---------------------------------------------------------------------------- deriving
 def test_huge_task_gets_cpu_sizes_that_fit_and_run() -> None:
     task = task_of(HUGE_RELU)
-    overrides = task.size_overrides("cpu")
+    overrides = sizes.size_overrides(task, "cpu")
     assert set(overrides) == {"batch_size", "dim"}
     assert all(v >= 1 and v & (v - 1) == 0 for v in overrides.values())  # powers of two stay
     footprint = estimate_footprint(task, "cpu")
@@ -213,16 +213,16 @@ def test_declared_cpu_sizes_are_kept() -> None:
     assert derive_cpu_sizes(relu, 1) == {"batch_size": 16, "dim": 256}
     # "cpu": {} declares that the published sizes are fine, however large.
     task = task_of(HUGE_RELU + '\nKERNELRL = {"sizes": {"cpu": {}}}\n')
-    assert task.size_overrides("cpu") == {}
+    assert sizes.size_overrides(task, "cpu") == {}
     small = task_of(HUGE_RELU.replace("65536", "4").replace("32768", "4"))
-    assert small.size_overrides("cpu") == {}  # fits as published: nothing to derive
+    assert sizes.size_overrides(small, "cpu") == {}  # fits as published: nothing to derive
 
 
 def test_task_that_cannot_shrink_gets_one_line_error() -> None:
     # Sizes written as literals: there is no global to halve.
     task = task_of(HUGE_RELU.replace("torch.rand(batch_size, dim)", "torch.rand(65536, 32768)"))
     with pytest.raises(TaskError) as caught:
-        task.size_overrides("cpu")
+        sizes.size_overrides(task, "cpu")
     message = str(caught.value)
     assert "\n" not in message
     assert "16.0 GiB" in message and 'KERNELRL = {"sizes": {"cpu"' in message

@@ -121,3 +121,58 @@ def test_an_undefined_name_is_a_compile_error_not_a_hack() -> None:
         evaluator.close()
     assert result.status is Status.COMPILE_ERROR and "NameError" in result.error
     assert hack.status is Status.INTEGRITY_VIOLATION
+
+
+def test_global_state_is_refused_as_what_it_is() -> None:
+    failures = _check(CORPUS / "global_state__set_default_dtype.py")
+    assert [f.name for f in failures] == ["global_state"]
+    assert "torch.set_default_dtype" in failures[0].message
+    assert "process-wide state" in failures[0].message
+    tensor_set = (
+        (CORPUS / "pass__set_printoptions.py")
+        .read_text()
+        .replace("        return out", "        out.set_(out)\n        return out")
+    )
+    names = {f.name for f in run_static_checks(tensor_set, "triton")}
+    assert "global_state" not in names  # a tensor's own set_ is no global setter
+
+
+def test_host_compute_names_what_reads_the_device_from_the_host() -> None:
+    failures = _check(CORPUS / "host_compute__memcpy_device_to_host.py")
+    assert [f.name for f in failures] == ["host_compute"]
+    assert "cudaMemcpyDeviceToHost" in failures[0].message
+    numeric = _check(CORPUS / "host_compute__numeric_copy_kind.py")
+    assert "without a named host-to-device direction" in numeric[0].message
+
+
+def test_a_plan_holding_an_output_stays_caching_while_one_of_shapes_passes() -> None:
+    caching = _check(CORPUS / "output_caching__plan_holding_output.py")
+    assert {f.name for f in caching} == {"output_caching"}
+    assert _check(CORPUS / "pass__plan_object_from_shapes.py") == []
+
+
+def test_folding_a_string_never_builds_a_huge_one() -> None:
+    """Constant folding runs on the trusted side over source a model wrote: a format width or a
+    chain of doublings must not make the worker build gigabytes."""
+    import time
+    import tracemalloc
+
+    from kernelrl.env.integrity.names import MAX_FOLDED_CHARS
+
+    doublings = "\n".join(f"s{i + 1} = s{i} + s{i}" for i in range(40))
+    relu = Path(__file__).parents[2] / "data" / "solutions" / "triton" / "01_relu.py"
+    source = (
+        relu.read_text()
+        + '\nWIDE = "{:>400000000}".format("x")\nTIMES = "ab" * 10**9\n'
+        + 's0 = "abcd"\n'
+        + doublings
+        + '\nGROWN = ("a" * 4000).replace("a", "bbbbbbbbbb")\n'
+    )
+    tracemalloc.start()
+    started = time.perf_counter()
+    run_static_checks(source, "triton", load_task(TASKS_DIR / "01_relu.py").source)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert time.perf_counter() - started < 30
+    assert peak < 200 * 2**20, f"static checks peaked at {peak / 2**20:.0f} MiB"
+    assert MAX_FOLDED_CHARS <= 2**16

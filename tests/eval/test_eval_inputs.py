@@ -329,7 +329,7 @@ def test_cli_usage_and_recipes_parse(capsys: pytest.CaptureFixture[str]) -> None
 
     recipes = Path(__file__).resolve().parents[2] / "recipes" / "eval"
     smoke = parse_recipe(["--config", str(recipes / "smoke_cpu.yaml"), "--samples", "3"])
-    assert (smoke.client, smoke.samples, smoke.max_turns, smoke.max_tokens) == ("vllm", 3, 2, 256)
+    assert (smoke.client, smoke.samples, smoke.max_turns, smoke.max_tokens) == ("vllm", 3, 2, 512)
     gpu = parse_recipe(["--config", str(recipes / "kernelbench_l1_triton.yaml")])
     assert (gpu.benchmark, gpu.levels, gpu.env_device, gpu.overlap) == (
         "kernelbench",

@@ -176,3 +176,23 @@ def test_deferred_last_turn_is_left_in_flight(tok) -> None:  # noqa: ANN001
     again = Trajectory.from_record(a.to_record())
     assert again.completion_ids == a.completion_ids and again.env_mask == a.env_mask
     assert [r.status for r in again.results()] == [Status.INCORRECT, Status.INCORRECT]
+
+
+def test_the_rollout_says_what_it_is_doing(tok) -> None:  # noqa: ANN001
+    """Progress lines name the phase of a step of several minutes (launch's training progress
+    sets ``on_phase``): each turn's generation, its evaluations as they are judged, the update."""
+    eos = tok.eos_token_id
+    pool = VerdictPool(by_status([Status.INCORRECT, Status.CORRECT], [Status.CORRECT]))
+    script = Script([[[11, eos], [12, eos]], [[21, eos]]])
+    runner = rollout(tok, pool, max_turns=2, max_completion_length=8)
+    phases: list[str] = []
+    runner.on_phase = phases.append
+    runner.run([[1000, 7], [1001, 7]], TASKS, script)
+    assert phases == [
+        "generating turn 1 (2 samples)",
+        "evaluating turn 1 (0/2 judged)",
+        "evaluating turn 1 (1/2 judged)",
+        "generating turn 2 (1 sample)",
+        "evaluating turn 2 (0/1 judged)",
+        "rewards, advantages and the policy update",
+    ]

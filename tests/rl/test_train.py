@@ -29,7 +29,7 @@ STATUSES = tuple(str(status) for status in Status)
 
 def test_recipe_parses_into_kernelrl_config() -> None:
     args, model = parse_recipe(["--config", str(SMOKE), "--max_turns", "3"])
-    assert model.model_name_or_path == "smollm2-135m-instruct"
+    assert model.model_name_or_path == "recipes/smoke/sft_adapter"  # the shipped SFT adapter
     assert args.advantage == "trloo" and args.max_turns == 3  # the flag overrides the YAML
     assert reward_weights(args.reward)["format_reward"] == pytest.approx(0.1)
 
@@ -227,7 +227,7 @@ def _step_logs(checkpoint: Path) -> dict[int, dict]:
 @pytest.mark.slow
 def test_smoke_recipe_trains_on_environment_rewards_and_resumes_exactly(tmp_path: Path) -> None:
     run = tmp_path / "run"
-    summary = _train(run)
+    summary = _train(run, "--save_total_limit", "3")  # the recipe keeps only the last one
     assert summary["global_step"] == 3
     logs = _step_logs(run / "checkpoint-3")
     assert sorted(logs) == [1, 2, 3]
@@ -237,13 +237,19 @@ def test_smoke_recipe_trains_on_environment_rewards_and_resumes_exactly(tmp_path
             assert math.isfinite(entry[f"rewards/{name}/mean"])
         assert sum(entry[f"env/{s}"] for s in STATUSES) == pytest.approx(1.0)
         assert entry["turns/mean"] >= 1 and entry["timing/generation_s"] > 0
-    # The environment produced non-zero rewards: some turn got past parsing and was judged.
-    # (Sampling is seeded; on another CPU the samples may differ: 24 turns at a parse rate of
-    # about 1 in 8 leave a few percent chance that none parses.)
-    assert any(entry[f"rewards/{n}/mean"] != 0 for entry in logs.values() for n in REGISTRY)
-    assert any(entry["env/format_error"] < 1 for entry in logs.values())
+    # From the SFT adapter the policy writes correct kernels, and not always: some turn of the
+    # run is correct and some group's rewards differ (else every advantage would be 0).
+    # (Sampling is seeded; on another CPU the samples may differ.)
+    assert any(entry["env/correct"] > 0 for entry in logs.values())
+    assert any(entry["frac_reward_zero_std"] < 1 for entry in logs.values())
+    assert [step["step"] for step in summary["steps"]] == [1, 2, 3]
     # ... and those rewards reached the update (non-zero advantages, a non-zero loss)
     assert any(entry["advantage/abs_mean"] > 0 and entry["loss"] != 0 for entry in logs.values())
+    # the adapter was trained, not the model: checkpoints are small and name the base portably
+    adapter = json.loads((run / "checkpoint-3" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == "smollm2-135m-instruct"
+    assert sum(f.stat().st_size for f in run.rglob("checkpoint-*/*")) < 100e6
+    assert "[None]" not in (run / "README.md").read_text()
     # checkpoints carry kernelrl's own state; wandb wrote an offline run folder
     for step in (1, 2, 3):
         assert (run / f"checkpoint-{step}" / "kernelrl_state_0.pt").is_file()

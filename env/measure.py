@@ -1,0 +1,321 @@
+"""One evaluation's conversation with its sandbox child, phase by phase, on the trusted side:
+load (task, then solution), the checked calls, the measurement (timing and profile), the outputs
+kept of timed calls; and whose failure each early stop is (``attribution``).
+
+``ChildRunPhases`` is mixed into ``Evaluator`` (``env/evaluator.py``), which provides what the
+phases use: ``config``, ``device``, ``device_kind``, ``references``, ``gpu_claim`` and its
+helpers ``_compare``, ``_violate``, ``_trusted_gpu_work``, ``_device_to_itself`` and
+``_reference_timing``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+
+from kernelrl.env import attribution, sizes
+from kernelrl.env.admission import MemoryPlan
+from kernelrl.env.backends import get_backend
+from kernelrl.env.compare import Comparison
+from kernelrl.env.gpu_claim import Sharing
+from kernelrl.env.integrity import dynamic_checks
+from kernelrl.env.result import EvalResult, Status, TimingStats
+from kernelrl.env.sandbox import harness
+from kernelrl.env.sandbox.session import SandboxSession
+from kernelrl.env.task import Task, TaskError
+from kernelrl.env.timing import TimingConfig
+
+REDUCED_PRECISION_HINT = (
+    "The mismatches are small next to the output's values, as when fp32 is computed in a lower "
+    "precision: tl.dot's default input_precision is TF32 on GPUs (~1e-3 relative error), while "
+    "fp32 tasks are checked against an exact fp32 reference (TF32 off) at fp32 tolerances "
+    '(KernelBench\'s 1e-4 by default). Use tl.dot(a, b, input_precision="ieee") (or '
+    '"tf32x3"), and accumulate in fp32.'
+)
+
+
+def _looks_like_reduced_precision(dtypes: set[torch.dtype], comparison: Comparison) -> bool:
+    """fp32 outputs whose only problems are values off by less than 1% of the output's scale:
+    what TF32 (10-bit mantissa) or bf16 products give, rather than a wrong algorithm."""
+    return (
+        torch.float32 in dtypes
+        and all("values outside" in problem for problem in comparison.problems)
+        and 0 < comparison.max_abs_err < 0.01 * comparison.ref_scale
+    )
+
+
+def _speedup(reference: TimingStats | None, solution: TimingStats | None) -> float | None:
+    if reference is None or solution is None or solution.median_ms <= 0:
+        return None
+    return reference.median_ms / solution.median_ms
+
+
+def _child_phases(message: dict[str, Any]) -> dict[str, float]:
+    return {f"child_{k}": v for k, v in message.get("phase", {}).items()}
+
+
+class ChildRunPhases:
+    """The phases of ``Evaluator._run_in_child`` (see the module's docstring)."""
+
+    # Provided by ``Evaluator``.
+    config: Any
+    device: torch.device
+    device_kind: str
+    references: Any
+    gpu_claim: Any
+    _compare: Callable[..., Comparison]
+    _violate: Callable[[EvalResult, list[tuple[str, str]]], None]
+    _trusted_gpu_work: Callable[[], AbstractContextManager]
+    _device_to_itself: Callable[..., AbstractContextManager[float]]
+    _reference_timing: Callable[[Task, bool, TimingConfig], TimingStats | None]
+
+    def _run_in_child(
+        self,
+        task: Task,
+        source: str,
+        own_names: list[str],
+        session: SandboxSession,
+        result: EvalResult,
+        plan: MemoryPlan | None,
+    ) -> None:
+        timing_config = self._timing_config(plan)
+        model_seed = self.references.model_seed(task)  # an untrusted reference's child has it
+        loaded = session.start(self._child_job(task, source, model_seed, timing_config))
+        result.phase_seconds.update(_child_phases(loaded))
+        if self._stopped_early(loaded, result, session, task):
+            return
+        violations = dynamic_checks.check_tampering(loaded["tampered"])
+        violations += dynamic_checks.check_init_compute(
+            loaded.get("init_compute", {}), self.references.init_compute(task)
+        )
+        if violations:
+            self._violate(result, violations)
+            return
+        started = time.perf_counter()
+        with self._trusted_gpu_work():
+            reference = self.references.model(task, model_seed)
+        result.phase_seconds["reference"] = time.perf_counter() - started
+        glue_is_task = dynamic_checks.glue_can_be_the_task(task.source)
+        if self._checked_calls(task, session, result, plan, reference, glue_is_task):
+            self._timed_phase(
+                task, own_names, session, result, reference, timing_config, glue_is_task
+            )
+
+    def _timing_config(self, plan: MemoryPlan | None) -> TimingConfig:
+        """The timing procedure, on no more input sets than the memory plan counted."""
+        timing = self.config.timing
+        if plan is None:
+            return timing
+        return replace(
+            timing, placements=1 if plan.large else min(timing.placements, plan.placements)
+        )
+
+    def _child_job(
+        self, task: Task, source: str, model_seed: int, timing: TimingConfig
+    ) -> dict[str, Any]:
+        config = self.config
+        return {
+            "device": str(self.device) if self.device_kind == "cpu" else "cuda:0",
+            "backend": task.backend,
+            "task_source": task.source,
+            "size_overrides": sizes.size_overrides(task, self.device_kind),
+            "solution_source": source,
+            "model_seed": model_seed,
+            "timing": asdict(timing),
+            "profile_calls": config.profile_calls,
+            "probe_inputs": True,  # the inputs are shown to fit before the solution is loaded
+            "check_timed_outputs": True,
+            "stop_at_compute": True,
+            "limits": {
+                "file_bytes": config.file_bytes,
+                "cpu_seconds": int(config.timeout_s * 2) + 30,
+                "address_space_bytes": config.host_memory_bytes,
+                "gpu_memory_fraction": config.gpu_memory_fraction,
+            },
+        }
+
+    def _checked_calls(
+        self,
+        task: Task,
+        session: SandboxSession,
+        result: EvalResult,
+        plan: MemoryPlan | None,
+        reference: Any,
+        glue_is_task: bool,
+    ) -> bool:
+        """The correctness calls, each on new inputs compared with the reference's outputs
+        computed here meanwhile; False once one of them decided the verdict."""
+        evidence = dynamic_checks.CallEvidence()
+        report: dict[str, Any] = {}
+        for index in range(self.config.num_input_sets):
+            seed = secrets.randbits(31)
+            session.send_call(seed)
+            started = time.perf_counter()
+            with self._trusted_gpu_work():  # computed while the child runs the same inputs
+                expected = self.references.output(task, reference, seed)
+            result.phase_seconds["reference"] += time.perf_counter() - started
+            report = session.receive()
+            if self._stopped_early(report, result, session, task):
+                return False
+            started = time.perf_counter()
+            comparison = self._compare(task, session, report, expected, index, reference, seed)
+            result.phase_seconds["compare"] = result.phase_seconds.get("compare", 0.0) + (
+                time.perf_counter() - started
+            )
+            expected_dtypes = {v.dtype for v in expected if isinstance(v, torch.Tensor)}
+            del expected
+            if plan and plan.large:  # give the cached blocks back to the other sandboxes
+                with self._trusted_gpu_work():
+                    torch.cuda.empty_cache()
+            evidence.add(report)
+            result.input_sets_checked = index + 1
+            result.max_abs_err = max(result.max_abs_err or 0.0, comparison.max_abs_err)
+            result.max_rel_err = max(result.max_rel_err or 0.0, comparison.max_rel_err)
+            violations = dynamic_checks.check_calls(
+                evidence, task.backend, glue_is_task=glue_is_task
+            )
+            if violations:
+                self._violate(result, violations)
+                return False
+            if not comparison.correct:
+                result.status = Status.INCORRECT
+                result.error = "\n".join(comparison.problems[:3])
+                if _looks_like_reduced_precision(expected_dtypes, comparison):
+                    result.error += "\n" + REDUCED_PRECISION_HINT
+                return False
+        result.phase_seconds.update(_child_phases(report))
+        result.custom_kernel_launches = (
+            min(evidence.launches)
+            if evidence.launches and get_backend(task.backend).counts_launches
+            else None
+        )
+        return True
+
+    def _timed_phase(
+        self,
+        task: Task,
+        own_names: list[str],
+        session: SandboxSession,
+        result: EvalResult,
+        reference: Any,
+        timing_config: TimingConfig,
+        glue_is_task: bool,
+    ) -> None:
+        """The measurement (the device to itself), then its verdicts: how the timed calls
+        computed, then what they answered."""
+        timing_seed = secrets.randbits(31)
+        sharing = self.gpu_claim.survey() if self.gpu_claim else Sharing()
+        with self._device_to_itself(session, result.phase_seconds) as settle_until:
+            timing_started = time.perf_counter()
+            session.send_time(timing_seed, max(settle_until - timing_started, 0.0))
+            timing = session.receive()
+            timing_wall = time.perf_counter() - timing_started
+            result.phase_seconds.update(_child_phases(timing))
+            if self._stopped_early(timing, result, session, task):
+                return
+            result.runtime = TimingStats(**timing["runtime"])
+            started = time.perf_counter()
+            result.ref_eager = self._reference_timing(task, False, timing_config)
+            if self.device_kind == "cuda" and self.config.time_reference_compile:
+                result.ref_compile = self._reference_timing(task, True, timing_config)
+            result.phase_seconds["reference_timing"] = time.perf_counter() - started
+        if self.gpu_claim:  # another evaluator's work, or no way to tell: timing unused
+            sharing = sharing.merge(self.gpu_claim.survey())
+        # How the timed calls computed is judged before what they answered: a broken rule (work
+        # on a side stream, say) also makes kept outputs wrong, and the rule is the finding.
+        violations = dynamic_checks.check_timing_report(timing, task.backend, timing_wall)
+        if violations:
+            self._violate(result, violations)
+            return
+        result.timing_meaningful = self.device_kind == "cuda" and sharing.alone
+        result.sandbox.update(sharing.record())
+        if self.device_kind != "cuda":
+            violations = dynamic_checks.check_cpu_profile(timing["profile"])
+        else:
+            summary = dynamic_checks.summarize_profile(timing["profile"], own_names)
+            result.kernels = summary["kernels"]
+            result.own_kernel_share = summary["own_share"]
+            result.custom_kernel_launches = round(summary["own_launches_per_call"])
+            violations = dynamic_checks.check_gpu_profile(
+                timing["profile"],
+                summary,
+                result.runtime.median_ms,
+                glue_is_task=glue_is_task,
+                timed_alone=sharing.alone,
+            )
+        if violations:
+            self._violate(result, violations)
+            return
+        if timing.get("not_run") and self.device_kind == "cpu":  # a timed call needs a GPU
+            attribution.not_run({"reason": timing["not_run"]}, self.device_kind).apply(result)
+            return
+        if not self._timed_outputs_correct(task, session, timing, reference, timing_seed, result):
+            return
+        if result.timing_meaningful:
+            result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
+            result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
+
+    def _timed_outputs_correct(
+        self,
+        task: Task,
+        session: SandboxSession,
+        timing: dict[str, Any],
+        reference: Any,
+        timing_seed: int,
+        result: EvalResult,
+    ) -> bool:
+        """The outputs the child kept of its timed calls (one call per input set, drawn after
+        the call returned, copied when its timed span ended), compared here with the reference
+        on the same input contents, remade from their seed: timed calls are held to the same
+        answer as the checked ones, and to what they had written when they ended."""
+        for entry in timing.get("checked_outputs", []):
+            index = int(entry["input_set"])
+            seed = harness.timed_input_seed(
+                timing_seed, index, int(entry["version"]), int(timing["placements_asked"])
+            )
+            with self._trusted_gpu_work():
+                expected = self.references.output(task, reference, seed)
+            comparison = self._compare(task, session, entry, expected, index, reference, seed)
+            del expected
+            if not comparison.correct:
+                result.status = Status.INCORRECT
+                result.error = (
+                    f"the output kept from a timed call (input set {index}) does not match the "
+                    "reference: " + "\n".join(comparison.problems[:3])
+                )
+                return False
+        return True
+
+    def _stopped_early(
+        self, message: dict[str, Any], result: EvalResult, session: SandboxSession, task: Task
+    ) -> bool:
+        """Whether ``message`` ends the evaluation, with the verdict written into ``result``:
+        whose failure an error is decides the trusted side (``attribution``), never the child."""
+        kind = message["type"]
+        if kind == "error":
+            if not session.solution_sent and not task.trusted:
+                raise TaskError(
+                    f"task {task.id}: failed in the solution's sandbox before the solution was "
+                    f"loaded ({message.get('stage')}): {str(message.get('error', ''))[-1500:]}"
+                )
+            attribution.child_error(message, session.solution_sent, session.memory_shortfall).apply(
+                result
+            )
+            return True
+        if kind == "not_run":
+            violations = dynamic_checks.check_tampering(message.get("tampered", []))
+            if violations:
+                self._violate(result, violations)
+            else:
+                attribution.not_run(message, self.device_kind).apply(result)
+            return True
+        if kind == "compute_seen":
+            self._violate(result, dynamic_checks.check_stopped_call(message))
+            return True
+        return False
