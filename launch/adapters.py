@@ -17,8 +17,6 @@ adapter made on one machine resolves on another.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -29,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.launch.errors import UserError
-from kernelrl.launch.models import KNOWN_MODELS, model_cache_dir, resolve_model
+from kernelrl.launch.models import KNOWN_MODELS, file_lock, model_cache_dir, resolve_model
 
 __all__ = [
     "Policy",
@@ -122,7 +120,7 @@ def merged_folder(policy: Policy) -> str:
     if (target / "config.json").is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.with_name(target.name + ".lock")):
+    with file_lock(target.with_name(target.name + ".lock")):
         if not (target / "config.json").is_file():
             _merge(policy, target)
     return str(target)
@@ -144,16 +142,6 @@ def _merge(policy: Policy, target: Path) -> None:
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def describe_base(name: str) -> str:

@@ -99,7 +99,7 @@ def resolve_model(name_or_path: str) -> str:
     if _is_complete(target):
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.with_name(target.name + ".lock")):
+    with file_lock(target.with_name(target.name + ".lock")):
         if not _is_complete(target):  # another process may have finished while we waited
             _convert(gguf, target)
     return str(target)
@@ -144,7 +144,9 @@ def _is_complete(folder: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path):
+def file_lock(path: Path):
+    """``path`` held exclusively (flock) for the block: one process at a time prepares a model
+    folder that several ranks or jobs ask for."""
     with open(path, "a+") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
