@@ -3,8 +3,8 @@
 Why: the recipes people launch on a cluster (``recipes/qwen3-14b/trloo/*.yaml``) run a vLLM
 server (``vllm_mode: server``), several trainer ranks and the environment as a service on a
 Ray cluster. This command brings up exactly those processes, on loopback, with the same
-commands a cluster runs on its nodes (it prints each one), so the multi-node guide in the
-README differs from it only by addresses and sizes:
+commands a cluster runs on its nodes (it prints each one), so the multi-node guide in
+docs/guide/training.md differs from it only by addresses and sizes:
 
 1. a Ray head (``ray start --head --block``): the environment's cluster; on a cluster, the
    head node, with ``ray start --address`` on each environment node;

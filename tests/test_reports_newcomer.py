@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -257,8 +258,6 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_eval_usage_suggests_only_flags_that_are_accepted(capsys: pytest.CaptureFixture) -> None:
     """The usage once suggested ``--turns 2``, which the parser then refused as renamed."""
-    import re
-
     from kernelrl.launch.eval_cli import USAGE, parse_sweep_recipe
 
     suggested = re.findall(r"(--\w+) (\d+)", USAGE)
@@ -382,3 +381,150 @@ def test_known_console_noise_is_filtered_by_logger_and_text(
     monkeypatch.setenv("WANDB_DISABLE_WEAVE", "false")
     quiet.install()
     assert os.environ["WANDB_DISABLE_WEAVE"] == "false"  # the user's value is kept
+
+
+# ------------------------------------------------------------------ the README and the user guide
+README = REPO / "README.md"
+GUIDE = REPO / "docs" / "guide"
+#: What a reader is shown: the README, the guide and the reference docs. docs/decisions.md records
+#: history by design and is left out.
+REFERENCE_DOCS = ("design.md", "threat-model.md", "learning-protocol.md")
+README_MAX_LINES = 350
+ORDINALS = (
+    "First|Second|Third|Fourth|Fifth|Sixth|Seventh|Eighth|Ninth|Tenth|Eleventh|Twelfth|"
+    "Thirteenth|Fourteenth|Fifteenth|Sixteenth|Seventeenth|Eighteenth"
+)
+#: How the story of the project's development shows in prose: work items and sessions by
+#: number, rounds of work, the machine paths of the development box.
+HISTORY = (
+    re.compile(r"\bissue \d+", re.IGNORECASE),
+    re.compile(r"\b(session|round) \d+", re.IGNORECASE),
+    re.compile(rf"\b({ORDINALS}) (session|run)\b"),
+    re.compile(r"/work/"),
+    re.compile(r"/root/"),
+)
+#: A session named by its ordinal in any case ("the fifteenth session's settings"). Not applied
+#: to the pre-registered learning protocol, whose text is frozen until its next version.
+ORDINAL_SESSION = re.compile(rf"\b({ORDINALS}) session", re.IGNORECASE)
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+#: A file of the checkout named in prose or in a command (outputs under runs/ are made by the run).
+REPO_FILE = re.compile(
+    r"(?<![\w./-])((?:recipes|examples|scripts|benchmarks|data|tests|docs)/[\w./-]*"
+    r"\.(?:yaml|py|sh|md|txt|json|gz))\b"
+)
+
+
+def guide_pages() -> list[Path]:
+    return sorted(GUIDE.glob("*.md"))
+
+
+def shown_docs() -> list[Path]:
+    return [README, *guide_pages(), *(REPO / "docs" / name for name in REFERENCE_DOCS)]
+
+
+def history_in(text: str, strict: bool = True) -> list[str]:
+    patterns = (*HISTORY, ORDINAL_SESSION) if strict else HISTORY
+    return [m.group(0) for pattern in patterns for m in pattern.finditer(text)]
+
+
+def heading_slugs(text: str) -> set[str]:
+    """GitHub's anchors: lower case, punctuation but ``-`` and ``_`` dropped, spaces as ``-``."""
+    headings = re.findall(r"^#+ (.+)$", FENCE.sub("", text), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def broken_links(page: Path) -> list[str]:
+    """Relative links of ``page`` whose file (or, for a Markdown file, heading) does not exist."""
+    text = page.read_text()
+    broken = []
+    for target in LINK.findall(FENCE.sub("", text)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto: ...
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists() or not anchor_exists(file, anchor):
+            broken.append(target)
+    return broken
+
+
+def anchor_exists(file: Path, anchor: str) -> bool:
+    return not anchor or file.suffix != ".md" or anchor in heading_slugs(file.read_text())
+
+
+def missing_repo_files(page: Path) -> list[str]:
+    return sorted({p for p in REPO_FILE.findall(page.read_text()) if not (REPO / p).exists()})
+
+
+def test_readme_fits_a_ten_minute_read() -> None:
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move detail to docs/guide/"
+
+
+def test_readme_leads_with_the_two_commands_and_ci_runs_the_second() -> None:
+    first_block = re.search(r"```bash\n(.*?)```", README.read_text(), re.DOTALL)
+    assert first_block and README.read_text().index("```bash") < README.read_text().index("\n## ")
+    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
+    assert commands == [
+        "bash scripts/setup.sh && .venv/bin/kernelrl train --config recipes/smoke/cpu.yaml",
+        "bash scripts/setup.sh && .venv/bin/python -m pytest -q",
+    ]
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert "bash scripts/setup.sh" in ci and "python -m pytest -q" in ci
+
+
+def test_docs_do_not_narrate_development_history() -> None:
+    found = {}
+    for page in shown_docs():
+        hits = history_in(page.read_text(), strict=page.name != "learning-protocol.md")
+        if hits:
+            found[str(page.relative_to(REPO))] = hits
+    assert not found, f"development history in what a user reads: {found}"
+
+
+def test_history_patterns_catch_what_they_are_for() -> None:
+    narrated = (
+        "measured in issue 27; round 2 of the red team; the Seventh run (2026-11-27); "
+        "the fifteenth session's synthesis; a venv at /work/main/.venv; /root/.cache"
+    )
+    assert len(history_in(narrated)) == 6
+    assert history_in("the eighteenth session's settings", strict=False) == []
+    plain = "a first run with no checkpoint; a WebSocket session; `setsid`; issue a request"
+    assert history_in(plain) == []
+
+
+def test_readme_and_guide_links_resolve(tmp_path: Path) -> None:
+    pages = [README, *guide_pages()]
+    assert {p.name for p in guide_pages()} >= {
+        "environment.md",
+        "training.md",
+        "evaluation.md",
+        "curation.md",
+        "service.md",
+        "recipes.md",
+    }
+    broken = {str(p.relative_to(REPO)): broken_links(p) for p in pages if broken_links(p)}
+    assert not broken, f"relative links to nothing: {broken}"
+    readme = README.read_text()
+    for page in guide_pages():  # every guide page is reachable from the README
+        assert f"(docs/guide/{page.name})" in readme, page.name
+    # the checker itself: a missing file and a missing heading are both caught
+    page = tmp_path / "page.md"
+    (tmp_path / "other.md").write_text("# Other\n\n## A `kernelrl` heading, here\n")
+    page.write_text(
+        "[ok](other.md#a-kernelrl-heading-here) [web](https://x.org/y) [self](#top)\n"
+        "[gone](missing.md) [no heading](other.md#nowhere)\n```\n[in code](nothing.md)\n```\n# Top\n"
+    )
+    assert broken_links(page) == ["missing.md", "other.md#nowhere"]
+
+
+def test_files_the_readme_and_guide_name_exist() -> None:
+    missing = {}
+    for page in [README, *guide_pages()]:
+        if names := missing_repo_files(page):
+            missing[str(page.relative_to(REPO))] = names
+    assert not missing, f"files named in the docs that the checkout does not have: {missing}"
+    assert REPO_FILE.findall("run `recipes/smoke/cpu.yaml` and tests/x.py::t") == [
+        "recipes/smoke/cpu.yaml",
+        "tests/x.py",
+    ]

@@ -167,7 +167,7 @@ def test_http_endpoint_shares_pool_and_cache(service: dict) -> None:
         ({"task_id": "nope", "solution": GOOD}, 400, "unknown task_id"),
         ({"task_id": "01_relu"}, 400, "'solution'"),
         ({"solution": GOOD}, 400, "task_id"),
-        # a well-formed request whose inline task does not load: 422, as the README says
+        # a well-formed request whose inline task does not load: 422, as docs/guide/service.md says
         ({"task": {"source": "x = 1", "id": "t"}, "solution": GOOD}, 422, "not a KernelBench task"),
     ):
         code, payload = post(f"{url}/evaluate", bad, token)

@@ -46,7 +46,7 @@ def test_dry_run_names_a_local_model_and_the_short_name() -> None:
 
 
 def test_vllm_console_script_fails_but_serve_openai_parses() -> None:
-    """What the README says: ``vllm`` fails here; ``kernelrl serve-openai`` reaches vLLM's own
+    """What docs/guide/evaluation.md says: ``vllm`` fails here; ``kernelrl serve-openai`` reaches vLLM's own
     argument parser (its --help lists the server flags)."""
     vllm = Path(sys.executable).with_name("vllm")
     if vllm.exists():
