@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-# Measured on one H100 80GB HBM3 host (16 cores), issue 27, benchmarks/results/h100_seventh_run:
+# Measured on one H100 80GB HBM3 host (16 cores), benchmarks/results/h100_seventh_run:
 SMALL_EVALS_PER_MIN = 112.9  # bundled suite, new kernels, reference timings cached (call 4)
 SMALL_LATENCY_S = 2.88  # median end-to-end evaluation, same run
 # Per-GPU rate of several GPUs sharing one host relative to one GPU alone there (steady state,

@@ -1,6 +1,6 @@
 """A fresh held-out split for the learning benchmark: tasks that no choice has seen.
 
-The synthesis's own held-out split was evaluated in every run from the fifteenth session on and
+The synthesis's own held-out split was evaluated in every run since learning_v11 and
 the settings of later runs were chosen after seeing it, so it measures nothing new. This draws
 new tasks from the same generator with another seed and keeps those that could have been in
 the training synthesis's held-out split and are in none of its splits:

@@ -1,4 +1,4 @@
-"""Long steps show progress in a log file, not only on a terminal (issue 30, item 2).
+"""Long steps show progress in a log file, not only on a terminal.
 
 rich's live bar prints nothing on a pipe until the step ends: curation's validate of
 KernelBench levels 2-3 showed no line in 330 s in a SLURM log. ``kernelrl.progress`` prints

@@ -44,7 +44,7 @@ class ChildPool:
     pauses every other child; with ``pause_importing=False`` those still importing run on
     (they cannot pass the gate before it ends), so the host's cores go on starting children
     instead of idling. Off by default: timing steadiness comes first (benchmarks/README.md,
-    issue 27).
+    "Environment throughput on the bundled suite").
     """
 
     def __init__(

@@ -1,4 +1,4 @@
-"""Pool sizing from the host and the cluster model of an RL step (issue 27): pure arithmetic."""
+"""Pool sizing from the host and the cluster model of an RL step: pure arithmetic."""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def test_all_trains_sft_first_then_rl_from_the_chosen_checkpoint_and_evaluates_t
 
 def test_on_one_gpu_the_held_out_sweeps_run_one_after_the_other(tmp_path: Path) -> None:
     """Two environments on one GPU time each other's kernels and overdraw its memory
-    (benchmarks/README.md, eighteenth session): SFT's sweep ends before RL's starts."""
+    (benchmarks/README.md, "Learning benchmark"): SFT's sweep ends before RL's starts."""
     status, calls = _run(tmp_path, "evaluate", VARIANTS[1], gpus=1)
     assert status == 0
     assert f"gpu=0 tag=gpu_hot {HOT} variants=[] sft=/sft evaluate eval_rl" in calls
