@@ -371,11 +371,18 @@ def test_known_console_noise_is_filtered_by_logger_and_text(
         assert sum(isinstance(f, quiet.MessageFilter) for f in logger.filters) == 1
         handler = Keep()
         logger.addHandler(handler)
+        # Libraries imported by earlier tests set their loggers' levels (transformers' verbosity):
+        # this test is about the filter, so the logger itself lets warnings through meanwhile.
+        level, disabled = logger.level, logger.disabled
+        logger.setLevel(logging.WARNING)
+        logger.disabled = False
         try:
             logger.warning(prefix + " and the rest of the known message")
             logger.warning("anything else this library says")
         finally:
             logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.disabled = disabled
     assert seen == ["anything else this library says"] * len(quiet.KNOWN_LOG_MESSAGES)
     assert os.environ["WANDB_DISABLE_WEAVE"] == "true"
     monkeypatch.setenv("WANDB_DISABLE_WEAVE", "false")
