@@ -50,7 +50,9 @@ class KernelBenchStages:
         for stage, model in self.kb_models().items():
             output = self.kb_completions(stage).parent
             argv = self.eval_argv(self.model_folder(model), folder, self.args.samples, output)
-            self.run(f"generate_{stage}", argv, script=GENERATOR)
+            # The generator is a script, not the CLI: it takes the sweep's words without the
+            # ``eval`` subcommand.
+            self.run(f"generate_{stage}", argv[1:], script=GENERATOR)
 
     def judge_kb(self) -> None:
         """Every set of completions ``generate_kb`` wrote, judged by the environment."""

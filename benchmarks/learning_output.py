@@ -31,6 +31,34 @@ EVALS = {
 }
 
 
+def portable(stages: dict[str, Any], out: Path, *more: Any) -> list[Any]:
+    """The stage records (and ``more`` records of the same run) with the folders they ran in written as ``BENCH`` (the run folder) and
+    repository-relative paths: the records are read on other machines, and the folders of the
+    one that made them mean nothing there. A stage's folders are found from its own record
+    (its log lives one level under the run folder; its recipe under the checkout's recipes/)."""
+    benches, checkouts = {str(out.resolve()), str(out)}, {str(ROOT)}
+    for record in stages.values():
+        if isinstance(record, dict) and record.get("log"):
+            benches.add(str(Path(record["log"]).parents[1]))
+        for word in record.get("argv", []) if isinstance(record, dict) else []:
+            if "/recipes/" in str(word):
+                checkouts.add(str(word).split("/recipes/")[0])
+    swaps = [(b, "BENCH") for b in benches] + [(c + "/", "") for c in checkouts]
+    swaps.sort(key=lambda swap: -len(swap[0]))  # a run folder inside the checkout goes first
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {rewrite(k): rewrite(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [rewrite(v) for v in value]
+        if isinstance(value, str):
+            for old, new in swaps:
+                value = value.replace(old, new)
+        return value
+
+    return [rewrite(value) for value in (stages, *more)]
+
+
 class ReportStages:
     """The report stage (``Benchmark`` provides the state it uses)."""
 
@@ -139,8 +167,8 @@ class ReportStages:
             "cpu_count": os.cpu_count(),
             "memory_gb": round(meminfo_gb("MemTotal", math.nan), 1),
         }
-        table["stage_runs"] = self.stages
-        table["settings"] = {k: str(v) for k, v in vars(self.args).items()}
+        settings = {k: str(v) for k, v in vars(self.args).items()}
+        table["stage_runs"], table["settings"] = portable(self.stages, self.out, settings)
         labels = self.labels(evals)
         text = report_markdown(found, seed, labels, self.stages)
         families = operator_markdown(found["families"][seed], labels)

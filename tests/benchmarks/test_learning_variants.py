@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kernelrl.launch.eval_cli import parse_sweep_recipe as learning_generate_parser
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import learning  # noqa: E402
 import learning_bench  # noqa: E402
@@ -371,6 +373,8 @@ def test_the_kernelbench_set_is_answered_where_the_models_are_and_judged_later(
     assert argv[argv.index("--model_name_or_path") + 1] == "/rl"
     assert argv[argv.index("--output_dir") + 1] == str(tmp_path / "generated" / "kb_rl")
     assert argv[argv.index("--seed") + 1] == "202"  # the run's sweeps: R + 200
+    config = learning_generate_parser(argv)  # the generator itself accepts what it is given
+    assert config.model_name_or_path == "/rl" and config.seed == 202
     ran.clear()
     folder = tmp_path / "generated" / "kb_sft"
     folder.mkdir(parents=True)
