@@ -3,7 +3,7 @@ environment GPUs to give it.
 
     python benchmarks/cluster_sizing.py --recipe recipes/qwen3-14b/trloo/drkernel_14b.yaml \
         --train-gpus 16 --gen-gpus 8 --env-gpus 1 2 4 8 16
-    python benchmarks/cluster_sizing.py --validate benchmarks/results/h100_fork_server/suite_5_repeats.jsonl.gz
+    python benchmarks/cluster_sizing.py --validate benchmarks/results/throughput_h100/suite.jsonl.gz
     python benchmarks/cluster_sizing.py --validate-pool ONE_GPU.json TWO_GPUS.json
 
 Why a model: a step of Dr. Kernel's recipe makes hundreds of evaluations per turn, and whether
@@ -31,13 +31,14 @@ from pathlib import Path
 
 import yaml
 
-# Measured on one H100 80GB HBM3 host (16 cores), benchmarks/results/h100_seventh_run:
-SMALL_EVALS_PER_MIN = 112.9  # bundled suite, new kernels, reference timings cached (call 4)
+# Measured on one H100 80GB HBM3 host (16 cores), benchmarks/results/throughput_h100:
+SMALL_EVALS_PER_MIN = 112.9  # bundled suite, new kernels, reference timings cached
 SMALL_LATENCY_S = 2.88  # median end-to-end evaluation, same run
 # Per-GPU rate of several GPUs sharing one host relative to one GPU alone there (steady state,
 # RayPool, 2 H200s of one 32-core host, 16 cores each: benchmarks/results/ray_pool_gpus).
 MULTI_GPU_EFFICIENCY = 0.83
-LARGE_EVALS_PER_MIN = 8.25  # KernelBench published sizes, first repeat (16 of 16, call 5)
+# KernelBench published sizes, first repeat (16 of 16): results/kernelbench_side_by_side_h100
+LARGE_EVALS_PER_MIN = 8.25
 # Published: vLLM (baseline, no tuning) serving Qwen3-14B on H100, ShareGPT, total tokens/s,
 # GPUStack performance lab, https://docs.gpustack.ai/latest/performance-lab/qwen3-14b/h100
 VLLM_TOKENS_PER_S_PER_GPU = 6595.66

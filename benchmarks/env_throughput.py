@@ -24,9 +24,11 @@ import ast
 import json
 import os
 import statistics
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,6 +41,9 @@ from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
 from kernelrl.env.timing import L2_FLUSHES, TimingConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe, resolve_gpus  # noqa: E402
 
 if TYPE_CHECKING:
     from kernelrl.env.pools.ray import RayPool
@@ -197,7 +202,7 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeats", type=int, default=5)
@@ -205,7 +210,11 @@ def main() -> None:
         "--per-gpu", type=int, default=AUTO, help="evaluations in flight per GPU (0: sized)"
     )
     parser.add_argument("--spares", type=int, default=None, help="children warming per GPU")
-    parser.add_argument("--workers", type=int, default=1, help="GPUs (CPU: slots)")
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="GPUs, or 'all' for every GPU of this machine (CPU: slots)",
+    )
     parser.add_argument("--new-kernels", action="store_true", help="a distinct source each")
     parser.add_argument(
         "--run-importing",
@@ -256,8 +265,13 @@ def main() -> None:
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
     args = parser.parse_args()
-    os.environ[SPAWN_ENV] = args.spawn
+    args.workers = resolve_gpus(args.workers)
+    return args
 
+
+def main() -> None:
+    args = parse_args()
+    os.environ[SPAWN_ENV] = args.spawn
     pairs = [(t, s) for t, s in bundled_pairs("triton") if not args.tasks or t.id in args.tasks]
     config = EvalConfig(
         device=args.device,
@@ -285,10 +299,18 @@ def main() -> None:
             print("pass 1 (cold reference cache):")
             summary["cold"] = report(cold, cold_s, cold_busy, pool)
         warm, warm_s, warm_busy = run_pass(pool, pairs, args.repeats, args.new_kernels, "warm")
-    first = warm[0]
-    print(f"device: {first.device_name}; versions: {first.versions}")
+    print(f"device: {warm[0].device_name}; versions: {warm[0].versions}")
     print(f"pass 2 (reference timings cached), {args.repeats} repeats:")
     summary["warm"] = report(warm, warm_s, warm_busy, pool)
+    finish(args, summary, cold, warm)
+
+
+def finish(
+    args: argparse.Namespace, summary: dict, cold: list[EvalResult], warm: list[EvalResult]
+) -> None:
+    """The headline figure, and the results and summary files ``args`` asks for."""
+    first = warm[0]
+    summary["machine"] = describe()  # after the pool: this process opens no GPU while it runs
     summary["device_name"] = first.device_name
     summary["versions"] = first.versions
     summary["new_kernels"] = args.new_kernels

@@ -141,7 +141,7 @@ def measure(
     return medians
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--processes", type=int, default=6)
     parser.add_argument("--tasks", nargs="+", default=["11_rmsnorm", "01_relu"])
@@ -164,21 +164,32 @@ def main() -> None:
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--cupti", action="store_true", help="start CUPTI before timing")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.child:
         gated = args.busy > 0
         medians = measure(args.tasks, args.sets, args.prelude, gated, args.warmup_ms, args.cupti)
         print(json.dumps(medians))
         return
+    print_spreads(args, run_processes(args))
 
-    def start(source: str, *argv: str) -> subprocess.Popen:
-        command = [sys.executable, "-c", source, *argv]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE)
-        process.stdout.readline()  # "ready"
-        return process
 
-    neighbours = [start(NEIGHBOUR) for _ in range(args.neighbours)]
-    busy = [start(BUSY) for _ in range(args.busy)]
+def _start(source: str, *argv: str) -> subprocess.Popen:
+    """A helper process (neighbour, busy or churn), once it says it is ready."""
+    command = [sys.executable, "-c", source, *argv]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE)
+    process.stdout.readline()  # "ready"
+    return process
+
+
+def run_processes(args: argparse.Namespace) -> list[dict]:
+    """The measured processes one after another, with what ``args`` puts around them; each
+    one's medians."""
+    neighbours = [_start(NEIGHBOUR) for _ in range(args.neighbours)]
+    busy = [_start(BUSY) for _ in range(args.busy)]
     for process in busy:
         os.kill(process.pid, signal.SIGSTOP)
     runs = []
@@ -188,7 +199,7 @@ def main() -> None:
             command += [str(k) for k in args.sets] + (["--prelude"] if args.prelude else [])
             command += ["--busy", str(args.busy), "--warmup-ms", str(args.warmup_ms)]
             command += ["--cupti"] if args.cupti else []
-            churn = start(CHURN, str(index)) if args.churn else None
+            churn = _start(CHURN, str(index)) if args.churn else None
             child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             for line in child.stdout:
                 if line.strip() != b"ready":
@@ -211,7 +222,11 @@ def main() -> None:
     finally:
         for process in neighbours + busy:
             process.kill()
+    return runs
 
+
+def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
+    """Max/min over the processes of each task's solution, reference and speedup."""
     print(
         f"\nmax/min over {args.processes} fresh processes (medians in ms), neighbours:"
         f" {args.neighbours}, busy: {args.busy}, prelude: {args.prelude},"

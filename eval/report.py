@@ -160,42 +160,63 @@ def markdown(
     folder: Path | None = None,
     skipped_plots: dict[str, str] | None = None,
 ) -> str:
+    """The report, section by section: each section is a function of the summary alone, so a
+    report rebuilt from ``summary.json`` is the one the sweep wrote."""
     run = summary["run"]
-    last, best = summary["views"]["last"], summary["views"]["best"]
     multi_turn = summary["max_turns"] > 1
+    view_name = "best turn" if multi_turn else "all attempts"
+    view = summary["views"]["best" if multi_turn else "last"]
     out = [f"# Evaluation sweep: {run['run_name']}", ""]
-    out += [
-        _table(["setting", "value"], setting_rows(run, summary["max_turns"])),
-        "",
-    ]
+    out += [_table(["setting", "value"], setting_rows(run, summary["max_turns"])), ""]
     if not run["timing_meaningful"]:
         out += [
             "> Timings are not meaningful on this device (CPU, Triton interpreter): fast_p for "
             "p > 0 and speedups are n/a; fast_0 is the correctness rate.",
             "",
         ]
-    out += ["## Headline", ""]
-    head_last, head_best = headline_rows(last["overall"]), headline_rows(best["overall"])
+    out += _headline_section(summary, multi_turn)
+    out += selection_lines(summary)
+    out += _group_sections(view, view_name)
+    if multi_turn:
+        out += _turn_section(summary)
+    out += _outcome_section(summary, multi_turn)
+    out += _generation_section(summary["generation"])
+    out += _task_section(view, view_name, multi_turn)
+    out += _plot_section(plots, folder, skipped_plots)
+    return "\n".join(out)
+
+
+_RATES_NOTE = (
+    "Rates are over attempts (tasks x samples) of every selected task with Wilson "
+    "intervals: a task that was not evaluated counts as failed (its planned samples, at "
+    "least one). pass@k uses the unbiased estimator over every selected task with a "
+    "percentile bootstrap over tasks; where every task scores exactly 0 or 1 (k samples of "
+    "k, or nothing solved) a bootstrap could only return the estimate itself, so the "
+    "interval is Wilson's over tasks, and where every task has the same fractional pass@k "
+    "(one task, say) no interval is shown; speedups are geometric means over correct attempts with a "
+    "bootstrap interval. fast_p = correct and speedup > p. Harness errors are left out of "
+    "every rate."
+)
+
+
+def _headline_section(summary: dict[str, Any], multi_turn: bool) -> list[str]:
+    """The headline metrics (last and best turn side by side when there are several turns)
+    and how every rate is counted."""
+    views = summary["views"]
+    head_last = headline_rows(views["last"]["overall"])
+    head_best = headline_rows(views["best"]["overall"])
+    out = ["## Headline", ""]
     if multi_turn:
         rows = [(m, a, b) for (m, a), (_, b) in zip(head_last, head_best, strict=True)]
         out += [_table(["metric", "last turn", "best turn"], rows), ""]
     else:
         out += [_table(["metric", "value"], head_last), ""]
-    out += [
-        "Rates are over attempts (tasks x samples) of every selected task with Wilson "
-        "intervals: a task that was not evaluated counts as failed (its planned samples, at "
-        "least one). pass@k uses the unbiased estimator over every selected task with a "
-        "percentile bootstrap over tasks; where every task scores exactly 0 or 1 (k samples of "
-        "k, or nothing solved) a bootstrap could only return the estimate itself, so the "
-        "interval is Wilson's over tasks, and where every task has the same fractional pass@k "
-        "(one task, say) no interval is shown; speedups are geometric means over correct attempts with a "
-        "bootstrap interval. fast_p = correct and speedup > p. Harness errors are left out of "
-        "every rate.",
-        "",
-    ]
-    out += selection_lines(summary)
-    view_name = "best turn" if multi_turn else "all attempts"
-    view = best if multi_turn else last
+    return out + [_RATES_NOTE, ""]
+
+
+def _group_sections(view: dict[str, Any], view_name: str) -> list[str]:
+    """Per level and per category tables, where the tasks have them."""
+    out: list[str] = []
     if view["levels"]:
         out += [f"## Per level ({view_name})", "", _group_table(view["levels"], "level"), ""]
     if view["categories"]:
@@ -205,31 +226,39 @@ def markdown(
             _group_table(view["categories"], "category"),
             "",
         ]
-    if multi_turn:
-        out += ["## Turn by turn", ""]
-        rows = [
-            (
-                p["turn"] + 1,
-                p["attempts"],
-                fmt_rate(p["correct_at_turn"]),
-                fmt_rate(p["best_so_far"]["compile_rate"], counts=False),
-                fmt_rate(p["best_so_far"]["correct_rate"]),
-                fmt_rate(p["best_so_far"]["fast_p"]["eager"]["1"], counts=False),
-                fmt_speedup(p["best_so_far"]["geomean_speedup"]["eager"]),
-            )
-            for p in summary["turns"]
-        ]
-        header = [
-            "turn",
-            "attempts",
-            "correct at turn",
-            "compiled (best so far)",
-            "correct (best so far)",
-            "fast_1 eager (best so far)",
-            "geomean vs eager (best so far)",
-        ]
-        out += [_table(header, rows), ""]
-    out += ["## Outcomes of every attempt", ""]
+    return out
+
+
+def _turn_section(summary: dict[str, Any]) -> list[str]:
+    """What each further turn adds: the rates at each turn and of the best turn so far."""
+    rows = [
+        (
+            p["turn"] + 1,
+            p["attempts"],
+            fmt_rate(p["correct_at_turn"]),
+            fmt_rate(p["best_so_far"]["compile_rate"], counts=False),
+            fmt_rate(p["best_so_far"]["correct_rate"]),
+            fmt_rate(p["best_so_far"]["fast_p"]["eager"]["1"], counts=False),
+            fmt_speedup(p["best_so_far"]["geomean_speedup"]["eager"]),
+        )
+        for p in summary["turns"]
+    ]
+    header = [
+        "turn",
+        "attempts",
+        "correct at turn",
+        "compiled (best so far)",
+        "correct (best so far)",
+        "fast_1 eager (best so far)",
+        "geomean vs eager (best so far)",
+    ]
+    return ["## Turn by turn", "", _table(header, rows), ""]
+
+
+def _outcome_section(summary: dict[str, Any], multi_turn: bool) -> list[str]:
+    """The status of every attempt (per turn when there are several), then the first error
+    of each kind, so a failure mode can be read without opening the records."""
+    out = ["## Outcomes of every attempt", ""]
     table = summary["outcomes"]
     total = sum(c.get("all", 0) for c in table.values()) or 1
     turns = [str(t + 1) for t in range(summary["max_turns"])]
@@ -249,39 +278,43 @@ def markdown(
             where = f"{example['task_id']} sample {example['sample']} turn {example['turn'] + 1}"
             out.append(f"- `{status}` ({where}): {example['error']}")
         out.append("")
-    generation = summary["generation"]
-    if generation["mean_completion_tokens"] is not None:
-        out += ["## Generation", ""]
-        reasons = ", ".join(f"{k} {v}" for k, v in generation["finish_reasons"].items())
+    return out
+
+
+def _generation_section(generation: dict[str, Any]) -> list[str]:
+    """Token counts and finish reasons (absent for replayed fixed solutions, which have none);
+    truncation gets a line because it explains many parse failures."""
+    if generation["mean_completion_tokens"] is None:
+        return []
+    reasons = ", ".join(f"{k} {v}" for k, v in generation["finish_reasons"].items())
+    rows = [
+        ("finish reasons", reasons),
+        (
+            "completion tokens (mean / max)",
+            f"{generation['mean_completion_tokens']:.0f} / {generation['max_completion_tokens']}",
+        ),
+        (
+            "prompt tokens (mean / max)",
+            f"{generation['mean_prompt_tokens']:.0f} / {generation['max_prompt_tokens']}",
+        ),
+        (
+            "generation seconds per attempt (mean)",
+            _num(generation["mean_generation_s"], ".2f", " s"),
+        ),
+    ]
+    out = ["## Generation", "", _table(["", "value"], rows), ""]
+    if generation["truncated"]:
         out += [
-            _table(
-                ["", "value"],
-                [
-                    ("finish reasons", reasons),
-                    (
-                        "completion tokens (mean / max)",
-                        f"{generation['mean_completion_tokens']:.0f} / {generation['max_completion_tokens']}",
-                    ),
-                    (
-                        "prompt tokens (mean / max)",
-                        f"{generation['mean_prompt_tokens']:.0f} / {generation['max_prompt_tokens']}",
-                    ),
-                    (
-                        "generation seconds per attempt (mean)",
-                        _num(generation["mean_generation_s"], ".2f", " s"),
-                    ),
-                ],
-            ),
+            f"{generation['truncated']} of {generation['attempts']} completions stopped at "
+            "max_tokens (finish reason `length`); a truncated answer usually has no complete "
+            "code block.",
             "",
         ]
-        if generation["truncated"]:
-            out += [
-                f"{generation['truncated']} of {generation['attempts']} completions stopped at "
-                "max_tokens (finish reason `length`); a truncated answer usually has no complete "
-                "code block.",
-                "",
-            ]
-    out += [f"## Per task ({view_name})", ""]
+    return out
+
+
+def _task_section(view: dict[str, Any], view_name: str, multi_turn: bool) -> list[str]:
+    """One row per task in natural order, its statuses or why it was not evaluated."""
     rows = [
         (
             t["task_id"],
@@ -296,15 +329,23 @@ def markdown(
         for t in sorted(view["tasks"], key=lambda t: natural_key(t["task_id"]))
     ]
     header = ["task", "level", "correct", "best vs eager", "best vs compile", "statuses"]
-    out += [_table(header + (["first correct turn"] if multi_turn else []), rows), ""]
-    if plots or skipped_plots:
-        out += ["## Plots", ""]
-        for title, path in (plots or {}).items():
-            target = path.relative_to(folder) if folder else path
-            out += [f"![{title}]({target.as_posix()})", ""]
-        for name, why in (skipped_plots or {}).items():
-            out += [f"- `plots/{name}` not drawn: {why}.", ""]
-    return "\n".join(out)
+    header += ["first correct turn"] if multi_turn else []
+    return [f"## Per task ({view_name})", "", _table(header, rows), ""]
+
+
+def _plot_section(
+    plots: dict[str, Path] | None, folder: Path | None, skipped_plots: dict[str, str] | None
+) -> list[str]:
+    """The plots, linked relative to the report, and why any were not drawn."""
+    if not (plots or skipped_plots):
+        return []
+    out = ["## Plots", ""]
+    for title, path in (plots or {}).items():
+        target = path.relative_to(folder) if folder else path
+        out += [f"![{title}]({target.as_posix()})", ""]
+    for name, why in (skipped_plots or {}).items():
+        out += [f"- `plots/{name}` not drawn: {why}.", ""]
+    return out
 
 
 def selection_lines(summary: dict[str, Any], limit: int | None = None) -> list[str]:

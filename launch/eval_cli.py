@@ -146,6 +146,22 @@ def _sweep(words: list[str]) -> int:
         check_model_value(config.model_name_or_path)
     console = Console(stderr=True)
     tasks = load_tasks(config)
+    _announce(config, tasks, console)
+    folder = Path(config.output_dir)
+    if config.client != "fixed" and Sweep(config, tasks, None, None, console).pending() == 0:
+        console.print(f"{folder}: every attempt is done; rebuilding the report", soft_wrap=True)
+        summary = write_report(folder, plots=config.plots)
+        print_summary(summary, console)
+        _log_wandb(config, summary, console)
+        return 0
+    outcome = _run_sweep(config, tasks, console)
+    if outcome is None:
+        return 130
+    return _finish(config, outcome, console)
+
+
+def _announce(config: Any, tasks: list[Any], console: Console) -> None:
+    """One line before the (possibly long) start: how many tasks, from whom, to where."""
     if config.client == "openai":
         served = config.served_model_name or "(the server's model)"
         who = f"{served} @ {config.api_base}"
@@ -158,15 +174,13 @@ def _sweep(words: list[str]) -> int:
         f"{who} -> {config.output_dir}",
         soft_wrap=True,
     )
-    folder = Path(config.output_dir)
-    if config.client != "fixed" and Sweep(config, tasks, None, None, console).pending() == 0:
-        console.print(f"{folder}: every attempt is done; rebuilding the report", soft_wrap=True)
-        summary = write_report(folder, plots=config.plots)
-        print_summary(summary, console)
-        _log_wandb(config, summary, console)
-        return 0
+
+
+def _run_sweep(config: Any, tasks: list[Any], console: Console) -> Any:
+    """The sweep's outcome, or None after Ctrl-C (said on stderr: exit 130); a stop that is not
+    an interruption, or an endpoint that does not answer, is a ``UserError``."""
     from kernelrl.eval.clients import EndpointUnreachable
-    from kernelrl.eval.sweep import SweepStopped
+    from kernelrl.eval.sweep import Sweep, SweepStopped
 
     stopped: SweepStopped | None = None
     try:
@@ -189,15 +203,23 @@ def _sweep(words: list[str]) -> int:
         if stopped is None:
             print(
                 f"kernelrl eval: interrupted before any attempt of this run was saved; "
-                f"{folder} is as it was; run the same command again to start",
+                f"{Path(config.output_dir)} is as it was; run the same command again to start",
                 file=sys.stderr,
             )
-            return 130
+            return None
     if stopped is not None:
         if stopped.interrupted:
             print(f"kernelrl eval: {stopped}", file=sys.stderr)
-            return 130
+            return None
         raise UserError(str(stopped))
+    return outcome
+
+
+def _finish(config: Any, outcome: Any, console: Console) -> int:
+    """Write and print the report of a finished sweep; exit 1 when some task went
+    unevaluated."""
+    from kernelrl.eval.report import print_summary, write_report
+
     try:
         summary = write_report(outcome.folder, plots=config.plots)
     except OSError as exc:  # e.g. a full disk after the sweep: samples.jsonl holds everything

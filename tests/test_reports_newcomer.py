@@ -5,6 +5,7 @@ expected value below is counted by hand from them."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import re
@@ -393,9 +394,10 @@ def test_known_console_noise_is_filtered_by_logger_and_text(
 # ------------------------------------------------------------------ the README and the user guide
 README = REPO / "README.md"
 GUIDE = REPO / "docs" / "guide"
-#: What a reader is shown: the README, the guide and the reference docs. docs/decisions.md records
-#: history by design and is left out.
+#: What a reader is shown: the README, the guide and the reference docs.
 REFERENCE_DOCS = ("design.md", "threat-model.md", "learning-protocol.md")
+DECISIONS = REPO / "docs" / "decisions.md"
+RESULTS = REPO / "benchmarks" / "results"
 README_MAX_LINES = 350
 ORDINALS = (
     "First|Second|Third|Fourth|Fifth|Sixth|Seventh|Eighth|Ninth|Tenth|Eleventh|Twelfth|"
@@ -413,6 +415,9 @@ HISTORY = (
 #: A session named by its ordinal in any case ("the fifteenth session's settings"). Not applied
 #: to the pre-registered learning protocol, whose text is frozen until its next version.
 ORDINAL_SESSION = re.compile(rf"\b({ORDINALS}) session", re.IGNORECASE)
+#: A section of another page named in prose (`README, "Options ... are refused"`): nothing notices
+#: when that page is rewritten, where a link's file and heading are checked.
+PROSE_SECTION = re.compile(r'(?<![\[\w./-])([\w./-]+\.md|README)(?:\'s)?, "[^"]+"')
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 #: A file of the checkout named in prose or in a command (outputs under runs/ are made by the run).
@@ -428,6 +433,14 @@ def guide_pages() -> list[Path]:
 
 def shown_docs() -> list[Path]:
     return [README, *guide_pages(), *(REPO / "docs" / name for name in REFERENCE_DOCS)]
+
+
+def history_checked() -> list[Path]:
+    """What a reader is shown, and also the record of decisions and the benchmark results: a
+    decision or a result is told by what it measured (a results folder, a date, a commit), never
+    by the work session that made it."""
+    results = [*RESULTS.rglob("*.md"), *RESULTS.rglob("*.py")]
+    return [*shown_docs(), DECISIONS, *sorted(results)]
 
 
 def history_in(text: str, strict: bool = True) -> list[str]:
@@ -482,7 +495,7 @@ def test_readme_leads_with_the_two_commands_and_ci_runs_the_second() -> None:
 
 def test_docs_do_not_narrate_development_history() -> None:
     found = {}
-    for page in shown_docs():
+    for page in history_checked():
         hits = history_in(page.read_text(), strict=page.name != "learning-protocol.md")
         if hits:
             found[str(page.relative_to(REPO))] = hits
@@ -525,6 +538,17 @@ def test_readme_and_guide_links_resolve(tmp_path: Path) -> None:
     assert broken_links(page) == ["missing.md", "other.md#nowhere"]
 
 
+def test_decisions_links_and_anchors_resolve() -> None:
+    """The record of decisions cites sections of the README, the guide and benchmarks/README.md,
+    pages that get rewritten: each citation is a link whose file and heading are checked."""
+    text = FENCE.sub("", DECISIONS.read_text())
+    assert len(LINK.findall(text)) >= 5, "docs/decisions.md cites sections by link"
+    assert broken_links(DECISIONS) == [], "docs/decisions.md links to nothing"
+    assert PROSE_SECTION.findall(text) == [], "a section named in prose: make it a link"
+    cited = '(README, "Options ... are refused") and ([design.md, "Layers"](design.md#layers))'
+    assert PROSE_SECTION.findall(cited) == ["README"]
+
+
 def test_files_the_readme_and_guide_name_exist() -> None:
     missing = {}
     for page in [README, *guide_pages()]:
@@ -535,3 +559,23 @@ def test_files_the_readme_and_guide_name_exist() -> None:
         "recipes/smoke/cpu.yaml",
         "tests/x.py",
     ]
+
+
+#: Where a development machine's folders would show in a stored result.
+MACHINE_PATH = re.compile(r"/work/|/root/")
+
+
+def test_no_stored_result_names_a_machine_path() -> None:
+    """Results are read on other machines: a run's records name their files by the run folder
+    or the checkout, never by the folders of the machine that made them (compressed records
+    included)."""
+    found = []
+    for path in sorted(p for p in RESULTS.rglob("*") if p.is_file()):
+        if path.suffix == ".gz":
+            text = gzip.decompress(path.read_bytes()).decode("utf-8", "replace")
+        elif path.suffix in {".png", ".parquet", ".sqlite"}:
+            continue
+        else:
+            text = path.read_text(errors="replace")
+        found += [f"{path.relative_to(REPO)}: {m}" for m in MACHINE_PATH.findall(text)[:1]]
+    assert found == []

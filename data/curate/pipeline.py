@@ -216,7 +216,38 @@ def _run_steps(
     out: Path,
     console: Console | None,
 ) -> tuple[Dataset, Dataset | None]:
-    tasks = load_tasks(config.task_sources)
+    """The recipe's steps in the module docstring's order: text-only first, then the ones
+    that run code."""
+    tasks = _text_steps(config, steps, runner, load_tasks(config.task_sources), out, console)
+    if "validate" in steps:
+        settings = validate_settings(config)
+        journal = runner.journal("validate", settings)
+        tasks = runner.run(
+            "validate",
+            tasks,
+            settings,
+            lambda data: validate_tasks(
+                data, config.validate, console, journal, device=config.env_device, seed=config.seed
+            ),
+        )
+    if "difficulty" in steps:
+        tasks = _difficulty_step(config, runner, lazy, generate, tasks, console)
+    sft = None
+    if "sft" in steps and (config.sample_sources or config.trajectory_sources):
+        runner.current = "sft"
+        sft = _curate_sft(config, tasks, lazy, runner, out, console)
+    return tasks, sft
+
+
+def _text_steps(
+    config: CurateConfig,
+    steps: set[str],
+    runner: _Steps,
+    tasks: Dataset,
+    out: Path,
+    console: Console | None,
+) -> Dataset:
+    """normalize, dedup and decontaminate: they read the records' text and run none of it."""
     if "normalize" in steps:
         template = config.prompt_template
         settings = {
@@ -246,47 +277,43 @@ def _run_steps(
         tasks, report = decontaminate(tasks, benchmark, console=console)
         runner.reports.append(report)
         write_decontamination_report(report, out / "decontamination.md")
-    if "validate" in steps:
-        settings = validate_settings(config)
-        journal = runner.journal("validate", settings)
-        tasks = runner.run(
-            "validate",
-            tasks,
-            settings,
-            lambda data: validate_tasks(
-                data, config.validate, console, journal, device=config.env_device, seed=config.seed
-            ),
-        )
-    if "difficulty" in steps:
-        difficulty = config.difficulty
-        model = None
-        if generate is not None:
-            model = {
-                **difficulty.model_settings(),
-                "seed": config.seed,
-                "eval_timeout_s": config.env_timeout_s,
-                "device": config.env_device,
-            }
-        settings = {"config": difficulty, "model": model}
-        journal = runner.journal("difficulty", {"k": difficulty.pass_rate_k, "model": model})
-        tasks = runner.run(
-            "difficulty",
-            tasks,
-            settings,
-            lambda data: tag_difficulty(
-                data,
-                difficulty,
-                generate,
-                lazy.get() if generate is not None else None,
-                console,
-                journal=journal if generate is not None else None,
-            ),
-        )
-    sft = None
-    if "sft" in steps and (config.sample_sources or config.trajectory_sources):
-        runner.current = "sft"
-        sft = _curate_sft(config, tasks, lazy, runner, out, console)
-    return tasks, sft
+    return tasks
+
+
+def _difficulty_step(
+    config: CurateConfig,
+    runner: _Steps,
+    lazy: _LazyPool,
+    generate: Generate | None,
+    tasks: Dataset,
+    console: Console | None,
+) -> Dataset:
+    """Difficulty tags; with a model, its pass rate too, journaled under the model's settings
+    (a pool is started only then)."""
+    difficulty = config.difficulty
+    model = None
+    if generate is not None:
+        model = {
+            **difficulty.model_settings(),
+            "seed": config.seed,
+            "eval_timeout_s": config.env_timeout_s,
+            "device": config.env_device,
+        }
+    settings = {"config": difficulty, "model": model}
+    journal = runner.journal("difficulty", {"k": difficulty.pass_rate_k, "model": model})
+    return runner.run(
+        "difficulty",
+        tasks,
+        settings,
+        lambda data: tag_difficulty(
+            data,
+            difficulty,
+            generate,
+            lazy.get() if generate is not None else None,
+            console,
+            journal=journal if generate is not None else None,
+        ),
+    )
 
 
 def validate_settings(config: CurateConfig) -> dict[str, Any]:

@@ -16,6 +16,7 @@ harness error that persists is reported, never journaled, so a rerun tries it ag
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -28,7 +29,7 @@ from kernelrl.data.curate.resume import Journal
 from kernelrl.data.curate.validate_config import ValidateConfig
 from kernelrl.data.curate.verdict import outcome, seeds_for
 from kernelrl.data.schema import make_dataset
-from kernelrl.env.task import task_from_row
+from kernelrl.env.task import Task, task_from_row
 
 
 def validate_tasks(
@@ -67,56 +68,101 @@ def validate_tasks(
         ReferenceProber(config, device) as prober,
         step_progress(console, "validate", len(rows), completed=len(verdicts)) as progress,
     ):
-        executor = ThreadPoolExecutor(max_workers=max(config.validate_workers, 1))
-        pending: dict[Future[Probe], tuple[int, int]] = {}
-        probes: dict[int, list[Probe | None]] = {}
-        rerun_alone: set[int] = set()
 
-        def submit(index: int, alone: bool) -> None:
-            task = task_list[index]
-            model_seed, input_seeds = seeds[index]
-            probes[index] = [None, None]
-            # The second run repeats every input set but skips timing and the profiled call
-            # (seconds on CPU). All of them: a reference drawing one of 64 channels from an
-            # unseeded RNG agreed with itself on one input set in 1 of 64 validations.
-            for which, time_it in ((0, True), (1, False)):
-                future = executor.submit(prober.run, task, model_seed, input_seeds, time_it, alone)
-                pending[future] = (index, which)
+        def judged(index: int, verdict: dict[str, Any]) -> None:
+            verdicts[index] = verdict
+            if journal is not None and verdict.get("reason") != "harness_error":
+                journal.add(task_list[index].hash, rows[index]["id"], verdict)
+            progress.advance()
 
+        runs = _PairedRuns(prober, config, task_list, seeds)
+        runs.run(todo, judged)
+        if runs.rerun_alone:
+            report.notes["rerun_alone"] = len(runs.rerun_alone)
+        report.notes["device"] = prober.device_name
+    result = make_dataset(_kept_rows(rows, verdicts, report), "tasks")
+    report.count_out = len(result)
+    log_step(report, console)
+    return result, report
+
+
+class _PairedRuns:
+    """Both runs of every reference, on a pool of threads that each wait for a sandboxed
+    child; a pair that failed for a reason that may be ours (``_ours``) runs once more, alone.
+    """
+
+    def __init__(
+        self,
+        prober: ReferenceProber,
+        config: ValidateConfig,
+        task_list: list[Task],
+        seeds: dict[int, tuple[int, list[int]]],
+    ) -> None:
+        self.prober = prober
+        self.config = config
+        self.task_list = task_list
+        self.seeds = seeds
+        self.rerun_alone: set[int] = set()
+        self._pending: dict[Future[Probe], tuple[int, int]] = {}
+        self._probes: dict[int, list[Probe | None]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=max(config.validate_workers, 1))
+
+    def run(self, todo: list[int], judged: Callable[[int, dict[str, Any]], None]) -> None:
+        """Run the pairs of ``todo``; ``judged(index, verdict)`` as each pair is judged."""
         try:
             for index in todo:
-                submit(index, alone=False)
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                self._submit(index, alone=False)
+            while self._pending:
+                done, _ = wait(self._pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    index, which = pending.pop(future)
-                    probes[index][which] = future.result()
-                    first, second = probes[index]
-                    if first is None or second is None:
-                        continue
-                    if index not in rerun_alone and _ours(first, second, prober.kind):
-                        # Our failure, or out of memory beside other runs: once more, alone.
-                        rerun_alone.add(index)
-                        submit(index, alone=True)
-                        continue
-                    verdicts[index] = outcome(
-                        task_list[index], first, second, seeds[index], config, prober
-                    )
-                    if journal is not None and verdicts[index].get("reason") != "harness_error":
-                        journal.add(task_list[index].hash, rows[index]["id"], verdicts[index])
-                    del probes[index]
-                    progress.advance()
+                    verdict = self._collect(future)
+                    if verdict is not None:
+                        judged(*verdict)
         except BaseException:
             # Ctrl-C (or a failure of ours): runs not started are cancelled, runs in flight are
             # killed; verdicts already journaled are kept.
-            executor.shutdown(wait=False, cancel_futures=True)
-            prober.interrupt()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self.prober.interrupt()
             raise
         finally:
-            executor.shutdown(wait=True, cancel_futures=True)
-        if rerun_alone:
-            report.notes["rerun_alone"] = len(rerun_alone)
-        report.notes["device"] = prober.device_name
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, index: int, alone: bool) -> None:
+        task = self.task_list[index]
+        model_seed, input_seeds = self.seeds[index]
+        self._probes[index] = [None, None]
+        # The second run repeats every input set but skips timing and the profiled call
+        # (seconds on CPU). All of them: a reference drawing one of 64 channels from an
+        # unseeded RNG agreed with itself on one input set in 1 of 64 validations.
+        for which, time_it in ((0, True), (1, False)):
+            future = self._executor.submit(
+                self.prober.run, task, model_seed, input_seeds, time_it, alone
+            )
+            self._pending[future] = (index, which)
+
+    def _collect(self, future: Future[Probe]) -> tuple[int, dict[str, Any]] | None:
+        """The verdict of the pair ``future`` completes, or None while the pair is unfinished
+        or is being run again alone."""
+        index, which = self._pending.pop(future)
+        self._probes[index][which] = future.result()
+        first, second = self._probes[index]
+        if first is None or second is None:
+            return None
+        if index not in self.rerun_alone and _ours(first, second, self.prober.kind):
+            # Our failure, or out of memory beside other runs: once more, alone.
+            self.rerun_alone.add(index)
+            self._submit(index, alone=True)
+            return None
+        del self._probes[index]
+        task = self.task_list[index]
+        return index, outcome(task, first, second, self.seeds[index], self.config, self.prober)
+
+
+def _kept_rows(
+    rows: list[dict[str, Any]], verdicts: dict[int, dict[str, Any]], report: StepReport
+) -> list[dict[str, Any]]:
+    """The rows whose reference passed, with the verdict's fields; the others are removed in
+    ``report`` with their reason."""
     kept: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
         verdict = verdicts[index]
@@ -124,10 +170,7 @@ def validate_tasks(
             report.remove(row["id"], verdict["reason"], verdict.get("detail", ""))
         else:
             kept.append({**row, "validated": True, **verdict["fields"]})
-    result = make_dataset(kept, "tasks")
-    report.count_out = len(result)
-    log_step(report, console)
-    return result, report
+    return kept
 
 
 def _ours(first: Probe, second: Probe, kind: str) -> bool:

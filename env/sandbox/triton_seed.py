@@ -5,8 +5,9 @@ A child's Triton cache starts empty (its own, in its scratch directory: one solu
 kernels must never reach another's), so every child used to build Triton's driver utilities
 and the audit warm-up kernel's launcher with the host's C compiler, and compile that kernel,
 during its warm-up: about 0.7 s of the ~1.2 s its first Triton launch costs on an H100 host
-(benchmarks/triton_first_launch.py), before it can serve. The seed holds exactly those files;
-each child gets its own copy (``spawn``), so nothing a child writes reaches the seed.
+(docs/decisions.md, "Sandbox children start from a seeded Triton cache"), before it can
+serve. The seed holds exactly those files; each child gets its own copy (``spawn``), so
+nothing a child writes reaches the seed.
 
     python -m kernelrl.env.sandbox.triton_seed DIR     (CUDA_VISIBLE_DEVICES picks the GPU)
 """

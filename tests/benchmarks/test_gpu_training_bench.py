@@ -1,10 +1,11 @@
-"""The pieces of benchmarks/gpu_training.py that decide what its GPU run reports: the SFT data
-must teach the exact prompts RL samples from, weight changes must not be faked by DeepSpeed's
-bf16 save, and the step breakdown must add up."""
+"""The pieces of benchmarks/gpu_training.py that decide what its GPU run reports
+(gpu_training_prepare.py, gpu_training_report.py): the SFT data must teach the exact prompts RL
+samples from, weight changes must not be faked by DeepSpeed's bf16 save, and the step breakdown
+must add up."""
 
 from __future__ import annotations
 
-import importlib.util
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,19 +16,18 @@ from safetensors.torch import save_file
 from kernelrl.env.parse import extract_solution
 from kernelrl.launch.train_cli import build_task_dataset
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_training.py"
-_spec = importlib.util.spec_from_file_location("gpu_training", _PATH)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import gpu_training_prepare as prepare  # noqa: E402
+import gpu_training_report as report  # noqa: E402
 
 
 def test_sft_rows_use_the_rl_prompts_and_parse(tmp_path: Path) -> None:
-    assert bench.make_sft_data(tmp_path, bench.TASKS) == 2
+    assert prepare.make_sft_data(tmp_path, prepare.TASKS) == 2
     rows = pd.read_parquet(tmp_path / "train.parquet")
     args = SimpleNamespace(
         tasks=["bundled"],
         task_backend="triton",
-        task_filter=bench.TASKS,
+        task_filter=prepare.TASKS,
         task_categories="",
         task_difficulty="",
         max_tasks=None,
@@ -50,8 +50,8 @@ def test_weight_change_ignores_a_bf16_save_and_sees_an_update(tmp_path: Path) ->
     updated = {k: t.bfloat16() for k, t in weights.items()}
     updated["w"] = updated["w"] + 0.5
     save_file(updated, str(moved / "model.safetensors"))
-    assert bench.weight_change(before, cast)["tensors_changed"] == 0
-    change = bench.weight_change(before, moved)
+    assert report.weight_change(before, cast)["tensors_changed"] == 0
+    change = report.weight_change(before, moved)
     assert change["tensors_changed"] == 1 and change["max_abs_change"] > 0.4
     assert change["checksum_before"]["sum"] != change["checksum_after"]["sum"]
 
@@ -66,7 +66,7 @@ def test_breakdown_splits_the_step() -> None:
             "timing/reward_wait_s": 0.25,
         }
     ]
-    assert bench._breakdown(history) == {
+    assert report._breakdown(history) == {
         "step_s": 3.0,
         "generation_s": 1.5,
         "evaluation_wait_s": 0.5,

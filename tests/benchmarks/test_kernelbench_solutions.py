@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(not KERNELBENCH_DIR, reason="KERNELBENCH_DIR is 
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTIONS = ROOT / "benchmarks" / "kernelbench_solutions"
-HARNESS_PATH = ROOT / "benchmarks" / "kernelbench_harness.py"
+ENTRIES_PATH = ROOT / "benchmarks" / "kernelbench_entries.py"
 
 # Small values for each task's size globals (odd sizes on purpose: masks and partial tiles).
 CPU_SIZES: dict[str, dict[str, object]] = {
@@ -61,8 +61,9 @@ CPU_SIZES: dict[str, dict[str, object]] = {
 SOLUTION_FILES = sorted(p for p in SOLUTIONS.glob("*.py") if not p.name.startswith("_"))
 
 
-def _harness():
-    spec = importlib.util.spec_from_file_location("kernelbench_harness", HARNESS_PATH)
+def _entries():
+    """``benchmarks/kernelbench_entries.py``: how the harness pairs a solution with its task."""
+    spec = importlib.util.spec_from_file_location("kernelbench_entries", ENTRIES_PATH)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -70,7 +71,7 @@ def _harness():
 
 
 def _entry(path: Path):
-    [entry] = _harness().solution_entries(SOLUTIONS, Path(KERNELBENCH_DIR), {path.stem})
+    [entry] = _entries().solution_entries(SOLUTIONS, Path(KERNELBENCH_DIR), {path.stem})
     return entry
 
 
@@ -78,7 +79,7 @@ def test_every_solution_has_small_sizes_and_the_set_covers_the_brief() -> None:
     stems = {p.stem for p in SOLUTION_FILES}
     assert len(stems) >= 12
     assert stems <= set(CPU_SIZES), sorted(stems - set(CPU_SIZES))
-    levels = {_harness().task_rel_of(p.read_text()).split("/")[0] for p in SOLUTION_FILES}
+    levels = {_entries().task_rel_of(p.read_text()).split("/")[0] for p in SOLUTION_FILES}
     assert levels == {"level1", "level2"}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -31,6 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "recipes" / "eval" / "smoke_cpu.yaml"
 MODEL = "smollm2-135m-instruct"
 STATUSES = {str(s) for s in Status}
+#: What Python's resource tracker prints as a process tree ends when a process made shared memory
+#: (or a semaphore) and died before unlinking it: vLLM's engine process, killed mid-shutdown.
+LEAKED = re.compile(r"resource_tracker: There appear to be \d+ leaked \w+ objects")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +54,7 @@ def test_smoke_recipe_through_vllm_cpu(tmp_path: Path, model_path: str) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     first_run = time.monotonic() - started
     assert "Disabling Triton" not in done.stderr  # vLLM-cpu's known message, in every process
+    assert not LEAKED.search(done.stderr), "vLLM's engine was killed before it unlinked its memory"
 
     records = read_records(out / "samples.jsonl")
     tasks = ("01_relu", "02_gelu_tanh", "03_silu_fp16")
@@ -97,6 +102,47 @@ def test_smoke_recipe_through_vllm_cpu(tmp_path: Path, model_path: str) -> None:
     assert "every attempt is done" in " ".join(again.stderr.split())
     assert time.monotonic() - started < first_run
     assert len(read_records(out / "samples.jsonl")) == len(records)
+
+
+def test_the_leak_check_reads_pythons_resource_tracker() -> None:
+    """``LEAKED`` matches what this Python prints for a segment nobody unlinked, and only then."""
+    make = "from multiprocessing import shared_memory as s; m = s.SharedMemory(create=True, size=8)"
+    for code, leaks in ((make, True), (make + "; m.close(); m.unlink()", False)):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert done.returncode == 0 and bool(LEAKED.search(done.stderr)) is leaks, done.stderr
+
+
+VLLM_START_AND_CLOSE = """
+import sys
+from kernelrl.eval.clients import Sampling, VLLMClient
+
+if __name__ == "__main__":  # vLLM spawns its engine process, which imports this file again
+    client = VLLMClient(sys.argv[1], Sampling(max_tokens=8), dtype="float32", max_model_len=512,
+                        enforce_eager=True, cpu_kv_cache_gb=1)
+    client.close()
+    print("closed")
+"""
+
+
+def test_vllm_engine_unlinks_its_shared_memory_when_closed(tmp_path: Path, model_path: str) -> None:
+    """vLLM 0.32 kills its engine process as long after asking it to stop as that process
+    itself waits for its worker (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``): a worker slower to
+    exit (a busy machine) got the engine killed before it unlinked its broadcast queue's shared
+    memory, and the resource tracker said so as the sweep ended. A grace of 0 makes every worker
+    that slow; ``VLLMClient.close`` gives the engine the time its own shutdown may take."""
+    script = tmp_path / "start_and_close.py"
+    script.write_text(VLLM_START_AND_CLOSE)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "0"}
+    done = subprocess.run(
+        [sys.executable, str(script), model_path],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0 and done.stdout.split()[-1:] == ["closed"], done.stderr[-3000:]
+    assert not LEAKED.search(done.stderr), done.stderr[-3000:]
 
 
 def test_transformers_client(model_path: str) -> None:

@@ -1,5 +1,5 @@
-"""How much the eighteenth session's RL - SFT rests on the verdicts that two sweeps sharing one
-GPU spoiled (benchmarks/README.md, "Eighteenth session"): the one task the harness could not
+"""How much learning_v14's RL - SFT rests on the verdicts that two sweeps sharing one GPU
+spoiled (benchmarks/README.md, "Learning benchmark"): the one task the harness could not
 judge for SFT (out of GPU memory), and the seven answers flagged ``timing_unconfirmed`` alone.
 
     python benchmarks/results/learning_v14/sensitivity.py BENCH_DIR
