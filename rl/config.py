@@ -74,6 +74,22 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
             "evaluated; its update then uses samples one step stale (logged as rollout/staleness)"
         },
     )
+    async_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "asynchronous RL: generation for the next steps runs while the update trains, "
+            "each turn is judged as it finishes, a step trains on the groups that are complete and "
+            "the others carry over; samples at most max_staleness policy versions old, corrected "
+            "by importance weights (TRL's vllm_importance_sampling_* keys)"
+        },
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata={
+            "help": "async_generation: how many optimizer steps older than the update a trained "
+            "sample's oldest turn may be; 0 gives the synchronous trainer's samples and update"
+        },
+    )
     vllm_engine_kwargs: dict | str | None = field(
         default=None,
         metadata={
@@ -173,6 +189,7 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
         _choice("advantage", self.advantage, ADVANTAGES)
         _choice("turn_return", self.turn_return, TURN_RETURNS)
         self.check_turns()
+        self._check_async()
         if not 0.0 <= self.turn_gamma <= 1.0:
             raise ValueError(f"turn_gamma must lie in [0, 1], got {self.turn_gamma}")
         if isinstance(self.vllm_engine_kwargs, str):
@@ -199,8 +216,53 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
         self.check_overlap()
         return self
 
+    def _check_async(self) -> None:
+        """What asynchronous training cannot honour is refused, never ignored."""
+        if not self.async_generation:
+            return
+        problems = {
+            "max_staleness must be >= 0": self.max_staleness < 0,
+            "async_generation already overlaps evaluation: remove overlap_evaluation": (
+                self.overlap_evaluation
+            ),
+            "async_generation trains each sample once: set num_iterations: 1": (
+                self.num_iterations != 1
+            ),
+            "async_generation generates once per optimizer step: remove steps_per_generation or "
+            "set it to gradient_accumulation_steps": (
+                self.steps_per_generation != self.gradient_accumulation_steps
+            ),
+            "async_generation carries whole groups over: per_device_train_batch_size x "
+            "steps_per_generation must be a multiple of num_generations": (
+                (self.per_device_train_batch_size * self.steps_per_generation)
+                % self.num_generations
+                != 0
+            ),
+            "stale samples need vLLM's importance-sampling correction: set "
+            "vllm_importance_sampling_correction: true or max_staleness: 0": (
+                self.use_vllm
+                and not self.vllm_importance_sampling_correction
+                and self.max_staleness > 0
+            ),
+            "async_generation with a colocated engine needs vllm_tensor_parallel_size: 1 and no "
+            "vllm_enable_sleep_mode (generation runs while the update trains)": (
+                self.use_vllm
+                and self.vllm_mode == "colocate"
+                and (self.vllm_tensor_parallel_size != 1 or self.vllm_enable_sleep_mode)
+            ),
+        }
+        for problem, present in problems.items():
+            if present:
+                raise ValueError(problem)
+
     def check_overlap(self) -> None:
         """Overlapped evaluation only where kernels are not timed on the policy's own GPUs."""
+        if self.async_generation and self.environment.times_on_local_gpus():
+            raise ValueError(
+                "async_generation would time kernels while the policy generates and trains on the "
+                "same GPUs (env_pool: local, env_device: cuda); evaluate on other GPUs (env_pool: "
+                "ray or service)"
+            )
         if self.overlap_evaluation and self.environment.times_on_local_gpus():
             raise ValueError(
                 "overlap_evaluation would time kernels while the policy generates and trains on "

@@ -60,6 +60,7 @@ class Turn:
     truncated: bool  # hit its token limit without an end-of-turn token
     result: EvalResult | Future | None = None
     error: str = ""  # why the result is missing (infrastructure failure)
+    policy_step: int = 0  # the policy version (optimizer step) whose weights generated it
 
     @property
     def scored(self) -> bool:
@@ -87,7 +88,7 @@ class Trajectory:
     turn_index: list[int] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     stop_reason: str = ""  # correct | max_turns | context | env_error (unscored last turn)
-    policy_step: int = 0  # optimizer step of the weights that generated it
+    policy_step: int = 0  # optimizer step of the oldest weights that generated a turn of it
 
     def _append(
         self, ids: Sequence[int], logprobs: Sequence[float | None] | None, turn: int
@@ -126,6 +127,7 @@ class Trajectory:
                     "truncated": t.truncated,
                     "result": None if r is None else r.to_dict(),
                     "error": t.error,
+                    "policy_step": t.policy_step,
                 }
                 for t, r in zip(self.turns, results, strict=True)
             ],
@@ -143,6 +145,7 @@ class Trajectory:
                 truncated=t["truncated"],
                 result=None if t["result"] is None else EvalResult.from_dict(t["result"]),
                 error=t["error"],
+                policy_step=t.get("policy_step", record["policy_step"]),
             )
             for t in record["turns"]
         ]
@@ -264,88 +267,131 @@ class MultiTurnRollout:
         """
         if len(prompt_ids) != len(tasks):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(tasks)} tasks")
-        cfg = self.config
         stats = RolloutStats()
         trajectories = [
             Trajectory(task=task, prompt_ids=list(ids), policy_step=policy_step)
             for ids, task in zip(prompt_ids, tasks, strict=True)
         ]
         active = list(range(len(trajectories)))
-        # A turn capped by max_completion_length alone is a full turn, however short the cap.
-        floor = min(cfg.min_turn_tokens, cfg.max_completion_length)
-        for turn in range(cfg.max_turns):
-            limits = {}
-            for i in active:
-                limit = cfg.max_completion_length
-                if cfg.max_context_tokens is not None:
-                    used = len(trajectories[i].prompt_ids) + len(trajectories[i].completion_ids)
-                    limit = min(limit, cfg.max_context_tokens - used)
-                limits[i] = max(limit, 1) if turn == 0 else limit
-            for i in [i for i in active if turn > 0 and limits[i] < floor]:
-                trajectories[i].stop_reason = "context"
-            active = [i for i in active if turn == 0 or limits[i] >= floor]
+        for turn in range(self.config.max_turns):
+            limits = self._turn_limits(trajectories, active, turn)
+            active = [i for i in active if i in limits]
             if not active:
                 break
-            contexts = [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in active]
-            turn_seeds = None if seeds is None else [seeds[i] + turn for i in active]
-            started = time.perf_counter()
-            plural = "" if len(active) == 1 else "s"
-            self._phase(f"generating turn {turn + 1} ({len(active)} sample{plural})")
-            fn = (
-                first_turn_generate if (turn == 0 and first_turn_generate is not None) else generate
-            )
-            completions, logprobs = fn(contexts, max(limits[i] for i in active), turn_seeds)
-            stats.generation_s += time.perf_counter() - started
-            stats.turns_generated += len(active)
-
-            texts = []
-            for row, i in enumerate(active):
-                ids = list(completions[row])[: limits[i]]
-                lps = None if logprobs is None else list(logprobs[row])[: len(ids)]
-                trajectory = trajectories[i]
-                trajectory._append(ids, lps, turn)
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                trajectory.turns.append(Turn(ids, text, truncated=not self._ends_turn(ids)))
-                texts.append(text)
-            futures = self.pool.submit([trajectories[i].task for i in active], texts)
-            for i, future in zip(active, futures, strict=True):
-                trajectories[i].turns[-1].result = future
-
-            last = turn == cfg.max_turns - 1
+            fn = generate if turn > 0 or first_turn_generate is None else first_turn_generate
+            self._generate_turn(trajectories, active, limits, turn, fn, seeds, stats)
+            self._submit_turn(trajectories, active)
+            last = turn == self.config.max_turns - 1
             if last and defer_last:
                 for i in active:
                     trajectories[i].stop_reason = "max_turns"
                 break
-            waited = time.perf_counter()
-            results = {}
-            for i in active:
-                self._phase(f"evaluating turn {turn + 1} ({len(results)}/{len(active)} judged)")
-                results[i] = trajectories[i].turns[-1].resolve()
-            stats.evaluation_wait_s += time.perf_counter() - waited
-
-            still = []
-            for i in active:
-                trajectory, result = trajectories[i], results[i]
-                if not is_scored(result):  # no verdict: our failure
-                    trajectory.stop_reason = "env_error"
-                elif cfg.stop_when_correct and result.correct:
-                    trajectory.stop_reason = "correct"
-                elif last:
-                    trajectory.stop_reason = "max_turns"
-                else:
-                    suffix = self.feedback_ids(result.feedback)
-                    if trajectory.turns[-1].truncated and self.eos_token_ids:
-                        suffix = [self.eos_token_ids[0], *suffix]  # close the unfinished turn
-                    used = len(trajectory.prompt_ids) + len(trajectory.completion_ids) + len(suffix)
-                    budget = cfg.max_context_tokens
-                    if budget is not None and budget - used < floor:
-                        trajectory.stop_reason = "context"
-                        continue
-                    trajectory._append(suffix, None, -1)
-                    still.append(i)
-            active = still
+            active = self._judge_turn(trajectories, active, last, stats)
         for trajectory in trajectories:
             if not trajectory.stop_reason:
                 trajectory.stop_reason = "max_turns"
         self._phase("rewards, advantages and the policy update")
         return trajectories, stats
+
+    def _floor(self) -> int:
+        """A turn capped by max_completion_length alone is a full turn, however short the cap."""
+        return min(self.config.min_turn_tokens, self.config.max_completion_length)
+
+    def _turn_limits(
+        self, trajectories: list[Trajectory], active: list[int], turn: int
+    ) -> dict[int, int]:
+        """Tokens each active sample may generate this turn; a sample left with less than the
+        floor of the context budget ends here (``context``) and gets no limit."""
+        cfg = self.config
+        limits = {}
+        for i in active:
+            limit = cfg.max_completion_length
+            if cfg.max_context_tokens is not None:
+                used = len(trajectories[i].prompt_ids) + len(trajectories[i].completion_ids)
+                limit = min(limit, cfg.max_context_tokens - used)
+            if turn == 0:
+                limits[i] = max(limit, 1)
+            elif limit < self._floor():
+                trajectories[i].stop_reason = "context"
+            else:
+                limits[i] = limit
+        return limits
+
+    def _generate_turn(
+        self,
+        trajectories: list[Trajectory],
+        active: list[int],
+        limits: dict[int, int],
+        turn: int,
+        generate: GenerateFn,
+        seeds: Sequence[int] | None,
+        stats: RolloutStats,
+    ) -> None:
+        """One batched generation call for every active sample; each gets its new turn."""
+        contexts = [trajectories[i].prompt_ids + trajectories[i].completion_ids for i in active]
+        turn_seeds = None if seeds is None else [seeds[i] + turn for i in active]
+        started = time.perf_counter()
+        plural = "" if len(active) == 1 else "s"
+        self._phase(f"generating turn {turn + 1} ({len(active)} sample{plural})")
+        completions, logprobs = generate(contexts, max(limits[i] for i in active), turn_seeds)
+        stats.generation_s += time.perf_counter() - started
+        stats.turns_generated += len(active)
+        for row, i in enumerate(active):
+            ids = list(completions[row])[: limits[i]]
+            lps = None if logprobs is None else list(logprobs[row])[: len(ids)]
+            trajectory = trajectories[i]
+            trajectory._append(ids, lps, turn)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            trajectory.turns.append(
+                Turn(
+                    ids,
+                    text,
+                    truncated=not self._ends_turn(ids),
+                    policy_step=trajectory.policy_step,
+                )
+            )
+
+    def _submit_turn(self, trajectories: list[Trajectory], active: list[int]) -> None:
+        """Hand the new turns to the pool, which judges each as it finishes."""
+        turns = [trajectories[i].turns[-1] for i in active]
+        futures = self.pool.submit([trajectories[i].task for i in active], [t.text for t in turns])
+        for turn, future in zip(turns, futures, strict=True):
+            turn.result = future
+
+    def _judge_turn(
+        self, trajectories: list[Trajectory], active: list[int], last: bool, stats: RolloutStats
+    ) -> list[int]:
+        """Wait for the turn's verdicts; the samples that go on get their feedback appended."""
+        waited = time.perf_counter()
+        results = {}
+        for i in active:
+            turn = len(trajectories[i].turns)
+            self._phase(f"evaluating turn {turn} ({len(results)}/{len(active)} judged)")
+            results[i] = trajectories[i].turns[-1].resolve()
+        stats.evaluation_wait_s += time.perf_counter() - waited
+        still = []
+        for i in active:
+            trajectory, result = trajectories[i], results[i]
+            if not is_scored(result):  # no verdict: our failure
+                trajectory.stop_reason = "env_error"
+            elif self.config.stop_when_correct and result.correct:
+                trajectory.stop_reason = "correct"
+            elif last:
+                trajectory.stop_reason = "max_turns"
+            elif self._append_feedback(trajectory, result):
+                still.append(i)
+        return still
+
+    def _append_feedback(self, trajectory: Trajectory, result: EvalResult) -> bool:
+        """The revision message after a judged turn, unless it leaves less than a turn's floor
+        of the context budget (then the rollout ends with ``context``)."""
+        suffix = self.feedback_ids(result.feedback)
+        if trajectory.turns[-1].truncated and self.eos_token_ids:
+            suffix = [self.eos_token_ids[0], *suffix]  # close the unfinished turn
+        used = len(trajectory.prompt_ids) + len(trajectory.completion_ids) + len(suffix)
+        budget = self.config.max_context_tokens
+        if budget is not None and budget - used < self._floor():
+            trajectory.stop_reason = "context"
+            return False
+        trajectory._append(suffix, None, -1)
+        return True

