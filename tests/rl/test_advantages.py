@@ -338,6 +338,7 @@ def _trainer_for_scoring(advantage: str, rejection_preset: str = "kernelrl"):  #
     trainer.state = SimpleNamespace(global_step=0)
     trainer._metrics = {"train": collections.defaultdict(list)}
     trainer._log_metric = lambda name, value: None
+    trainer.asynchronous = None  # the synchronous trainer
     return trainer
 
 
