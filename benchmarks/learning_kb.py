@@ -28,14 +28,19 @@ class KernelBenchStages:
     """The KernelBench set's stages (``Benchmark`` provides the state they use)."""
 
     def kb_models(self) -> dict[str, str]:
-        """stage -> the model it answers with: the chosen SFT and RL checkpoints once chosen,
-        and the base model with ``--kb-base``."""
+        """stage -> the model it answers with, in the order they answer: the base model with
+        ``--kb-base``, then the chosen RL checkpoint, then the chosen SFT one.
+
+        RL before SFT: the set is answered last in a run's window, over a minute a model, and
+        a window cut short loses what comes last. Run 2 of the learning protocol lost its RL
+        model's answers so (its SFT model's are in); the set after RL is the one the protocol
+        had fewest of."""
         models = {"kb_base": BASE_MODEL} if self.args.kb_base else {}
-        if "select_sft" in self.stages:
-            models["kb_sft"] = self.stages["select_sft"]["chosen"]
         select_rl = self.stages.get(self.stage_name("select_rl"))
         if select_rl is not None:
             models["kb_rl"] = select_rl["chosen"]
+        if "select_sft" in self.stages:
+            models["kb_sft"] = self.stages["select_sft"]["chosen"]
         return models
 
     def kb_completions(self, stage: str) -> Path:
