@@ -48,7 +48,6 @@ What is relied on, and why:
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -72,6 +71,7 @@ from kernelrl.rl.compat_vllm import (  # noqa: F401
     vllm_model_runner,
     wake_weights,
 )
+from kernelrl.rl.policy_copy import detached_copy
 
 
 # ---------------------------------------------------------------------- overridden methods
@@ -217,8 +217,10 @@ def merged_lora_policy(trainer: Any) -> Iterator[Any]:
 
 def merged_copy(model: Any) -> Any:
     """A plain transformers model with a PEFT model's adapters merged into copies of its
-    weights; ``model`` itself is left as it was."""
-    return copy.deepcopy(model).merge_and_unload()
+    weights; ``model`` itself is left as it was. Detached (``policy_copy``): a plain deep copy
+    of a model TRL has patched would still compute with the live, unmerged policy, in its
+    training mode."""
+    return detached_copy(model).merge_and_unload()
 
 
 @torch.no_grad()

@@ -349,10 +349,12 @@ def generate_twice_across_an_update(run: Recording) -> torch.nn.Module:
         for name, weight in adapted.named_parameters():
             if "lora_B" in name:
                 weight.add_(0.5 * torch.randn(weight.shape, generator=generator).to(weight))
+    ids = torch.tensor(prompts, device=next(kept.parameters()).device)
+    with torch.no_grad():  # until refreshed, the copy computes with its own, older weights
+        assert not torch.allclose(kept(ids).logits, adapted(ids).logits, atol=1e-3)
     sampled = compat.transformers_generate(run, prompts, 6, seed=3)
     assert run._kernelrl_generation_copy is kept
     assert {name: t.data_ptr() for name, t in kept.state_dict().items()} == storage
-    ids = torch.tensor(prompts, device=next(kept.parameters()).device)
     with torch.no_grad():
         torch.testing.assert_close(kept(ids).logits, adapted(ids).logits, rtol=1e-4, atol=1e-4)
     with compat._override_attr(compat, "merged_lora_policy", _unmerged):
