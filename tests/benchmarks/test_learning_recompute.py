@@ -41,6 +41,8 @@ DESIGN = {
     1: {"eval_sft": ["WR", "PW", "RW"], "eval_rl": ["RR", "WR", "RW"]},
     2: {"eval_sft": ["WW", "RW", "RR"], "eval_rl": ["RW", "RR", "RP"]},
 }
+# the base model's run (seed 0, the protocol's "before SFT"): its held-out sweep alone
+BASE_DESIGN = {0: {"eval_base": ["PP", "PW", "RP"]}}
 STATUS = {"R": "correct", "W": "incorrect", "P": "format_error"}
 
 
@@ -88,7 +90,9 @@ def _kernelbench(tmp: Path) -> tuple[Path, Path]:
 
 
 def _run(tmp: Path, tasks: list[dict], seed: int, store: Path, kb: tuple[Path, Path]) -> Path:
-    """One seed's run folder: held-out sweeps of SFT and RL replayed, reported."""
+    """One seed's run folder: held-out sweeps of SFT and RL (of the base model for seed 0)
+    replayed, reported."""
+    design = {**DESIGN, **BASE_DESIGN}[seed]
     out = tmp / f"seed{seed}"
     import datasets
 
@@ -104,17 +108,19 @@ def _run(tmp: Path, tasks: list[dict], seed: int, store: Path, kb: tuple[Path, P
     (out / "stages.json").write_text(json.dumps(stages))
     generated = out / "generated"
     generated.mkdir()
-    for stage, design in DESIGN[seed].items():
+    for stage, answered in design.items():
         lines = []
-        for row, answers in zip(tasks, design, strict=True):
+        for row, answers in zip(tasks, answered, strict=True):
             texts = _answers(row)
             for sample, letter in enumerate(answers):
                 lines.append({"task_id": row["id"], "sample": sample, "completion": texts[letter]})
         (generated / f"{stage}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     extra: list[str] = []
-    if seed == 1:  # the KernelBench set's stages: SFT answers wrong, RL right
-        relu = (SOLUTIONS_DIR / "triton" / "01_relu.py").read_text()
-        for stage, text in (("kb_sft", PROSE), ("kb_rl", f"```python\n{relu}```\n")):
+    relu = f"```python\n{(SOLUTIONS_DIR / 'triton' / '01_relu.py').read_text()}```\n"
+    # the KernelBench set's stages: seed 1's SFT answers wrong, RL right; the base model wrong
+    kb_stages = {1: (("kb_sft", PROSE), ("kb_rl", relu)), 0: (("kb_base", PROSE),)}
+    if seed in kb_stages:
+        for stage, text in kb_stages[seed]:
             folder = generated / stage
             folder.mkdir()
             rows = [{"task_id": "level1_19_ReLU", "sample": s, "completion": text} for s in (0, 1)]
@@ -125,8 +131,8 @@ def _run(tmp: Path, tasks: list[dict], seed: int, store: Path, kb: tuple[Path, P
     argv += ["--eval-set", f"env_store_path={store}", "env_workers=2"]
     bench = learning.Benchmark(learning.build_parser().parse_args(argv))
     bench.synth()
-    bench.evaluate("eval_sft", "smollm2-135m-instruct")
-    bench.evaluate("eval_rl", "smollm2-135m-instruct")
+    for stage in design:
+        bench.evaluate(stage, "smollm2-135m-instruct")
     bench.judge_kb()
     bench.report()
     return out
@@ -134,17 +140,19 @@ def _run(tmp: Path, tasks: list[dict], seed: int, store: Path, kb: tuple[Path, P
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, Path], list[str]]:
-    """(seed -> run folder, the task ids in the design's order)."""
+    """(seed -> run folder, the task ids in the design's order); seed 0 is the base model's."""
     tmp = tmp_path_factory.mktemp("learning")
     tasks = _tasks(tmp / "synth")
     kb = _kernelbench(tmp)
     store = tmp / "store.sqlite"
-    return {seed: _run(tmp, tasks, seed, store, kb) for seed in DESIGN}, [r["id"] for r in tasks]
+    seeds = [*DESIGN, *BASE_DESIGN]
+    return {seed: _run(tmp, tasks, seed, store, kb) for seed in seeds}, [r["id"] for r in tasks]
 
 
 @pytest.fixture(scope="module")
 def runs(made: tuple[dict[int, Path], list[str]]) -> dict[int, Path]:
-    return made[0]
+    """The runs of SFT and RL, by seed."""
+    return {seed: folder for seed, folder in made[0].items() if seed in DESIGN}
 
 
 def test_every_judged_answer_is_recorded_with_its_stage_seed_and_split(made) -> None:
@@ -199,6 +207,34 @@ def test_runs_of_separate_seeds_are_pooled(runs, tmp_path) -> None:
     assert "pooled (2 seeds)" in (out / "table.md").read_text()
     with pytest.raises(SystemExit, match="seed 1 is in"):
         learning_recompute.main([str(runs[1]), str(runs[1] / "results"), "--out", str(out)])
+
+
+def test_the_base_models_run_is_pooled_as_before_sft(made, runs, tmp_path) -> None:
+    """The protocol's last window answers with the base model alone (seed 0): its answers are
+    recorded as "before SFT", its own figures recompute, and pooled with the runs it adds a
+    stage to the tables without entering the RL - SFT gain, which is the runs' alone."""
+    folders, tasks = made
+    base = folders[0]
+    rows = read_answers(base / ANSWERS_FILE)
+    assert {(r["seed"], r["stage"]) for r in rows} == {(0, "base")}
+    for row in (r for r in rows if r["split"] == "heldout"):
+        letter = BASE_DESIGN[0]["eval_base"][tasks.index(row["task_id"])][row["sample"]]
+        assert row["status"] == STATUS[letter]
+    assert [r["status"] for r in rows if r["split"] == "kernelbench_level1"] == ["format_error"] * 2
+    assert learning_recompute.main([str(base), "--check"]) == 0
+    with_base, without = tmp_path / "with_base", tmp_path / "without"
+    assert (
+        learning_recompute.main([str(base), str(runs[1]), str(runs[2]), "--out", str(with_base)])
+        == 0
+    )
+    assert learning_recompute.main([str(runs[1]), str(runs[2]), "--out", str(without)]) == 0
+    pooled = json.loads((with_base / "summary.json").read_text())
+    assert pooled["pooled"] == json.loads((without / "summary.json").read_text())["pooled"]
+    assert pooled["pooled"]["seeds"] == [1, 2]
+    assert pooled["kernelbench"]["0"]["stages"]["base"]["correct"]["value"] == 0.0
+    assert pooled["per_seed"]["0"]["stages"]["base"]["correct"]["value"] == pytest.approx(1 / 6)
+    assert "before SFT" in (with_base / "table.md").read_text()
+    assert learning_recompute.main([str(with_base), "--check"]) == 0
 
 
 def test_a_figure_that_the_answers_do_not_give_is_found(runs, tmp_path, capsys) -> None:
