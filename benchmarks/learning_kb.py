@@ -32,9 +32,8 @@ class KernelBenchStages:
         ``--kb-base``, then the chosen RL checkpoint, then the chosen SFT one.
 
         RL before SFT: the set is answered last in a run's window, over a minute a model, and
-        a window cut short loses what comes last. Run 2 of the learning protocol lost its RL
-        model's answers so (its SFT model's are in); the set after RL is the one the protocol
-        had fewest of."""
+        a window cut short loses what comes last; the set after RL is the one the learning
+        protocol had fewest of (``docs/learning-protocol.md``, "Deviations")."""
         models = {"kb_base": BASE_MODEL} if self.args.kb_base else {}
         select_rl = self.stages.get(self.stage_name("select_rl"))
         if select_rl is not None:

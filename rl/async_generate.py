@@ -143,8 +143,7 @@ class SnapshotGenerator:
 
         model = self.trainer.accelerator.unwrap_model(self.trainer.model_wrapped)
         if isinstance(model, PeftModel):
-            # merged as ``compat.merged_copy``, from a copy that cannot call the live policy
-            fresh = detached_copy(model).merge_and_unload()
+            fresh = compat.merged_copy(model)
             if self.snapshot is None:
                 self.snapshot = fresh
             else:

@@ -367,7 +367,7 @@ def test_the_kernelbench_set_is_answered_where_the_models_are_and_judged_later(
     ran: dict[str, tuple[list[str], Path | None]] = {}
     bench.run = lambda name, argv, placement=None, script=None: ran.setdefault(name, (argv, script))
     bench.generate_kb()
-    # in this order: a window cut short loses the last, and RL's answers need the window's SFT
+    # in this order: a window cut short loses what comes last (kb_models says why RL is first)
     assert list(ran) == ["generate_kb_base", "generate_kb_rl", "generate_kb_sft"]
     argv, script = ran["generate_kb_rl"]
     assert script is not None and script.name == "learning_generate.py"
