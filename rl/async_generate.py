@@ -151,10 +151,7 @@ class SnapshotGenerator:
         elif self.snapshot is None:
             self.snapshot = detached_copy(model)
         else:
-            for kept, live in zip(
-                self.snapshot.state_dict().values(), model.state_dict().values(), strict=True
-            ):
-                kept.copy_(live)
+            compat.refresh_in_place(self.snapshot, model)
         # the mode of the policy, as TRL's path generates from it, without gradient
         # checkpointing (TRL turns it off around generation; the copy never trains), so that
         # it decodes with a KV cache exactly as TRL does, token for token
