@@ -71,6 +71,7 @@ BACKGROUND = (
     ("cuda_init_seconds", "CUDA context"),
     ("profiler_init_seconds", "CUPTI / profiler start"),
     ("audit_init_seconds", "audit warm-up kernel"),
+    ("ring_lock_seconds", "output ring page-locked"),
     ("cpu_seconds", "CPU time of the child when ready"),
 )
 

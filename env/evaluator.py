@@ -199,6 +199,7 @@ class Evaluator(ChildRunPhases):
                 "cuda_init_seconds",
                 "profiler_init_seconds",
                 "audit_init_seconds",
+                "ring_lock_seconds",
                 "gate_seconds",
                 "import_cpu_seconds",
                 "cpu_seconds",

@@ -41,6 +41,7 @@ from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, guard_dispatc
 from kernelrl.env.sandbox.failures import HarnessFailure, report_failure  # noqa: E402
 from kernelrl.env.sandbox.job import Job  # noqa: E402
 from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, recv_message, send_message  # noqa: E402
+from kernelrl.env.sandbox.stream import Ring, StreamError, receive_ring  # noqa: E402
 
 
 def apply_limits(limits: dict[str, Any], device: torch.device) -> None:
@@ -99,6 +100,14 @@ def warm_up(device: torch.device, counter: LaunchCounter) -> dict[str, float]:
     return seconds
 
 
+def page_locked(ring: Ring) -> dict[str, float]:
+    """The ring page-locked for the CUDA context ``warm_up`` made (a device copy into it is
+    then direct); what it cost."""
+    start = time.perf_counter()
+    ring.page_lock()
+    return {"ring_lock_seconds": time.perf_counter() - start}
+
+
 def take_channel() -> socket.socket:
     """The protocol socket arrives as standard input; it is moved to an fd number drawn at
     random and standard input becomes /dev/null: neither argv nor the environment names it."""
@@ -116,26 +125,29 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def pass_gate(sock: socket.socket, import_seconds: float) -> None:
+def pass_gate(sock: socket.socket, import_seconds: float) -> Ring:
     """Everything so far was CPU work; the CUDA context, CUPTI and the warm-up kernel come only
-    once the worker says so, never while it measures another evaluation (processes.ChildPool).
-    A worker that hangs up instead ends the child."""
+    once the worker says so, never while it measures another evaluation (processes.ChildPool);
+    the ring the outputs' bytes go through comes just before that word. A worker that hangs up
+    instead ends the child."""
     send_message(
         sock,
         {"type": "imported", "import_seconds": import_seconds, "import_cpu_seconds": cpu_seconds()},
     )
     try:
+        ring = receive_ring(sock)
         go = recv_message(sock)
-    except EOFError:
+    except (EOFError, OSError, StreamError):
         os._exit(0)
     if go.get("type") != "warm":
         os._exit(0)
+    return ring
 
 
 def main() -> None:
     sock = take_channel()
     imported = time.perf_counter()
-    pass_gate(sock, imported - _IMPORT_STARTED)
+    ring = pass_gate(sock, imported - _IMPORT_STARTED)
     gate_passed = time.perf_counter()
     device = torch.device(os.environ.get("KERNELRL_DEVICE", "cpu"))
     counter = LaunchCounter()
@@ -148,6 +160,7 @@ def main() -> None:
         "network": NETWORK,
         "isolation": ISOLATION,
         **warm_up(device, counter),
+        **page_locked(ring),
         "gate_seconds": gate_passed - imported,
         "cpu_seconds": cpu_seconds(),
     }
@@ -159,7 +172,7 @@ def main() -> None:
     worker = None
     try:
         apply_limits(job["limits"], device)
-        worker = Job(sock, job, counter, sys.modules[__name__])
+        worker = Job(sock, ring, job, counter, sys.modules[__name__])
         worker.serve()
     except (EOFError, BrokenPipeError, ConnectionError):
         pass  # the trusted side hung up: nothing left to report to

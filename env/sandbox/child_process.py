@@ -25,6 +25,7 @@ from kernelrl.env.sandbox.protocol import (
     recv_message,
     send_message,
 )
+from kernelrl.env.sandbox.stream import Ring, send_ring
 
 
 def _run_state(pid: int) -> tuple[str, int] | None:
@@ -72,10 +73,20 @@ class Child:
     ready_info: dict[str, Any] = field(default_factory=dict)
     killed_for: str = ""
     cgroup: cgroups.Cgroup | None = None  # where the host allows one (sandbox.cgroups)
+    ring: Ring | None = None  # where its outputs' bytes come through (sandbox.stream)
     _stopped_by_signals: bool = field(default=False, init=False, repr=False)
 
     def send(self, message: dict[str, Any]) -> None:
         send_message(self.sock, message)
+
+    def let_through(self) -> None:
+        """Past the gate: the output ring first, then the word to warm up."""
+        if self.ring is not None:
+            send_ring(self.sock, self.ring)
+        self.send({"type": "warm"})
+
+    def send_token(self, token: bytes) -> None:
+        self.sock.sendall(token)
 
     def receive(
         self, deadline: float, max_rss_bytes: int | None = None, gpu: GpuShare | None = None
@@ -323,4 +334,6 @@ class Child:
         if self.cgroup is not None:
             cgroups.release(self.cgroup)
         self.sock.close()
+        if self.ring is not None:
+            self.ring.close()
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -41,8 +41,8 @@ from kernelrl.env.sandbox.protocol import (
     TASK_MODULE,
     recv_message,
     send_message,
-    send_tensor_bytes,
 )
+from kernelrl.env.sandbox.stream import Ring, send_tensor_bytes
 from kernelrl.env.sandbox.timed_run import TimedRun, plain_outputs
 
 
@@ -141,11 +141,13 @@ class Job:
     def __init__(
         self,
         sock: socket.socket,
+        ring: Ring,
         job: dict[str, Any],
         counter: LaunchCounter,
         entry: types.ModuleType,
     ) -> None:
         self.sock = sock
+        self.ring = ring
         self.entry = entry  # the child's entry module, watched with this one
         self.job = job
         self.counter = counter
@@ -388,7 +390,7 @@ class Job:
     def send_values(self, outputs: list[Any]) -> None:
         for value in outputs:
             if type(value) is torch.Tensor:
-                send_tensor_bytes(self.sock, value)
+                send_tensor_bytes(self.sock, self.ring, value)
 
     def time(self, seed: int, settle_s: float = 0.0) -> None:
         self.previous = None

@@ -132,7 +132,7 @@ class ChildPool:
             if child in self._gated and not error:
                 child.ready_info.update(message)
                 try:
-                    child.send({"type": "warm"})
+                    child.let_through()
                 except OSError as exc:
                     error = f"could not be let through the gate: {exc}"
             if error:

@@ -15,9 +15,9 @@ and made its inputs once), then the solution. Until the solution is sent (``solu
 only our code has run in the child, so a failure it reports is ours; after, the child's word is
 no evidence of anything, its failures included. Input seeds are sent one call at a time, so the
 child never holds the seeds of calls it has not made yet. A call's outputs are described in its
-message and their bytes follow in chunks, straight from the harness after the call: they are
-never written where the solution could rewrite them, and the receiver holds one chunk of host
-memory at a time.
+message and their bytes follow in chunks through the output ring (``stream``), straight from
+the harness after the call; the worker copies each chunk into its own memory before it reads
+it, and holds one chunk of host memory at a time.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from kernelrl.env.compare import DTYPES
-from kernelrl.env.sandbox.child_process import Child
+from kernelrl.env.sandbox.child_process import Child, ChildDied
 from kernelrl.env.sandbox.gpu_memory import GpuShare
 from kernelrl.env.sandbox.protocol import CHUNK_BYTES, TASK_MODULE
+from kernelrl.env.sandbox.stream import StreamError, read_tensor_bytes
 
 
 def reference_as_solution() -> dict[str, Any]:
@@ -119,16 +120,23 @@ class SandboxSession:
             dtype = DTYPES.get(str(entry.get("dtype")))
             if dtype is None:
                 raise ValueError(f"output {index}: unknown dtype {entry.get('dtype')!r}")
-            remaining = int(entry["nbytes"])
-            step = CHUNK_BYTES - CHUNK_BYTES % dtype.itemsize
-            buffer = self._chunk_buffer()
-            while remaining > 0:
-                size = min(step, remaining)
-                self.child.receive_into(
-                    memoryview(buffer.numpy())[:size], self.deadline, self.max_rss_bytes, self.gpu
-                )
-                on_chunk(index, buffer[:size].view(dtype))
-                remaining -= size
+            chunks = read_tensor_bytes(
+                self.child.ring,
+                int(entry["nbytes"]),
+                dtype.itemsize,
+                self._chunk_buffer(),
+                self._receive_token,
+                self.child.send_token,
+            )
+            try:
+                for chunk in chunks:
+                    on_chunk(index, chunk.view(dtype))
+            except StreamError as exc:
+                self.child.kill("protocol")
+                raise ChildDied(f"broke the output stream ({exc})") from None
+
+    def _receive_token(self, token: memoryview) -> None:
+        self.child.receive_into(token, self.deadline, self.max_rss_bytes, self.gpu)
 
     def _chunk_buffer(self) -> torch.Tensor:
         if self._buffer is None:  # page-locked where this process uses a GPU: its copy up is direct

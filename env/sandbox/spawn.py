@@ -22,6 +22,7 @@ from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.fork_server import ForkServer
 from kernelrl.env.sandbox.isolation_view import VIEW_PACKAGE_ENV, package_view
 from kernelrl.env.sandbox.scratch import make_scratch
+from kernelrl.env.sandbox.stream import Ring
 from kernelrl.env.sandbox.triton_seed import triton_seed
 
 # Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
@@ -152,12 +153,14 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
     else:
         env[cgroups.UNAVAILABLE_ENV] = why_not
     log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
+    ring = Ring.create()
     try:
         seed = triton_seed(device, gpu_index)
         if seed is not None:  # its own copy: what it compiles stays its own
             shutil.copytree(seed, env["TRITON_CACHE_DIR"])
         process = start(scratch, env, child_sock, log.fileno())
     except BaseException:
+        ring.close()
         if cgroup is not None:
             cgroups.release(cgroup)
         parent_sock.close()
@@ -172,4 +175,5 @@ def _spawn_child(device: str, gpu_index: int | None) -> Child:
         scratch=scratch,
         started=time.monotonic(),
         cgroup=cgroup,
+        ring=ring,
     )

@@ -310,3 +310,15 @@ def test_cgroups_of_a_dead_worker_are_removed_by_the_next(
         cgroups.release(made)
         with contextlib.suppress(OSError):
             left.rmdir()
+
+
+def test_a_solution_cannot_resize_the_output_ring() -> None:
+    """The ring the outputs' bytes come through is sealed by the worker: a solution that
+    truncates every shared-memory file it holds is judged on its outputs, and neither the
+    worker's mapping nor the harness's faults."""
+    config = EvalConfig(
+        device="cpu", timeout_s=60, host_memory_bytes=2 * 2**30, static_checks=False
+    )
+    with LocalPool(config, workers=1) as pool:
+        (result,) = pool.evaluate([RELU_TASK], [solution("ring_truncate.py")])
+    assert result.status is Status.CORRECT, result.feedback

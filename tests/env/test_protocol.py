@@ -52,21 +52,34 @@ def test_oversized_and_typeless_messages_are_refused() -> None:
 
 
 def _streamed(output: torch.Tensor) -> list[torch.Tensor]:
-    """``output``'s bytes sent over a real socket pair and read back in the receiver's chunks."""
-    from kernelrl.env.sandbox.protocol import recv_exactly_into, send_tensor_bytes
+    """``output``'s bytes sent through a real output ring and read back in the receiver's
+    chunks."""
+    import threading
+
+    from kernelrl.env.sandbox.protocol import CHUNK_BYTES
+    from kernelrl.env.sandbox.stream import (
+        Ring,
+        read_tensor_bytes,
+        send_tensor_bytes,
+        socket_reader,
+    )
 
     left, right = socket.socketpair()
-    received = torch.empty(output.numel() * output.element_size(), dtype=torch.uint8)
+    ring = Ring.create()
+    buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+    nbytes = output.numel() * output.element_size()
     try:
-        import threading
-
-        sender = threading.Thread(target=send_tensor_bytes, args=(left, output))
+        sender = threading.Thread(target=send_tensor_bytes, args=(left, ring, output))
         sender.start()
-        recv_exactly_into(right, memoryview(received.numpy()))
+        chunks = read_tensor_bytes(
+            ring, nbytes, output.element_size(), buffer, socket_reader(right), right.sendall
+        )
+        received = torch.cat([chunk.clone() for chunk in chunks]) if nbytes else buffer[:0]
         sender.join()
     finally:
         left.close()
         right.close()
+        ring.close()
     flat = received.view(output.dtype)
     return [flat[i : i + 1000] for i in range(0, flat.numel(), 1000)]  # uneven last chunk
 

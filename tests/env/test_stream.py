@@ -1,0 +1,117 @@
+"""The output ring: bytes arrive whole and in order, the worker's mapping cannot be made to
+fault, and neither side runs ahead of the other's tokens."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from kernelrl.env.sandbox.protocol import CHUNK_BYTES
+from kernelrl.env.sandbox.stream import (
+    FILLED,
+    RING_BYTES,
+    Ring,
+    StreamError,
+    read_tensor_bytes,
+    receive_ring,
+    send_ring,
+    send_tensor_bytes,
+    socket_reader,
+)
+
+
+@pytest.fixture
+def channel():
+    left, right = socket.socketpair()
+    ring = Ring.create()
+    yield left, right, ring
+    left.close()
+    right.close()
+    ring.close()
+
+
+def test_a_tensor_of_more_chunks_than_slots_arrives_whole_and_in_order(channel) -> None:
+    left, right, ring = channel
+    rows = CHUNK_BYTES * 5 // 2 // 4 // 1024  # two and a half chunks of float32
+    output = torch.randn(1024, rows).t()  # not contiguous: sent in row-major order of the view
+    sender = threading.Thread(target=send_tensor_bytes, args=(left, ring, output))
+    sender.start()
+    buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+    nbytes = output.numel() * 4
+    chunks = [
+        c.clone()
+        for c in read_tensor_bytes(ring, nbytes, 4, buffer, socket_reader(right), right.sendall)
+    ]
+    sender.join(timeout=60)
+    assert len(chunks) == 3 and not sender.is_alive()
+    assert torch.equal(torch.cat(chunks).view(torch.float32), output.reshape(-1))
+    right.setblocking(False)
+    with pytest.raises(BlockingIOError):  # no token left behind for the next message
+        right.recv(1)
+
+
+def test_the_sender_waits_for_a_freed_slot_before_writing_it_again(channel) -> None:
+    left, right, ring = channel
+    output = torch.zeros(CHUNK_BYTES * 3 // 4, dtype=torch.float32)  # three chunks
+    stopped: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            send_tensor_bytes(left, ring, output)
+        except ConnectionError as exc:
+            stopped.append(exc)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    time.sleep(0.5)
+    right.setblocking(False)
+    assert right.recv(8) == FILLED * 2 and sender.is_alive()  # both slots full, then it waits
+    ring.slots[0].fill_(7)  # the worker's copy of slot 0 not freed yet: nothing overwrites it
+    time.sleep(0.2)
+    assert int(ring.slots[0][0]) == 7
+    right.close()  # the worker hangs up: the sender stops instead of writing on
+    sender.join(timeout=10)
+    assert not sender.is_alive() and stopped
+
+
+def test_the_ring_cannot_be_resized_under_the_workers_mapping(channel) -> None:
+    _, _, ring = channel
+    for size in (0, RING_BYTES // 2, RING_BYTES * 2):
+        with pytest.raises(PermissionError):
+            os.ftruncate(ring.fd, size)
+    assert os.fstat(ring.fd).st_size == RING_BYTES
+    assert int(ring.slots[-1][-1]) == 0  # the mapping's last byte still reads
+
+
+def test_the_child_side_takes_only_a_ring_of_the_agreed_size() -> None:
+    left, right = socket.socketpair()
+    try:
+        fd = os.memfd_create("not-a-ring")
+        os.ftruncate(fd, 4096)
+        socket.send_fds(left, [b"\x03"], [fd])
+        os.close(fd)
+        with pytest.raises(StreamError, match="not"):
+            receive_ring(right)
+        ring = Ring.create()
+        send_ring(left, ring)
+        received = receive_ring(right)
+        received.slots[1][:3] = torch.tensor([1, 2, 3], dtype=torch.uint8)
+        assert ring.slots[1][:3].tolist() == [1, 2, 3]  # one memory, both mappings
+        received.close()
+        ring.close()
+    finally:
+        left.close()
+        right.close()
+
+
+def test_a_token_out_of_order_is_a_broken_stream(channel) -> None:
+    left, right, ring = channel
+    left.sendall(b"\x09")
+    buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+    with pytest.raises(StreamError, match="filled slot"):
+        list(read_tensor_bytes(ring, 16, 4, buffer, socket_reader(right), right.sendall))
