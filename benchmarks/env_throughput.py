@@ -54,6 +54,7 @@ PHASES = (
     ("child_load", "child", "load the solution"),
     ("child_first_call", "child", "first call: Triton compile and first run"),
     ("child_correctness", "child", "correctness on 3 input sets (first call included)"),
+    ("paused_for_others", "child", "held paused while others were measured (in the rows above)"),
     ("reference", "worker", "reference outputs (overlaps the child)"),
     ("compare", "worker", "output comparison"),
     ("gpu_wait", "worker", "queued behind other measurements"),

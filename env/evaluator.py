@@ -190,6 +190,7 @@ class Evaluator(ChildRunPhases):
             release()
             raise
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
+        paused_before = child.paused_seconds
         result.sandbox = {
             key: child.ready_info.get(key)
             for key in (
@@ -238,6 +239,9 @@ class Evaluator(ChildRunPhases):
             else:
                 raise TaskError(f"task {task.id}: {why}") from exc
         finally:
+            # Wall time the child's own phases (first call, compile) include but did not spend:
+            # it was held paused while other evaluations were measured.
+            result.phase_seconds["paused_for_others"] = child.paused_seconds - paused_before
             self.children.retire(child, then=release)
 
     def _gpu_share(self, plan: MemoryPlan | None) -> GpuShare | None:

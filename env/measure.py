@@ -56,6 +56,12 @@ def _speedup(reference: TimingStats | None, solution: TimingStats | None) -> flo
     return reference.median_ms / solution.median_ms
 
 
+def _charge(result: EvalResult, phase: str, started: float) -> None:
+    """Add the time since ``started`` to ``phase``, which several steps share."""
+    seconds = result.phase_seconds
+    seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
 def _child_phases(message: dict[str, Any]) -> dict[str, float]:
     return {f"child_{k}": v for k, v in message.get("phase", {}).items()}
 
@@ -159,15 +165,13 @@ class ChildRunPhases:
             started = time.perf_counter()
             with self._trusted_gpu_work():  # computed while the child runs the same inputs
                 expected = self.references.output(task, reference, seed)
-            result.phase_seconds["reference"] += time.perf_counter() - started
+            _charge(result, "reference", started)
             report = session.receive()
             if self._stopped_early(report, result, session, task):
                 return False
             started = time.perf_counter()
             comparison = self._compare(task, session, report, expected, index, reference, seed)
-            result.phase_seconds["compare"] = result.phase_seconds.get("compare", 0.0) + (
-                time.perf_counter() - started
-            )
+            _charge(result, "compare", started)
             expected_dtypes = {v.dtype for v in expected if isinstance(v, torch.Tensor)}
             del expected
             if plan and plan.large:  # give the cached blocks back to the other sandboxes
@@ -279,9 +283,13 @@ class ChildRunPhases:
             seed = harness.timed_input_seed(
                 timing_seed, index, int(entry["version"]), int(timing["placements_asked"])
             )
+            started = time.perf_counter()
             with self._trusted_gpu_work():
                 expected = self.references.output(task, reference, seed)
+            _charge(result, "reference", started)
+            started = time.perf_counter()
             comparison = self._compare(task, session, entry, expected, index, reference, seed)
+            _charge(result, "compare", started)
             del expected
             if not comparison.correct:
                 result.status = Status.INCORRECT

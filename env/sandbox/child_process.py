@@ -74,6 +74,8 @@ class Child:
     killed_for: str = ""
     cgroup: cgroups.Cgroup | None = None  # where the host allows one (sandbox.cgroups)
     ring: Ring | None = None  # where its outputs' bytes come through (sandbox.stream)
+    paused_seconds: float = 0.0  # held paused while other evaluations were measured, in all
+    _paused_since: float | None = field(default=None, init=False, repr=False)
     _stopped_by_signals: bool = field(default=False, init=False, repr=False)
 
     def send(self, message: dict[str, Any]) -> None:
@@ -240,6 +242,8 @@ class Child:
         whole namespace, since the namespace's init inherits every orphan (double fork)."""
         if self.process.poll() is not None:
             return
+        if self._paused_since is None:
+            self._paused_since = time.monotonic()
         if self._contained():
             assert self.cgroup is not None
             with contextlib.suppress(OSError):
@@ -271,6 +275,9 @@ class Child:
             time.sleep(0.002)
 
     def resume(self) -> None:
+        if self._paused_since is not None:
+            self.paused_seconds += time.monotonic() - self._paused_since
+            self._paused_since = None
         if self.cgroup is not None:
             self.cgroup.thaw()
         if self._stopped_by_signals:

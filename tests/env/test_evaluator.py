@@ -291,3 +291,30 @@ def test_failures_the_solution_causes_are_never_ours(
     assert forged.status is Status.RUNTIME_ERROR and "solution's" in forged.error
     marked = results_without_static_checks["correct__requires_grad_on_an_input.py"]
     assert marked.status is Status.CORRECT, marked.error
+
+
+def test_every_output_comparison_is_charged_to_the_compare_phase(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The outputs kept of timed calls are compared as the checked calls' are, and the phase
+    table counts their time as comparison too (it used to appear only in the total)."""
+    import time
+
+    compared: list[str] = []
+    real_compare = Evaluator._compare
+
+    def slow_compare(self, task, session, report, *args, **kwargs):
+        compared.append("kept" if "input_set" in report else "checked")
+        time.sleep(0.25)
+        return real_compare(self, task, session, report, *args, **kwargs)
+
+    monkeypatch.setattr(Evaluator, "_compare", slow_compare)
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    evaluator = Evaluator(EvalConfig(device="cpu", timeout_s=60, spare_children=0))
+    try:
+        result = evaluator.evaluate(RELU_TASK, good)
+    finally:
+        evaluator.close()
+    assert result.status is Status.CORRECT, result.feedback
+    assert "kept" in compared and "checked" in compared, compared
+    assert result.phase_seconds["compare"] >= 0.25 * len(compared)

@@ -281,6 +281,24 @@ def test_measurement_pauses_every_other_child() -> None:
         children.close()
 
 
+def test_a_child_counts_the_time_it_was_held_paused_for_others() -> None:
+    """What the evaluator subtracts from nothing but reports beside the child's own phases:
+    a first call that took seconds of wall time may have spent them frozen."""
+    children = ChildPool("cpu", spare=0)
+    measured, held = children.acquire(), children.acquire()
+    try:
+        with children.paused_except(measured):
+            time.sleep(0.4)
+        with children.paused_except(measured):
+            time.sleep(0.2)
+        assert held.paused_seconds >= 0.6
+        assert measured.paused_seconds == 0.0
+    finally:
+        measured.close()
+        held.close()
+        children.close()
+
+
 # A worker that holds two sandbox children, one of them paused as during another's measurement.
 _DYING_WORKER = """
 import time
