@@ -115,3 +115,23 @@ def test_a_token_out_of_order_is_a_broken_stream(channel) -> None:
     buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
     with pytest.raises(StreamError, match="filled slot"):
         list(read_tensor_bytes(ring, 16, 4, buffer, socket_reader(right), right.sendall))
+
+
+@pytest.mark.gpu
+def test_a_device_tensor_goes_through_page_locked_slots(channel) -> None:
+    """On a GPU the child copies each chunk from the device straight into the slots, which it
+    has page-locked in its CUDA context."""
+    left, right, ring = channel
+    output = torch.randn(CHUNK_BYTES * 3 // 8, device="cuda")  # one and a half chunks
+    ring.page_lock()
+    assert ring._registered
+    sender = threading.Thread(target=send_tensor_bytes, args=(left, ring, output))
+    sender.start()
+    buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+    nbytes = output.numel() * 4
+    reader = socket_reader(right)
+    chunks = [c.clone() for c in read_tensor_bytes(ring, nbytes, 4, buffer, reader, right.sendall)]
+    sender.join(timeout=60)
+    assert torch.equal(torch.cat(chunks).view(torch.float32), output.cpu())
+    ring.close()
+    assert not ring.slots
