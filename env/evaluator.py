@@ -276,7 +276,8 @@ class Evaluator(ChildRunPhases):
             with self._trusted_gpu_work():
                 matcher.add_chunk(output, chunk)
 
-        session.read_tensors(described, compare_chunk)
+        into = self.device if self.device_kind == "cuda" else None
+        session.read_tensors(described, compare_chunk, into, self._trusted_gpu_work)
         return matcher.finish()
 
     # ------------------------------------------------------------------ device sharing

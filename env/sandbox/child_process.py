@@ -70,10 +70,10 @@ class Child:
     sock: socket.socket
     scratch: Path
     started: float
+    ring: Ring  # where its outputs' bytes come through (sandbox.stream)
     ready_info: dict[str, Any] = field(default_factory=dict)
     killed_for: str = ""
     cgroup: cgroups.Cgroup | None = None  # where the host allows one (sandbox.cgroups)
-    ring: Ring | None = None  # where its outputs' bytes come through (sandbox.stream)
     paused_seconds: float = 0.0  # held paused while other evaluations were measured, in all
     _paused_since: float | None = field(default=None, init=False, repr=False)
     _stopped_by_signals: bool = field(default=False, init=False, repr=False)
@@ -83,8 +83,7 @@ class Child:
 
     def let_through(self) -> None:
         """Past the gate: the output ring first, then the word to warm up."""
-        if self.ring is not None:
-            send_ring(self.sock, self.ring)
+        send_ring(self.sock, self.ring)
         self.send({"type": "warm"})
 
     def send_token(self, token: bytes) -> None:
@@ -341,6 +340,5 @@ class Child:
         if self.cgroup is not None:
             cgroups.release(self.cgroup)
         self.sock.close()
-        if self.ring is not None:
-            self.ring.close()
+        self.ring.close()
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -108,9 +109,13 @@ class SandboxSession:
         self,
         described: list[dict[str, Any]],
         on_chunk: Callable[[int, torch.Tensor], None],
+        device: torch.device | None = None,
+        guard: Callable[[], AbstractContextManager] = nullcontext,
     ) -> None:
         """Read the bytes of every tensor output in ``described`` (in order) and hand each chunk,
-        as a 1-D CPU tensor of the output's dtype, to ``on_chunk(output_index, chunk)``.
+        as a 1-D tensor of the output's dtype, to ``on_chunk(output_index, chunk)``: in host
+        memory, or with a CUDA ``device`` copied there straight from the ring (no host copy),
+        under ``guard``.
 
         The chunk's memory is reused for the next one: ``on_chunk`` must not keep it.
         """
@@ -124,9 +129,10 @@ class SandboxSession:
                 self.child.ring,
                 int(entry["nbytes"]),
                 dtype.itemsize,
-                self._chunk_buffer(),
+                self._chunk_buffer(device),
                 self._receive_token,
                 self.child.send_token,
+                guard,
             )
             try:
                 for chunk in chunks:
@@ -138,8 +144,13 @@ class SandboxSession:
     def _receive_token(self, token: memoryview) -> None:
         self.child.receive_into(token, self.deadline, self.max_rss_bytes, self.gpu)
 
-    def _chunk_buffer(self) -> torch.Tensor:
-        if self._buffer is None:  # page-locked where this process uses a GPU: its copy up is direct
+    def _chunk_buffer(self, device: torch.device | None) -> torch.Tensor:
+        """Where chunks land: on a CUDA device, copied there from the ring page-locked in this
+        process too; otherwise host memory, page-locked where this process uses a GPU."""
+        if device is not None and device.type == "cuda":
+            self.child.ring.page_lock()
+            return torch.empty(CHUNK_BYTES, dtype=torch.uint8, device=device)
+        if self._buffer is None:
             pin = torch.cuda.is_initialized()
             self._buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=pin)
         return self._buffer

@@ -27,6 +27,7 @@ import mmap
 import os
 import socket
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -139,11 +140,13 @@ def read_tensor_bytes(
     buffer: torch.Tensor,
     receive: Callable[[memoryview], None],
     send: Callable[[bytes], None],
+    guard: Callable[[], AbstractContextManager] = nullcontext,
 ) -> Iterator[torch.Tensor]:
     """The worker's side of ``send_tensor_bytes`` for one output of ``nbytes`` (from its
     validated description): yields each chunk as a view of ``buffer`` (this process's memory,
-    at least ``CHUNK_BYTES``), reused for the next one. ``receive`` fills a one-byte view from
-    the socket under the caller's watch (clock, memory); ``send`` writes a token."""
+    host or device, at least ``CHUNK_BYTES``), reused for the next one. ``receive`` fills a
+    one-byte view from the socket under the caller's watch (clock, memory); ``send`` writes a
+    token; ``guard`` is held around each copy (a copy to the device is GPU work)."""
     step = CHUNK_BYTES - CHUNK_BYTES % itemsize
     token = bytearray(1)
     for number, start in enumerate(range(0, nbytes, step)):
@@ -151,7 +154,8 @@ def read_tensor_bytes(
         receive(memoryview(token))
         if bytes(token) != FILLED:
             raise StreamError(f"expected a filled slot, got token {bytes(token)!r}")
-        buffer[:size].copy_(ring.slots[number % SLOTS][:size])  # ours before anything reads it
+        with guard():  # ours before anything reads it; complete when copy_ returns
+            buffer[:size].copy_(ring.slots[number % SLOTS][:size])
         # Never blocks for long: one token per chunk of an output whose size the worker checked.
         send(FREED)
         yield buffer[:size]

@@ -135,3 +135,27 @@ def test_a_device_tensor_goes_through_page_locked_slots(channel) -> None:
     assert torch.equal(torch.cat(chunks).view(torch.float32), output.cpu())
     ring.close()
     assert not ring.slots
+
+
+@pytest.mark.gpu
+def test_the_worker_copies_chunks_from_the_ring_to_the_device_under_its_guard(channel) -> None:
+    """The evaluator's path on a GPU: each chunk copied from the slot straight to device
+    memory of the worker's own, the copy held under the guard (its lock on trusted GPU work)."""
+    left, right, ring = channel
+    output = torch.randn(CHUNK_BYTES * 5 // 8, device="cuda")  # two and a half chunks
+    sender = threading.Thread(target=send_tensor_bytes, args=(left, ring, output))
+    sender.start()
+    ring.page_lock()  # the worker's context too (the child's in a real evaluation)
+    buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8, device="cuda")
+    lock, held = threading.Lock(), []
+
+    def guard():
+        held.append(True)
+        return lock
+
+    reader = socket_reader(right)
+    chunks = read_tensor_bytes(ring, output.numel() * 4, 4, buffer, reader, right.sendall, guard)
+    received = torch.cat([c.clone() for c in chunks])
+    sender.join(timeout=60)
+    assert received.device.type == "cuda" and len(held) == 3
+    assert torch.equal(received.view(torch.float32), output)
