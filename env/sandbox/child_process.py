@@ -87,7 +87,11 @@ class Child:
         self.send({"type": "warm"})
 
     def send_token(self, token: bytes) -> None:
-        self.sock.sendall(token)
+        """A token of the output stream; a child gone meanwhile is reported as any death is."""
+        try:
+            self.sock.sendall(token)
+        except OSError:
+            raise self.died() from None
 
     def receive(
         self, deadline: float, max_rss_bytes: int | None = None, gpu: GpuShare | None = None
