@@ -299,6 +299,22 @@ def test_a_child_counts_the_time_it_was_held_paused_for_others() -> None:
         children.close()
 
 
+def test_a_child_gone_mid_stream_is_reported_as_its_death() -> None:
+    """A token to a child that has died (between two output chunks) says how it ended."""
+    from kernelrl.env.sandbox.child_process import ChildDied
+    from kernelrl.env.sandbox.stream import FREED
+
+    children = ChildPool("cpu", spare=0)
+    child = children.acquire()
+    try:
+        child.kill()  # every process of it, the one holding the channel included
+        with pytest.raises(ChildDied, match="killed"):
+            child.send_token(FREED)
+    finally:
+        child.close()
+        children.close()
+
+
 # A worker that holds two sandbox children, one of them paused as during another's measurement.
 _DYING_WORKER = """
 import time
