@@ -70,9 +70,9 @@ class Ring:
             raise
 
     def page_lock(self) -> None:
-        """Make the slots page-locked for this process's CUDA context, so that a device copy
-        into them is direct; pageable slots still work (the child's side, once it has a
-        context)."""
+        """Make the slots page-locked for this process's CUDA context, so that copies between
+        them and the device are direct (the child's copies in, the worker's copies out);
+        pageable slots still work."""
         if self._registered or not torch.cuda.is_initialized():
             return
         address = self.slots[0].data_ptr()
@@ -83,6 +83,7 @@ class Ring:
 
     def close(self) -> None:
         if self._registered:
+            self._registered = False
             with contextlib.suppress(Exception):
                 torch.cuda.cudart().cudaHostUnregister(self.slots[0].data_ptr())
         self.slots = []
