@@ -147,10 +147,13 @@ class SandboxSession:
     def _chunk_buffer(self, device: torch.device | None) -> torch.Tensor:
         """Where chunks land: on a CUDA device, copied there from the ring page-locked in this
         process too; otherwise host memory, page-locked where this process uses a GPU."""
-        if device is not None and device.type == "cuda":
+        on_gpu = device is not None and device.type == "cuda"
+        if on_gpu:
             self.child.ring.page_lock()
-            return torch.empty(CHUNK_BYTES, dtype=torch.uint8, device=device)
-        if self._buffer is None:
-            pin = torch.cuda.is_initialized()
-            self._buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=pin)
+        wanted = device if on_gpu else torch.device("cpu")
+        if self._buffer is None or self._buffer.device.type != wanted.type:
+            pin = not on_gpu and torch.cuda.is_initialized()
+            self._buffer = torch.empty(
+                CHUNK_BYTES, dtype=torch.uint8, device=wanted, pin_memory=pin
+            )
         return self._buffer
