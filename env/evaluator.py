@@ -22,7 +22,8 @@ from kernelrl.env.attribution import child_lost, harness_error
 from kernelrl.env.backends import solution_kernel_names
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
-from kernelrl.env.gpu_claim import GpuClaim
+from kernelrl.env.gpu_claim import GpuClaim, Sharing
+from kernelrl.env.gpu_quiet import QuietProbe
 from kernelrl.env.information import reference_rerun
 from kernelrl.env.integrity.static_checks import NOT_HACKS, run_static_checks
 from kernelrl.env.measure import ChildRunPhases
@@ -59,6 +60,9 @@ class EvalConfig:
     # After pausing the other sandboxes on the GPU, wait this long for the kernels they had
     # already queued (at most one forward call each: the harness synchronises after every call).
     measurement_settle_s: float = 0.05
+    # Before a reference is timed, the GPU must be found running nothing of any sandbox's
+    # (``gpu_quiet``) within this long; else that measurement's timing is unused.
+    reference_quiet_timeout_s: float = 2.0
     # Let sandboxes still importing torch run during a measurement (sandbox.processes.ChildPool).
     run_importing_during_measurement: bool = False
     # Off only to test that the sandbox and the dynamic checks hold on their own.
@@ -104,6 +108,8 @@ class Evaluator(ChildRunPhases):
         self.device = (
             torch.device("cuda", gpu_index) if self.device_kind == "cuda" else torch.device("cpu")
         )
+        # Calibrated before any sandbox exists, so its fastest probe is an unobstructed one.
+        self.quiet = QuietProbe(self.device) if self.device_kind == "cuda" else None
         self.children = ChildPool(
             self.device_kind,
             gpu_index if self.device_kind == "cuda" else None,
@@ -317,6 +323,35 @@ class Evaluator(ChildRunPhases):
                 finally:
                     phases["gpu_exclusive"] = time.perf_counter() - held
 
+    @contextlib.contextmanager
+    def _reference_alone(self, measured: SandboxSession) -> Iterator[Sharing]:
+        """The measured child paused as well while the worker times its reference (the other
+        sandboxes already are), and the GPU found to run nothing of theirs (``gpu_quiet``):
+        what a measurement made meanwhile shares the GPU with (nobody, or unknown).
+
+        The child's own phases are not running then (it waits for its next command), so the
+        pause is not counted in its ``paused_for_others``."""
+        child = measured.child
+        paused_before = child.paused_seconds
+        child.pause()
+        try:
+            waited = (
+                0.0
+                if self.quiet is None
+                else self.quiet.wait(self.config.reference_quiet_timeout_s)
+            )
+            if waited is None:
+                yield Sharing(
+                    unknown="a sandbox's GPU work was still running "
+                    f"{self.config.reference_quiet_timeout_s:g} s after every sandbox was paused, "
+                    "when the reference was to be timed"
+                )
+            else:
+                yield Sharing()
+        finally:
+            child.resume()
+            child.paused_seconds = paused_before
+
     @staticmethod
     def _violate(result: EvalResult, violations: list[tuple[str, str]]) -> None:
         result.status = Status.INTEGRITY_VIOLATION
@@ -325,23 +360,29 @@ class Evaluator(ChildRunPhases):
         result.speedup_vs_eager = result.speedup_vs_compile = None
 
     def _reference_timing(
-        self, task: Task, compiled: bool, timing: TimingConfig
-    ) -> TimingStats | None:
-        """Cached; the caller holds the GPU lock so the reference is timed alone, the same way
-        (placements included) as the solution. An untrusted task's is its child's own report,
-        never cached."""
-        if not task.trusted:
-            return self.references.time(task, compiled, timing)
-        kind = "compile" if compiled else "eager"
-        key = self.timing_cache.key(task, self.device, kind, timing)
-        cached = self.timing_cache.get(key)
-        if cached is not False:
-            return cached
-        stats = self.references.time(task, compiled, timing)
-        self.timing_cache.put(key, stats)
+        self, task: Task, compiled: bool, timing: TimingConfig, measured: SandboxSession
+    ) -> tuple[TimingStats | None, Sharing]:
+        """The reference's timing and what its measurement shared the GPU with. The caller
+        holds the GPU lock; a measurement is made with every sandbox paused and the GPU found
+        quiet (``_reference_alone``), the same way (placements included) as the solution's.
+        A trusted task's is cached, and only when it was timed alone; an untrusted task's is
+        its child's own report, never cached."""
+        key = None
+        if task.trusted:
+            kind = "compile" if compiled else "eager"
+            key = self.timing_cache.key(task, self.device, kind, timing)
+            cached = self.timing_cache.get(key)
+            if cached is not False:
+                return cached, Sharing()
+        with self._reference_alone(measured) as sharing:
+            if not sharing.alone:
+                return None, sharing
+            stats = self.references.time(task, compiled, timing)
+        if key is not None:
+            self.timing_cache.put(key, stats)
         if self.device_kind == "cuda":
             torch.cuda.empty_cache()  # what the reference held goes back to the other sandboxes
-        return stats
+        return stats, sharing
 
 
 def new_result(

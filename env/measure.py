@@ -79,7 +79,9 @@ class ChildRunPhases:
     _violate: Callable[[EvalResult, list[tuple[str, str]]], None]
     _trusted_gpu_work: Callable[[], AbstractContextManager]
     _device_to_itself: Callable[..., AbstractContextManager[float]]
-    _reference_timing: Callable[[Task, bool, TimingConfig], TimingStats | None]
+    _reference_timing: Callable[
+        [Task, bool, TimingConfig, SandboxSession], tuple[TimingStats | None, Sharing]
+    ]
 
     def _run_in_child(
         self,
@@ -225,9 +227,13 @@ class ChildRunPhases:
                 return
             result.runtime = TimingStats(**timing["runtime"])
             started = time.perf_counter()
-            result.ref_eager = self._reference_timing(task, False, timing_config)
-            if self.device_kind == "cuda" and self.config.time_reference_compile:
-                result.ref_compile = self._reference_timing(task, True, timing_config)
+            result.ref_eager, quiet = self._reference_timing(task, False, timing_config, session)
+            sharing = sharing.merge(quiet)
+            if sharing.alone and self.device_kind == "cuda" and self.config.time_reference_compile:
+                result.ref_compile, quiet = self._reference_timing(
+                    task, True, timing_config, session
+                )
+                sharing = sharing.merge(quiet)
             result.phase_seconds["reference_timing"] = time.perf_counter() - started
         if self.gpu_claim:  # another evaluator's work, or no way to tell: timing unused
             sharing = sharing.merge(self.gpu_claim.survey())

@@ -144,6 +144,11 @@ class ReferenceRunner:
         return time_fn(calls, self.device, config, prepares=prepares)
 
 
+# How a cached timing was made, in its key: since 2, with every sandbox paused and the GPU found
+# running nothing of theirs (``gpu_quiet``); entries made before could hold a sandbox's work.
+TIMED_ALONE_PROCEDURE = "timed-alone-2"
+
+
 class ReferenceTimingCache:
     """JSON file of reference timings; one writer per process, atomic replace on save."""
 
@@ -172,6 +177,7 @@ class ReferenceTimingCache:
                 versions["triton"],
                 kind,
                 timing.fingerprint(),
+                TIMED_ALONE_PROCEDURE,
             ]
         )
 

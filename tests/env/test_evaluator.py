@@ -318,3 +318,41 @@ def test_every_output_comparison_is_charged_to_the_compare_phase(
     assert result.status is Status.CORRECT, result.feedback
     assert "kept" in compared and "checked" in compared, compared
     assert result.phase_seconds["compare"] >= 0.25 * len(compared)
+
+
+def test_the_measured_child_is_paused_while_its_reference_is_timed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A solution could leave work running as it reports its timing, to slow the reference
+    timed next and so inflate its own speed-up: the worker times a reference with the measured
+    child paused too (on a GPU, and once the GPU is found quiet: tests/env/test_gpu_quiet.py).
+    That pause is not the child's ``paused_for_others``, and a cached timing needs none."""
+    from kernelrl.env.reference import ReferenceTimingCache
+
+    evaluator = Evaluator(
+        EvalConfig(device="cpu", timeout_s=60, spare_children=0),
+        timing_cache=ReferenceTimingCache(tmp_path / "timings.json"),
+    )
+    acquired, paused_while_timed = [], []
+    acquire, time_reference = evaluator.children.acquire, evaluator.references.time
+
+    def acquire_and_note():
+        acquired.append(acquire())
+        return acquired[-1]
+
+    def time_and_note(*args):
+        paused_while_timed.append(acquired[-1].paused())
+        return time_reference(*args)
+
+    monkeypatch.setattr(evaluator.children, "acquire", acquire_and_note)
+    monkeypatch.setattr(evaluator.references, "time", time_and_note)
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    try:
+        first = evaluator.evaluate(RELU_TASK, good)
+        second = evaluator.evaluate(RELU_TASK, good)
+    finally:
+        evaluator.close()
+    assert first.status is Status.CORRECT and second.status is Status.CORRECT, first.feedback
+    assert paused_while_timed == [True]  # timed once, paused; the second evaluation's is cached
+    assert first.ref_eager == second.ref_eager
+    assert first.phase_seconds["paused_for_others"] == 0.0

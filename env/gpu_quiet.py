@@ -1,0 +1,62 @@
+"""Whether the GPU runs any work but this process's, asked by the trusted side itself.
+
+A paused sandbox launches nothing new, but kernels it queued before the pause still run, for as
+long as they were written to run. A solution that leaves a long kernel queued as it reports its
+timing would run it while the worker times the reference: the reference slows, the solution's
+speed-up grows, and through the reference timing cache every later speed-up of the task too.
+Nothing the sandbox says can rule that out; the GPU can. Without MPS, kernels of two CUDA
+contexts never run at once: the GPU switches between contexts that have work, so a kernel of
+ours waits while another context's kernel holds the GPU. ``QuietProbe.wait`` launches a
+one-element kernel and waits for it, again and again, until several in a row come back about as
+fast as the fastest this process ever saw (no other context's work was in the way), or its
+deadline passes. Once every sandbox is paused, a quiet GPU stays quiet: nobody is left to queue.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# A probe counts as unobstructed within this factor of the fastest one seen, or this many seconds
+# over it (host jitter on a fast machine is a few microseconds; a context switch is not).
+QUIET_FACTOR = 3.0
+QUIET_SLACK_S = 30e-6
+QUIET_PROBES = 8  # unobstructed probes in a row that make the GPU quiet
+CALIBRATION_PROBES = 64
+
+
+class QuietProbe:
+    """One per evaluator and GPU; made before any sandbox has work there, so that its first
+    fastest probe is an unobstructed one (later probes can only lower it)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._cell = torch.zeros(1, dtype=torch.int32, device=device)
+        self.fastest_s = float("inf")
+        for _ in range(CALIBRATION_PROBES):
+            self._probe()
+
+    def _probe(self) -> float:
+        start = time.perf_counter()
+        self._cell.add_(1)
+        torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start
+        self.fastest_s = min(self.fastest_s, seconds)
+        return seconds
+
+    def limit_s(self) -> float:
+        """The slowest a probe may be and still count as unobstructed."""
+        return max(QUIET_FACTOR * self.fastest_s, self.fastest_s + QUIET_SLACK_S)
+
+    def wait(self, timeout_s: float) -> float | None:
+        """Seconds until the GPU was found quiet, or None when it was still busy at
+        ``timeout_s``. The caller has paused every sandbox of the GPU and holds the lock on
+        this process's own GPU work."""
+        started = time.perf_counter()
+        in_a_row = 0
+        while in_a_row < QUIET_PROBES:
+            if time.perf_counter() - started > timeout_s:
+                return None
+            in_a_row = in_a_row + 1 if self._probe() <= self.limit_s() else 0
+        return time.perf_counter() - started
