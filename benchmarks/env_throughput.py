@@ -59,6 +59,7 @@ PHASES = (
     ("compare", "worker", "output comparison"),
     ("gpu_wait", "worker", "queued behind other measurements"),
     ("gpu_pause", "worker", "pausing the other children"),
+    ("gpu_quiet", "worker", "until the GPU runs no child's work (probe)"),
     ("child_timing", "child", "timing (CUDA events, L2 flush, placements)"),
     ("child_profile", "child", "CUPTI profile"),
     ("reference_timing", "worker", "reference timing (cached)"),

@@ -57,12 +57,10 @@ class EvalConfig:
     gpu_memory_fraction: float = 0.9
     file_bytes: int = 4 * 2**30
     spare_children: int = 1
-    # After pausing the other sandboxes on the GPU, wait this long for the kernels they had
-    # already queued (at most one forward call each: the harness synchronises after every call).
-    measurement_settle_s: float = 0.05
-    # Before a reference is timed, the GPU must be found running nothing of any sandbox's
-    # (``gpu_quiet``) within this long; else that measurement's timing is unused.
-    reference_quiet_timeout_s: float = 2.0
+    # Before a solution or a reference is timed, with the other sandboxes paused, the GPU must
+    # be found running nothing of theirs (``gpu_quiet``) within this long; else the timing is
+    # unused (the kernels a paused sandbox queued before its pause still run).
+    gpu_quiet_timeout_s: float = 2.0
     # Let sandboxes still importing torch run during a measurement (sandbox.processes.ChildPool).
     run_importing_during_measurement: bool = False
     # Off only to test that the sandbox and the dynamic checks hold on their own.
@@ -294,32 +292,36 @@ class Evaluator(ChildRunPhases):
     @contextlib.contextmanager
     def _device_to_itself(
         self, measured: SandboxSession, phases: dict[str, float] | None = None
-    ) -> Iterator[float]:
+    ) -> Iterator[Sharing]:
         """The GPU, and the CPU that feeds it, for ``measured`` alone: every other sandbox of
         this device (evaluations in flight and spares still starting) is paused meanwhile.
-        Yields when the first timed call may start (``time.perf_counter``).
+        Yields what the measurement shares the GPU with: nobody once the GPU is found quiet,
+        or unknown when it was not within ``gpu_quiet_timeout_s``.
 
         Other evaluations' correctness runs would otherwise make the profiled kernel time
         disagree with the timed one and spread the timings (docs/decisions.md). A paused child
-        launches nothing new, but kernels it queued before the pause still run: the settle time
-        covers a neighbour's forward call of up to ``measurement_settle_s``, and the measured
-        child spends it warming up (``time_cuda``'s ``settle_until``), not waiting for it.
+        launches nothing new, but kernels it queued before the pause still run, for as long as
+        they were written to run: a neighbour could slow this measurement on purpose, so the
+        worker probes until the GPU is quiet (``gpu_quiet``) rather than trusting a fixed wait.
         """
         if self.device_kind != "cuda":
-            yield 0.0
+            yield Sharing()
             return
         phases = {} if phases is None else phases
         asked = time.perf_counter()
         with self.gpu_lock:
             # gpu_wait: queued behind other measurements; gpu_pause: pausing the others;
-            # gpu_exclusive: the whole time the other sandboxes were held (pause included).
+            # gpu_quiet: until their queued kernels were found done; gpu_exclusive: the whole
+            # time the other sandboxes were held (pause included).
             held = time.perf_counter()
             phases["gpu_wait"] = held - asked
-            with self.children.paused_except(measured.child) as paused_any:
+            with self.children.paused_except(measured.child):
                 paused = time.perf_counter()
                 phases["gpu_pause"] = paused - held
                 try:
-                    yield paused + (self.config.measurement_settle_s if paused_any else 0.0)
+                    sharing = self._quiet_gpu("the solution")
+                    phases["gpu_quiet"] = time.perf_counter() - paused
+                    yield sharing
                 finally:
                     phases["gpu_exclusive"] = time.perf_counter() - held
 
@@ -335,22 +337,21 @@ class Evaluator(ChildRunPhases):
         paused_before = child.paused_seconds
         child.pause()
         try:
-            waited = (
-                0.0
-                if self.quiet is None
-                else self.quiet.wait(self.config.reference_quiet_timeout_s)
-            )
-            if waited is None:
-                yield Sharing(
-                    unknown="a sandbox's GPU work was still running "
-                    f"{self.config.reference_quiet_timeout_s:g} s after every sandbox was paused, "
-                    "when the reference was to be timed"
-                )
-            else:
-                yield Sharing()
+            yield self._quiet_gpu("the reference")
         finally:
             child.resume()
             child.paused_seconds = paused_before
+
+    def _quiet_gpu(self, timed: str) -> Sharing:
+        """Nobody, once the GPU is found running no sandbox's work (``gpu_quiet``), else
+        unknown; asked with the sandboxes paused, before ``timed`` is timed."""
+        timeout_s = self.config.gpu_quiet_timeout_s
+        if self.quiet is None or self.quiet.wait(timeout_s) is not None:
+            return Sharing()
+        return Sharing(
+            unknown=f"a sandbox's GPU work was still running {timeout_s:g} s after the "
+            f"sandboxes were paused, when {timed} was to be timed"
+        )
 
     @staticmethod
     def _violate(result: EvalResult, violations: list[tuple[str, str]]) -> None:

@@ -78,7 +78,7 @@ class ChildRunPhases:
     _compare: Callable[..., Comparison]
     _violate: Callable[[EvalResult, list[tuple[str, str]]], None]
     _trusted_gpu_work: Callable[[], AbstractContextManager]
-    _device_to_itself: Callable[..., AbstractContextManager[float]]
+    _device_to_itself: Callable[..., AbstractContextManager[Sharing]]
     _reference_timing: Callable[
         [Task, bool, TimingConfig, SandboxSession], tuple[TimingStats | None, Sharing]
     ]
@@ -217,9 +217,10 @@ class ChildRunPhases:
         computed, then what they answered."""
         timing_seed = secrets.randbits(31)
         sharing = self.gpu_claim.survey() if self.gpu_claim else Sharing()
-        with self._device_to_itself(session, result.phase_seconds) as settle_until:
+        with self._device_to_itself(session, result.phase_seconds) as quiet:
+            sharing = sharing.merge(quiet)
             timing_started = time.perf_counter()
-            session.send_time(timing_seed, max(settle_until - timing_started, 0.0))
+            session.send_time(timing_seed)
             timing = session.receive()
             timing_wall = time.perf_counter() - timing_started
             result.phase_seconds.update(_child_phases(timing))

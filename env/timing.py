@@ -124,21 +124,16 @@ def time_cuda(
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
-    settle_until: float = 0.0,
     after_call: Callable[[], None] | None = None,
 ) -> TimingStats:
     """``between_batches`` runs after each batch's synchronisation, ``prepare`` before every
     call and ``after_call`` right after every call (after its end event is recorded), warm-up
     included, all outside every timed span (the L2 flush comes after ``prepare``): no call can
-    tell a warm-up from a measured one by its inputs. The warm-up goes on until
-    ``settle_until`` (``time.monotonic``): the time other processes' queued work is given to
-    drain before the first timed call, spent warming up rather than idle."""
+    tell a warm-up from a measured one by its inputs."""
     collecting = gc.isenabled()
     gc.disable()  # a collection while the GPU waits for the next launch would be timed
     try:
-        return _time_cuda(
-            fn, config, between_batches, prepare or _nothing, settle_until, after_call or _nothing
-        )
+        return _time_cuda(fn, config, between_batches, prepare or _nothing, after_call or _nothing)
     finally:
         if collecting:
             gc.enable()
@@ -149,7 +144,6 @@ def _time_cuda(
     config: TimingConfig,
     between_batches: Callable[[], None] | None,
     prepare: Callable[[], None],
-    settle_until: float,
     after_call: Callable[[], None],
 ) -> TimingStats:
     flush = _l2_flush(config.l2_flush)
@@ -172,11 +166,6 @@ def _time_cuda(
         host_s.append(time.perf_counter() - start)
         after_call()
     torch.cuda.synchronize()
-    while time.monotonic() < settle_until:
-        prepare()
-        fn()
-        after_call()
-        torch.cuda.synchronize()
     hold_cycles = 0
     if prepare is not _nothing:
         hold_us = min(HOLD_FACTOR * statistics.median(host_s) * 1e6 + HOLD_MARGIN_US, HOLD_MAX_US)
@@ -247,13 +236,11 @@ def time_fn(
     config: TimingConfig = TimingConfig(),
     between_batches: Callable[[], None] | None = None,
     prepares: Sequence[Callable[[], None]] | None = None,
-    settle_until: float = 0.0,
     after_call: Callable[[], None] | None = None,
 ) -> TimingStats:
     """Time each call (one per input set, ``placements`` of them) and average their medians;
     ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before each call of
-    ``calls[i]`` and ``after_call`` after every call; the first placement warms up until
-    ``settle_until`` at least."""
+    ``calls[i]`` and ``after_call`` after every call."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
     if device.type != "cuda":
@@ -267,7 +254,6 @@ def time_fn(
                 first if index == 0 else later,
                 between_batches,
                 prepare,
-                settle_until if index == 0 else 0.0,
                 after_call,
             )
             for index, (call, prepare) in enumerate(zip(calls, prepares, strict=True))

@@ -237,7 +237,7 @@ class Job:
             if message["type"] == "call":
                 self.call(int(message["seed"]))
             elif message["type"] == "time":
-                self.time(int(message["seed"]), float(message.get("settle_s", 0.0)))
+                self.time(int(message["seed"]))
             else:
                 return
 
@@ -392,6 +392,6 @@ class Job:
             if type(value) is torch.Tensor:
                 send_tensor_bytes(self.sock, self.ring, value)
 
-    def time(self, seed: int, settle_s: float = 0.0) -> None:
+    def time(self, seed: int) -> None:
         self.previous = None
-        TimedRun(self, seed, settle_s).run()
+        TimedRun(self, seed).run()

@@ -8,7 +8,7 @@ A session drives one sandboxed child through one job:
                                                                  compile, build the model)
     send_call(seed); receive()  -> "outputs" | "error"           (one forward call on fresh inputs)
     read_tensors(described, on_chunk)                            (that call's output bytes)
-    send_time(seed, settle_s); receive() -> "timing" | "error"   (timing and profile)
+    send_time(seed); receive() -> "timing" | "error"   (timing and profile)
 
 The job goes in two messages: the task (the child answers ``task_loaded`` once it has loaded it
 and made its inputs once), then the solution. Until the solution is sent (``solution_sent``)
@@ -100,10 +100,8 @@ class SandboxSession:
     def send_call(self, seed: int) -> None:
         self.child.send({"type": "call", "seed": seed})
 
-    def send_time(self, seed: int, settle_s: float = 0.0) -> None:
-        """``settle_s``: how long from now the first timed repetition must wait (the child warms
-        up meanwhile) for work the paused neighbours queued to drain."""
-        self.child.send({"type": "time", "seed": seed, "settle_s": settle_s})
+    def send_time(self, seed: int) -> None:
+        self.child.send({"type": "time", "seed": seed})
 
     def read_tensors(
         self,

@@ -119,9 +119,8 @@ class TimedRun:
     batches, then (GPU) a few profiled calls; the report and the kept outputs go to the
     trusted side."""
 
-    def __init__(self, served: Served, seed: int, settle_s: float = 0.0) -> None:
+    def __init__(self, served: Served, seed: int) -> None:
         self.served = served
-        self.settle_until = time.monotonic() + settle_s
         self.config = TimingConfig(**served.job["timing"])
         self.timed = served.timed_inputs(seed, placements(served.device, self.config))
         self.calls_made = 0  # forward calls of the timing phase: timed, warm-up, spot audits
@@ -193,7 +192,7 @@ class TimedRun:
             after_call=self.after_call,
         )  # fmt: skip
         if device.type == "cuda":
-            stats = timing(settle_until=self.settle_until)
+            stats = timing()
         else:  # interpreter timings mean nothing, so every timed call can be watched
             stats, events = profile_cpu_ops(timing)
             reads = self.calls_made * served.scalars.reads_per_call

@@ -1,5 +1,5 @@
 """The trusted side finds out itself whether the GPU runs a sandbox's work before it times a
-reference: another process's queued kernel is seen, and a solution's kernel left running as it
+solution or a reference: another process's queued kernel is seen, and a solution's kernel left running as it
 reports its timing neither slows the reference nor passes unnoticed."""
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def test_a_kernel_left_running_as_the_timing_is_reported_does_not_slow_the_refer
     assert honest.status is Status.CORRECT and hack.status is Status.CORRECT, hack.feedback
     assert honest.ref_eager is not None and hack.ref_eager is not None
     assert hack.timing_meaningful, hack.sandbox
+    assert honest.phase_seconds["gpu_quiet"] < 0.5  # the probe before the solution's timing
     # Timed after the 0.6-s kernel had ended, not beside it.
     assert hack.phase_seconds["reference_timing"] > 0.4
     assert hack.ref_eager.median_ms < 1.25 * honest.ref_eager.median_ms, (
@@ -80,7 +81,7 @@ def test_a_kernel_left_running_as_the_timing_is_reported_does_not_slow_the_refer
 
 def test_a_kernel_that_outlasts_the_wait_leaves_the_timing_unused(tmp_path: Path) -> None:
     source = LEAVES_A_KERNEL.read_text().replace("SPIN_SECONDS = 0.6", "SPIN_SECONDS = 3.0")
-    result = _evaluate(source, tmp_path, "long", reference_quiet_timeout_s=0.5)
+    result = _evaluate(source, tmp_path, "long", gpu_quiet_timeout_s=0.5)
     assert result.status is Status.CORRECT, result.feedback
     assert not result.timing_meaningful
     assert result.speedup_vs_eager is None

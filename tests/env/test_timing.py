@@ -88,28 +88,6 @@ def test_only_the_first_placement_warms_up_for_warmup_ms() -> None:
 
 
 @pytest.mark.gpu
-def test_the_first_timed_call_waits_for_the_settle_time_warming_up() -> None:
-    """The paused neighbours' queued work gets ``settle_until`` to drain: the first placement
-    warms up until then (calls, not idling), and only then are calls timed."""
-    cycles = int(500 * _sleep_cycles_per_us())
-    counts = [0]
-    timed_from: list[float] = []
-
-    def call() -> None:
-        counts[0] += 1
-        torch.cuda._sleep(cycles)
-
-    def between_batches() -> None:
-        timed_from.append(time.monotonic())
-
-    config = TimingConfig(placements=1, min_reps=30, max_reps=30, warmup_ms=25.0)
-    settle_until = time.monotonic() + 0.2
-    time_fn([call], torch.device("cuda"), config, between_batches, settle_until=settle_until)
-    assert timed_from[0] >= settle_until
-    assert counts[0] - config.max_reps - 2 >= 200  # ~200 ms of half-millisecond calls
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("flush", ["read", "write", "none"])
 def test_every_l2_flush_times_the_same_kernel_alike(flush: str) -> None:
     """L2 is emptied by reading (the default), zeroing or not at all; a kernel that reads far
