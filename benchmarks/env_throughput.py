@@ -170,17 +170,22 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool
         value = median_of([float(r.sandbox.get(key) or 0.0) for r in results])
         phases[f"child_{key}"] = value
         print(f"| `{key}` | spare child, ahead of time | {what} | {value:.3f} |")
-    by_task: dict[str, list[float]] = defaultdict(list)
+    by_task: dict[str, list[EvalResult]] = defaultdict(list)
     for r in results:
-        if r.speedup_vs_eager is not None:
-            by_task[r.task_id].append(r.speedup_vs_eager)
-    spreads = {t: max(v) / min(v) for t, v in by_task.items() if len(v) > 1}
-    print("speedup vs eager over repeats (max/min):")
-    for task_id, values in by_task.items():
-        spread = spreads.get(task_id)
+        if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
+            by_task[r.task_id].append(r)
+    spreads = {t: _spread([r.speedup_vs_eager for r in v]) for t, v in by_task.items()}
+    spreads = {t: s for t, s in spreads.items() if s is not None}
+    # Which side moves: the solution's runtime, the reference's (constant when cached), or both
+    # together (then their ratio moves less than either).
+    runtime_spreads = {t: _spread([r.runtime.median_ms for r in v]) for t, v in by_task.items()}
+    reference_spreads = {t: _spread([r.ref_eager.median_ms for r in v]) for t, v in by_task.items()}
+    print("speedup vs eager over repeats (max/min), and the spreads of its two sides:")
+    for task_id, rs in by_task.items():
         print(
-            f"  {task_id:28s} median {statistics.median(values):6.2f}x  "
-            f"spread {spread if spread is None else round(spread, 3)}  (n={len(values)})"
+            f"  {task_id:28s} median {statistics.median(r.speedup_vs_eager for r in rs):6.2f}x  "
+            f"spread {spreads.get(task_id)}  runtime {runtime_spreads[task_id]}  "
+            f"reference {reference_spreads[task_id]}  (n={len(rs)})"
         )
     if spreads:
         over = sorted(t for t, s in spreads.items() if s > 1.03)
@@ -199,10 +204,17 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool
         "gpu_exclusive_share": exclusive / wall,
         "phase_medians": phases,
         "spreads": spreads,
+        "runtime_spreads": runtime_spreads,
+        "reference_spreads": reference_spreads,
         "slots": pool.num_slots,
         "spares": pool.config.spare_children,
         "pool": type(pool).__name__,
     }
+
+
+def _spread(values: list[float]) -> float | None:
+    """max/min, rounded to 3 places; None for fewer than two values."""
+    return round(max(values) / min(values), 3) if len(values) > 1 else None
 
 
 def parse_args() -> argparse.Namespace:
@@ -264,6 +276,13 @@ def parse_args() -> argparse.Namespace:
         default=TimingConfig.l2_flush,
         help="how L2 is emptied before every timed call (TimingConfig)",
     )
+    parser.add_argument(
+        "--reference-timing",
+        choices=("cached", "each-evaluation"),
+        default="cached",
+        help="reuse each task's reference timing, or time it in every evaluation's own "
+        "exclusive window right after the solution (EvalConfig.cache_reference_timing)",
+    )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
@@ -279,6 +298,7 @@ def main() -> None:
     config = EvalConfig(
         device=args.device,
         run_importing_during_measurement=args.run_importing,
+        cache_reference_timing=args.reference_timing == "cached",
         timing=TimingConfig(
             fresh_inputs=not args.stale_inputs,
             placement_warmup_ms=args.placement_warmup_ms,

@@ -53,6 +53,10 @@ class EvalConfig:
     num_input_sets: int = 3
     profile_calls: int = 5
     time_reference_compile: bool = True  # torch.compile baseline (GPU only)
+    # A trusted task's reference timing is measured once and reused (the cache); off, every
+    # evaluation times its reference in its own exclusive window, right after the solution:
+    # each speed-up measured side by side, at the cost of a reference timing per evaluation.
+    cache_reference_timing: bool = True
     host_memory_bytes: int = 16 * 2**30
     gpu_memory_fraction: float = 0.9
     file_bytes: int = 4 * 2**30
@@ -366,10 +370,10 @@ class Evaluator(ChildRunPhases):
         """The reference's timing and what its measurement shared the GPU with. The caller
         holds the GPU lock; a measurement is made with every sandbox paused and the GPU found
         quiet (``_reference_alone``), the same way (placements included) as the solution's.
-        A trusted task's is cached, and only when it was timed alone; an untrusted task's is
-        its child's own report, never cached."""
+        A trusted task's is cached (``cache_reference_timing``), and only when it was timed
+        alone; an untrusted task's is its child's own report, never cached."""
         key = None
-        if task.trusted:
+        if task.trusted and self.config.cache_reference_timing:
             kind = "compile" if compiled else "eager"
             key = self.timing_cache.key(task, self.device, kind, timing)
             cached = self.timing_cache.get(key)

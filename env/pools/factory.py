@@ -111,6 +111,13 @@ class EnvPoolConfig:
             "spares RL a compile of every new task's reference)"
         },
     )
+    env_cache_reference_timing: bool = field(
+        default=True,
+        metadata={
+            "help": "reuse a task's reference timing; off, each evaluation times its reference "
+            "right after the solution, in the same exclusive window (side by side, slower)"
+        },
+    )
     env_ray_address: str | None = field(
         default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
     )
@@ -145,6 +152,7 @@ class EnvPoolConfig:
                 device=self.env_device,
                 timeout_s=self.env_timeout_s,
                 time_reference_compile=self.env_time_reference_compile,
+                cache_reference_timing=self.env_cache_reference_timing,
             ),
             workers=self.env_workers or None,
             per_gpu=self.env_per_gpu,

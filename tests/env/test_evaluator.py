@@ -320,18 +320,21 @@ def test_every_output_comparison_is_charged_to_the_compare_phase(
     assert result.phase_seconds["compare"] >= 0.25 * len(compared)
 
 
+@pytest.mark.parametrize("cached", [True, False])
 def test_the_measured_child_is_paused_while_its_reference_is_timed(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cached: bool
 ) -> None:
     """A solution could leave work running as it reports its timing, to slow the reference
     timed next and so inflate its own speed-up: the worker times a reference with the measured
     child paused too (on a GPU, and once the GPU is found quiet: tests/env/test_gpu_quiet.py).
-    That pause is not the child's ``paused_for_others``, and a cached timing needs none."""
+    That pause is not the child's ``paused_for_others``. A cached timing needs none; without
+    the cache every evaluation times its own reference, side by side with its solution."""
     from kernelrl.env.reference import ReferenceTimingCache
 
+    cache = ReferenceTimingCache(tmp_path / "timings.json")
     evaluator = Evaluator(
-        EvalConfig(device="cpu", timeout_s=60, spare_children=0),
-        timing_cache=ReferenceTimingCache(tmp_path / "timings.json"),
+        EvalConfig(device="cpu", timeout_s=60, spare_children=0, cache_reference_timing=cached),
+        timing_cache=cache,
     )
     acquired, paused_while_timed = [], []
     acquire, time_reference = evaluator.children.acquire, evaluator.references.time
@@ -353,6 +356,10 @@ def test_the_measured_child_is_paused_while_its_reference_is_timed(
     finally:
         evaluator.close()
     assert first.status is Status.CORRECT and second.status is Status.CORRECT, first.feedback
-    assert paused_while_timed == [True]  # timed once, paused; the second evaluation's is cached
-    assert first.ref_eager == second.ref_eager
     assert first.phase_seconds["paused_for_others"] == 0.0
+    if cached:  # timed once, paused; the second evaluation's is the first one's
+        assert paused_while_timed == [True]
+        assert first.ref_eager == second.ref_eager
+    else:
+        assert paused_while_timed == [True, True]
+        assert not cache.path.exists()
