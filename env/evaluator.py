@@ -347,8 +347,14 @@ class Evaluator(ChildRunPhases):
             child.paused_seconds = paused_before
 
     def _quiet_gpu(self, timed: str) -> Sharing:
-        """Nobody, once the GPU is found running no sandbox's work (``gpu_quiet``), else
-        unknown; asked with the sandboxes paused, before ``timed`` is timed."""
+        """Nobody, once no other evaluator holds a claim on the GPU (``gpu_claim``) and it is
+        found running no sandbox's work (``gpu_quiet``); else who, or unknown. Asked with the
+        sandboxes paused, before ``timed`` is timed. Another evaluator's claim is looked at
+        first: its work does not stop for our pauses, so no wait would see the GPU quiet, and
+        a measurement beside it is unused anyway (a reference's is not cached)."""
+        claims = self.gpu_claim.survey() if self.gpu_claim else Sharing()
+        if not claims.alone:
+            return claims
         timeout_s = self.config.gpu_quiet_timeout_s
         if self.quiet is None or self.quiet.wait(timeout_s) is not None:
             return Sharing()
