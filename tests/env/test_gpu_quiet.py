@@ -29,10 +29,12 @@ LEAVES_A_KERNEL = (
 # Another process: queues a kernel of about 1.5 s, says so, and waits for it.
 SPINNER = """
 import torch
-from kernelrl.env.timing import _sleep_cycles_per_us
-cycles = int(1.5e6 * _sleep_cycles_per_us())
-torch.cuda.synchronize()
-torch.cuda._sleep(cycles)
+begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+begin.record()
+torch.cuda._sleep(10_000_000)
+end.record()
+end.synchronize()
+torch.cuda._sleep(int(1.5 * 10_000_000 / (begin.elapsed_time(end) / 1e3)))
 print("queued", flush=True)
 torch.cuda.synchronize()
 """
