@@ -1,6 +1,6 @@
 """The trusted side finds out itself whether the GPU runs a sandbox's work before it times a
-solution or a reference: another process's queued kernel is seen, and a solution's kernel left running as it
-reports its timing neither slows the reference nor passes unnoticed."""
+solution or a reference: another process's queued kernel is seen, and a kernel left queued as
+the solution's timing is reported neither slows the reference nor passes unnoticed."""
 
 from __future__ import annotations
 
@@ -16,36 +16,41 @@ from kernelrl.env.gpu_claim import SHARING_UNKNOWN_KEY
 from kernelrl.env.gpu_quiet import QuietProbe
 from kernelrl.env.reference import ReferenceTimingCache
 from kernelrl.env.result import EvalResult, Status
+from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.task import load_task
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 RELU = load_task(ROOT / "data" / "tasks" / "01_relu.py")
-HONEST = ROOT / "data" / "solutions" / "triton" / "01_relu.py"
-LEAVES_A_KERNEL = (
-    Path(__file__).parents[1] / "solutions" / "reference_timing" / "leaves_a_kernel_running.py"
-)
-# Another process: queues a kernel of about 1.5 s, says so, and waits for it.
+HONEST = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+# Another process: queues one kernel of SECONDS, says so, and waits for it.
 SPINNER = """
-import torch
+import sys, torch
 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 begin.record()
 torch.cuda._sleep(10_000_000)
 end.record()
 end.synchronize()
-torch.cuda._sleep(int(1.5 * 10_000_000 / (begin.elapsed_time(end) / 1e3)))
+torch.cuda._sleep(int(float(sys.argv[1]) * 10_000_000 / (begin.elapsed_time(end) / 1e3)))
 print("queued", flush=True)
 torch.cuda.synchronize()
 """
 
 
+def _queue_a_kernel(seconds: float) -> subprocess.Popen:
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", SPINNER, str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert spinner.stdout is not None and spinner.stdout.readline().strip() == "queued"
+    return spinner
+
+
 def test_the_probe_sees_another_process_s_kernel_and_its_end() -> None:
     probe = QuietProbe(torch.device("cuda"))
     assert probe.wait(1.0) is not None, f"an idle GPU judged busy (limit {probe.limit_s():.2e} s)"
-    spinner = subprocess.Popen([sys.executable, "-c", SPINNER], stdout=subprocess.PIPE, text=True)
+    spinner = _queue_a_kernel(1.5)
     try:
-        assert spinner.stdout is not None and spinner.stdout.readline().strip() == "queued"
         assert probe.wait(0.3) is None, f"a busy GPU judged quiet (limit {probe.limit_s():.2e} s)"
         waited = probe.wait(10.0)
         assert waited is not None and waited > 0.2
@@ -53,39 +58,58 @@ def test_the_probe_sees_another_process_s_kernel_and_its_end() -> None:
         spinner.wait(timeout=60)
 
 
-def _evaluate(source: str, tmp: Path, name: str, **config: float) -> EvalResult:
+def _evaluate(
+    tmp: Path, name: str, spin_s: float, monkeypatch: pytest.MonkeyPatch, **config: float
+) -> EvalResult:
+    """An honest ReLU, with a kernel of ``spin_s`` queued on the GPU the moment its timing
+    report reaches the worker: what a solution that controls its interpreter can leave queued
+    as it reports (here from another process, which the GPU cannot tell apart)."""
     evaluator = Evaluator(
-        EvalConfig(device="cuda", static_checks=False, spare_children=0, **config),
+        EvalConfig(device="cuda", spare_children=0, **config),
         timing_cache=ReferenceTimingCache(tmp / f"{name}.json"),
     )
+    receive, spinners = SandboxSession.receive, []
+
+    def receive_then_queue(session, *args, **kwargs):
+        message = receive(session, *args, **kwargs)
+        if spin_s and message.get("type") == "timing":
+            spinners.append(_queue_a_kernel(spin_s))
+        return message
+
+    monkeypatch.setattr(SandboxSession, "receive", receive_then_queue)
     try:
-        return evaluator.evaluate(RELU, source)
+        return evaluator.evaluate(RELU, HONEST)
     finally:
         evaluator.close()
+        monkeypatch.undo()
+        for spinner in spinners:
+            spinner.wait(timeout=60)
 
 
-def test_a_kernel_left_running_as_the_timing_is_reported_does_not_slow_the_reference(
-    tmp_path: Path,
+def test_a_kernel_left_queued_as_the_timing_is_reported_does_not_slow_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    honest = _evaluate(HONEST.read_text(), tmp_path, "honest")
-    hack = _evaluate(LEAVES_A_KERNEL.read_text(), tmp_path, "hack")
-    assert honest.status is Status.CORRECT and hack.status is Status.CORRECT, hack.feedback
-    assert honest.ref_eager is not None and hack.ref_eager is not None
-    assert hack.timing_meaningful, hack.sandbox
-    assert honest.phase_seconds["gpu_quiet"] < 0.5  # the probe before the solution's timing
+    plain = _evaluate(tmp_path, "plain", 0.0, monkeypatch)
+    spun = _evaluate(tmp_path, "spun", 0.6, monkeypatch)
+    assert plain.status is Status.CORRECT and spun.status is Status.CORRECT, spun.feedback
+    assert plain.ref_eager is not None and spun.ref_eager is not None
+    assert spun.timing_meaningful, spun.sandbox
+    assert plain.phase_seconds["gpu_quiet"] < 0.5  # the probe before the solution's timing
     # Timed after the 0.6-s kernel had ended, not beside it.
-    assert hack.phase_seconds["reference_timing"] > 0.4
-    assert hack.ref_eager.median_ms < 1.25 * honest.ref_eager.median_ms, (
-        honest.ref_eager,
-        hack.ref_eager,
+    assert spun.phase_seconds["reference_timing"] > 0.4
+    assert spun.ref_eager.median_ms < 1.25 * plain.ref_eager.median_ms, (
+        plain.ref_eager,
+        spun.ref_eager,
     )
 
 
-def test_a_kernel_that_outlasts_the_wait_leaves_the_timing_unused(tmp_path: Path) -> None:
-    source = LEAVES_A_KERNEL.read_text().replace("SPIN_SECONDS = 0.6", "SPIN_SECONDS = 3.0")
-    result = _evaluate(source, tmp_path, "long", gpu_quiet_timeout_s=0.5)
+def test_a_kernel_that_outlasts_the_wait_leaves_the_timing_unused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = _evaluate(tmp_path, "long", 3.0, monkeypatch, gpu_quiet_timeout_s=0.5)
     assert result.status is Status.CORRECT, result.feedback
     assert not result.timing_meaningful
-    assert result.speedup_vs_eager is None
+    assert result.speedup_vs_eager is None and result.ref_eager is None
     assert "still running" in result.sandbox[SHARING_UNKNOWN_KEY]
     assert "not meaningful" in result.feedback
+    assert not (tmp_path / "long.json").exists()  # nothing cached
