@@ -7,14 +7,15 @@ speed-up grows, and through the reference timing cache every later speed-up of t
 Nothing the sandbox says can rule that out; the GPU can. Without MPS, kernels of two CUDA
 contexts never run at once: the GPU switches between contexts that have work, so a kernel of
 ours waits while another context's kernel holds the GPU. ``QuietProbe.wait`` launches a
-one-element kernel and waits for it, again and again, until several in a row come back about as
-fast as the fastest this process ever saw (no other context's work was in the way), or its
-deadline passes. Once every sandbox is paused, a quiet GPU stays quiet: nobody is left to queue.
+one-element kernel and waits for it, again and again, until nearly all of the last few came
+back about as fast as the fastest this process ever saw (no other context's work was in the
+way), or its deadline passes. Once every sandbox is paused, a quiet GPU stays quiet: nobody is left to queue.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 
@@ -22,7 +23,11 @@ import torch
 # over it (host jitter on a fast machine is a few microseconds; a context switch is not).
 QUIET_FACTOR = 3.0
 QUIET_SLACK_S = 30e-6
-QUIET_PROBES = 8  # unobstructed probes in a row that make the GPU quiet
+# The GPU is quiet when this many of the last QUIET_WINDOW probes were unobstructed: another
+# context's work delays every probe, while a probe of ours held up on the host (another thread
+# of this process taking the interpreter) is a rare outlier, not a reason to wait on.
+QUIET_PROBES = 8
+QUIET_WINDOW = 10
 CALIBRATION_PROBES = 64
 
 
@@ -33,14 +38,23 @@ class QuietProbe:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._cell = torch.zeros(1, dtype=torch.int32, device=device)
+        self._stream = torch.cuda.current_stream(device)  # the one the cell's kernel runs on
+        self._done = torch.cuda.Event()
         self.fastest_s = float("inf")
         for _ in range(CALIBRATION_PROBES):
-            self._probe()
+            self._probe(float("inf"))
 
-    def _probe(self) -> float:
-        start = time.perf_counter()
-        self._cell.add_(1)
-        torch.cuda.synchronize(self.device)
+    def _probe(self, deadline: float) -> float | None:
+        """Seconds from launching a one-element kernel to seeing it done, or None at
+        ``deadline``. Polled rather than synchronised: a wait that let go of the interpreter
+        would time this process's other threads too."""
+        with torch.cuda.stream(self._stream):
+            start = time.perf_counter()
+            self._cell.add_(1)
+            self._done.record(self._stream)
+        while not self._done.query():
+            if time.perf_counter() > deadline:
+                return None
         seconds = time.perf_counter() - start
         self.fastest_s = min(self.fastest_s, seconds)
         return seconds
@@ -54,9 +68,11 @@ class QuietProbe:
         ``timeout_s``. The caller has paused every sandbox of the GPU and holds the lock on
         this process's own GPU work."""
         started = time.perf_counter()
-        in_a_row = 0
-        while in_a_row < QUIET_PROBES:
-            if time.perf_counter() - started > timeout_s:
+        deadline = started + timeout_s
+        recent: deque[bool] = deque(maxlen=QUIET_WINDOW)
+        while sum(recent) < QUIET_PROBES:
+            seconds = self._probe(deadline)
+            if seconds is None:
                 return None
-            in_a_row = in_a_row + 1 if self._probe() <= self.limit_s() else 0
+            recent.append(seconds <= self.limit_s())
         return time.perf_counter() - started
