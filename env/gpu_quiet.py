@@ -9,7 +9,8 @@ contexts never run at once: the GPU switches between contexts that have work, so
 ours waits while another context's kernel holds the GPU. ``QuietProbe.wait`` launches a
 one-element kernel and waits for it, again and again, until nearly all of the last few came
 back about as fast as the fastest this process ever saw (no other context's work was in the
-way), or its deadline passes. Once every sandbox is paused, a quiet GPU stays quiet: nobody is left to queue.
+way), or its deadline passes. Once every sandbox is paused, a quiet GPU stays quiet: nobody is
+left to queue.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ A session drives one sandboxed child through one job:
                                                                  compile, build the model)
     send_call(seed); receive()  -> "outputs" | "error"           (one forward call on fresh inputs)
     read_tensors(described, on_chunk)                            (that call's output bytes)
-    send_time(seed); receive() -> "timing" | "error"   (timing and profile)
+    send_time(seed); receive()  -> "timing" | "error"            (timing and profile)
 
 The job goes in two messages: the task (the child answers ``task_loaded`` once it has loaded it
 and made its inputs once), then the solution. Until the solution is sent (``solution_sent``)
