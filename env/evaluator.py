@@ -337,14 +337,11 @@ class Evaluator(ChildRunPhases):
 
         The child's own phases are not running then (it waits for its next command), so the
         pause is not counted in its ``paused_for_others``."""
-        child = measured.child
-        paused_before = child.paused_seconds
-        child.pause()
+        measured.child.pause(for_others=False)
         try:
             yield self._quiet_gpu("the reference")
         finally:
-            child.resume()
-            child.paused_seconds = paused_before
+            measured.child.resume()
 
     def _quiet_gpu(self, timed: str) -> Sharing:
         """Nobody, once no other evaluator holds a claim on the GPU (``gpu_claim``) and it is

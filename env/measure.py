@@ -216,9 +216,7 @@ class ChildRunPhases:
         """The measurement (the device to itself), then its verdicts: how the timed calls
         computed, then what they answered."""
         timing_seed = secrets.randbits(31)
-        sharing = self.gpu_claim.survey() if self.gpu_claim else Sharing()
-        with self._device_to_itself(session, result.phase_seconds) as quiet:
-            sharing = sharing.merge(quiet)
+        with self._device_to_itself(session, result.phase_seconds) as sharing:
             timing_started = time.perf_counter()
             session.send_time(timing_seed)
             timing = session.receive()

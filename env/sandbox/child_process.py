@@ -234,10 +234,12 @@ class Child:
         """Whether the child's cgroup holds it, and so everything it started."""
         return self.cgroup is not None and self.cgroup.holds(self.process.pid)
 
-    def pause(self, wait_s: float = 1.0) -> None:
+    def pause(self, wait_s: float = 1.0, for_others: bool = True) -> None:
         """Stop every process of the child, whatever it did to its session or group, so that
         it launches no GPU work while another evaluation is measured; returns once all are
-        stopped, or after ``wait_s``.
+        stopped, or after ``wait_s``. Only a pause ``for_others`` counts in
+        ``paused_seconds``: one for the child's own evaluation (its reference timed) is not
+        time its evaluation lost to others.
 
         Its cgroup is frozen where the host allows one: the kernel stops all members at once.
         Otherwise (or before the child has joined its cgroup, while it runs only our code)
@@ -245,7 +247,7 @@ class Child:
         whole namespace, since the namespace's init inherits every orphan (double fork)."""
         if self.process.poll() is not None:
             return
-        if self._paused_since is None:
+        if for_others and self._paused_since is None:
             self._paused_since = time.monotonic()
         if self._contained():
             assert self.cgroup is not None

@@ -293,6 +293,12 @@ def test_a_child_counts_the_time_it_was_held_paused_for_others() -> None:
             time.sleep(0.2)
         assert held.paused_seconds >= 0.6
         assert measured.paused_seconds == 0.0
+        # Paused for its own evaluation (its reference timed): stopped, but not counted.
+        measured.pause(for_others=False)
+        assert _stopped(measured, wait_s=0.5)
+        time.sleep(0.2)
+        measured.resume()
+        assert measured.paused_seconds == 0.0
     finally:
         measured.close()
         held.close()
