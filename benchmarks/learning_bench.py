@@ -254,6 +254,14 @@ class Benchmark(CurriculumStages, KernelBenchStages, ReportStages):
             return self.stages[stage]["chosen"]
         if not candidates:
             raise SystemExit(f"{stage}: no checkpoint to choose from")
+        if len(candidates) == 1 and not self.args.rl_variants:
+            # Nothing to choose between, and no variant choice downstream needs its score: a
+            # validation sweep would decide nothing (the learning protocol's step-15-only runs).
+            chosen = str(candidates[0])
+            self.stages[stage] = {"validation": {}, "chosen": chosen}
+            self.save()
+            self.log(f"[{stage}] the one candidate, not validated: {chosen}")
+            return chosen
         outputs = {
             path: self.out / "validation" / f"val_{stage.removeprefix('select_')}_{path.name}"
             for path in candidates

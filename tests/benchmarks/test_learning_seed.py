@@ -1,7 +1,7 @@
 """benchmarks/learning_seed.sh: one run of the learning protocol in one GPU window. Its
 programs (python3 for learning.py, the RL script) are stood in for, to check what runs in
 which order with which seeds: SFT's held-out sweep before RL, RL from the SFT checkpoint
-fixed before the run, its checkpoints chosen on validation, the KernelBench set answered last."""
+fixed before the run, its one checkpoint (step 15) swept, the KernelBench set answered last."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_one_seed_runs_sft_its_sweep_rl_the_choice_and_the_sets_in_order(tmp_pat
         "/gpu/bench/curriculum/data.parquet",
     ]
     assert _value(rl, "--seed") == "103" and _value(rl, "--max_steps") == "15"
-    assert _value(rl, "--save_steps") == "10"  # candidates: steps 10 and 15
+    assert _value(rl, "--save_steps") == "15"  # one candidate, step 15: no validation sweep
     assert _only(last) == ["rl", "select_rl", "eval_rl", "generate_kb"]
     assert _value(last, "--rl-from") == "/gpu/bench/rl_run_protocol"
     assert _value(last, "--sft-model") == "/gpu/bench/sft_model/checkpoint-150"

@@ -317,6 +317,34 @@ def test_a_choices_validation_sweeps_run_at_once_one_per_gpu(
     assert {bench.stages[name]["argv"][0] for name in scores} == {"eval"}
 
 
+def test_one_candidate_is_chosen_without_a_validation_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A validation sweep decides nothing with one checkpoint; with RL variants it still runs,
+    since the variant choice reads every variant's validation score."""
+    swept: list[str] = []
+
+    def fake_run_stage(name, argv, out, log, min_gb, placement=None, script=None):
+        swept.append(name)
+        return {"wall_s": 0.0, "returncode": 0}
+
+    monkeypatch.setattr(learning_bench, "run_stage", fake_run_stage)
+    monkeypatch.setattr(
+        learning_bench, "attempts", lambda path, config: {"t": [{"correct": 1.0, "compile": 1.0}]}
+    )
+    only = [tmp_path / "checkpoint-15"]
+    bench = _bench(tmp_path / "plain")
+    bench.stages = {"select_sft": {"chosen": "sft-model"}}
+    assert bench.select("select_rl", only) == str(only[0])
+    assert swept == [] and bench.stages["select_rl"] == {"validation": {}, "chosen": str(only[0])}
+    bench = _bench(tmp_path / "variants", "--rl-variants", "a", "b")
+    bench.stages = {"select_sft": {"chosen": "sft-model"}}
+    bench.model_folder = lambda checkpoint: checkpoint
+    assert bench.select("select_rl", only) == str(only[0])
+    assert swept == ["val_rl_checkpoint-15"]
+    assert bench.stages["select_rl"]["validation"][str(only[0])]["correct"] == 1.0
+
+
 def test_beyond_references_trains_on_the_chains_no_reference_showed(tmp_path: Path) -> None:
     import datasets
 
