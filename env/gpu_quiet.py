@@ -11,6 +11,12 @@ one-element kernel and waits for it, again and again, until nearly all of the la
 back about as fast as the fastest this process ever saw (no other context's work was in the
 way), or its deadline passes. Once every sandbox is paused, a quiet GPU stays quiet: nobody is
 left to queue.
+
+SM time is not all the GPU shares. Its copy engines are scheduled apart from its compute, so
+another context's queued copies can stream through the GPU's memory while our kernels run,
+slowing a memory-bound reference without delaying a one-element kernel. Each probe therefore
+also reads a block larger than the L2 cache, timed on the GPU, and counts only when that read
+came within a few per cent of the fastest one: the memory's bandwidth is ours too.
 """
 
 from __future__ import annotations
@@ -30,38 +36,59 @@ QUIET_SLACK_S = 30e-6
 QUIET_PROBES = 8
 QUIET_WINDOW = 10
 CALIBRATION_PROBES = 64
+# The memory probe: a read of this many bytes (over twice the L2 of current GPUs, so it streams
+# from memory), timed on the GPU (no host jitter), counts as unobstructed within this factor
+# of the fastest read. A copy taking a fifth of the bandwidth slows it past that; one taking
+# less slows a memory-bound reference less than the spread of its own timing.
+READ_BYTES = 128 << 20
+READ_FACTOR = 1.2
 
 
 class QuietProbe:
     """One per evaluator and GPU; made before any sandbox has work there, so that its first
-    fastest probe is an unobstructed one (later probes can only lower it)."""
+    fastest probe is an unobstructed one (later probes can only lower it). It holds
+    ``READ_BYTES`` of the GPU's memory for its read."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._cell = torch.zeros(1, dtype=torch.int32, device=device)
-        self._stream = torch.cuda.current_stream(device)  # the one the cell's kernel runs on
+        self._block = torch.zeros(READ_BYTES // 4, dtype=torch.float32, device=device)
+        self._total = torch.zeros((), dtype=torch.float32, device=device)
+        self._stream = torch.cuda.current_stream(device)  # the one the probes' kernels run on
         self._done = torch.cuda.Event()
-        self.fastest_s = float("inf")
+        self._read_began = torch.cuda.Event(enable_timing=True)
+        self._read_ended = torch.cuda.Event(enable_timing=True)
+        self.fastest_s = self.fastest_read_s = float("inf")
         for _ in range(CALIBRATION_PROBES):
             self._probe(float("inf"))
 
-    def _probe(self, deadline: float) -> float | None:
-        """Seconds from launching a one-element kernel to seeing it done, or None at
-        ``deadline``. Polled rather than synchronised: a wait that let go of the interpreter
-        would time this process's other threads too."""
+    def _probe(self, deadline: float) -> bool | None:
+        """Whether one probe was unobstructed (its one-element kernel about as fast as the
+        fastest, and its read of memory too), or None at ``deadline``. The kernel is timed
+        on the host, launch to done: time spent waiting for another context is what it looks
+        for, and an event on the GPU would not see it. Polled rather than synchronised: a
+        wait that let go of the interpreter would time this process's other threads too."""
         with torch.cuda.stream(self._stream):
             start = time.perf_counter()
             self._cell.add_(1)
             self._done.record(self._stream)
-        while not self._done.query():
+            while not self._done.query():
+                if time.perf_counter() > deadline:
+                    return None
+            seconds = time.perf_counter() - start
+            self._read_began.record(self._stream)
+            torch.sum(self._block, dim=0, out=self._total)
+            self._read_ended.record(self._stream)
+        while not self._read_ended.query():
             if time.perf_counter() > deadline:
                 return None
-        seconds = time.perf_counter() - start
+        read_s = self._read_began.elapsed_time(self._read_ended) / 1e3
         self.fastest_s = min(self.fastest_s, seconds)
-        return seconds
+        self.fastest_read_s = min(self.fastest_read_s, read_s)
+        return seconds <= self.limit_s() and read_s <= READ_FACTOR * self.fastest_read_s
 
     def limit_s(self) -> float:
-        """The slowest a probe may be and still count as unobstructed."""
+        """The slowest a one-element kernel may be and still count as unobstructed."""
         return max(QUIET_FACTOR * self.fastest_s, self.fastest_s + QUIET_SLACK_S)
 
     def wait(self, timeout_s: float) -> float | None:
@@ -72,8 +99,8 @@ class QuietProbe:
         deadline = started + timeout_s
         recent: deque[bool] = deque(maxlen=QUIET_WINDOW)
         while sum(recent) < QUIET_PROBES:
-            seconds = self._probe(deadline)
-            if seconds is None:
+            unobstructed = self._probe(deadline)
+            if unobstructed is None:
                 return None
-            recent.append(seconds <= self.limit_s())
+            recent.append(unobstructed)
         return time.perf_counter() - started

@@ -145,8 +145,9 @@ class ReferenceRunner:
 
 
 # How a cached timing was made, in its key: since 2, with every sandbox paused and the GPU found
-# running nothing of theirs (``gpu_quiet``); entries made before could hold a sandbox's work.
-TIMED_ALONE_PROCEDURE = "timed-alone-2"
+# running nothing of theirs (``gpu_quiet``); since 3, their copies through memory looked for
+# too. Entries made before could hold a sandbox's work.
+TIMED_ALONE_PROCEDURE = "timed-alone-3"
 
 
 class ReferenceTimingCache:

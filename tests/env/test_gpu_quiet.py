@@ -37,13 +37,34 @@ print("queued", flush=True)
 torch.cuda.synchronize()
 """
 
+# Another process: queues device-to-device copies of 4 GiB for about SECONDS (memcpy work, which
+# copy engines may run beside another context's kernels), says so, and waits for them.
+COPIER = """
+import sys, torch
+source = torch.zeros(4 << 30, dtype=torch.uint8, device="cuda")
+target = torch.empty_like(source)
+begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+begin.record()
+target.copy_(source)
+end.record()
+end.synchronize()
+for _ in range(max(1, int(float(sys.argv[1]) / (begin.elapsed_time(end) / 1e3)))):
+    target.copy_(source)
+print("queued", flush=True)
+torch.cuda.synchronize()
+"""
+
+
+def _queue(script: str, seconds: float) -> subprocess.Popen:
+    other = subprocess.Popen(
+        [sys.executable, "-c", script, str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert other.stdout is not None and other.stdout.readline().strip() == "queued"
+    return other
+
 
 def _queue_a_kernel(seconds: float) -> subprocess.Popen:
-    spinner = subprocess.Popen(
-        [sys.executable, "-c", SPINNER, str(seconds)], stdout=subprocess.PIPE, text=True
-    )
-    assert spinner.stdout is not None and spinner.stdout.readline().strip() == "queued"
-    return spinner
+    return _queue(SPINNER, seconds)
 
 
 def test_the_probe_sees_another_process_s_kernel_and_its_end() -> None:
@@ -56,6 +77,20 @@ def test_the_probe_sees_another_process_s_kernel_and_its_end() -> None:
         assert waited is not None and waited > 0.2
     finally:
         spinner.wait(timeout=60)
+
+
+def test_the_probe_sees_another_process_s_copies_through_memory() -> None:
+    """A memory-bound reference slows beside another context's copies even where a
+    one-element kernel does not wait for them: the probe's read of memory sees them."""
+    probe = QuietProbe(torch.device("cuda"))
+    copier = _queue(COPIER, 3.0)
+    try:
+        assert probe.wait(0.3) is None, (
+            f"a GPU copying through memory judged quiet (fastest read {probe.fastest_read_s:.2e} s)"
+        )
+        assert probe.wait(30.0) is not None
+    finally:
+        copier.wait(timeout=120)
 
 
 def _evaluate(
