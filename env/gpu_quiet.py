@@ -16,7 +16,7 @@ SM time is not all the GPU shares. Its copy engines are scheduled apart from its
 another context's queued copies can stream through the GPU's memory while our kernels run,
 slowing a memory-bound reference without delaying a one-element kernel. Each probe therefore
 also reads a block larger than the L2 cache, timed on the GPU, and counts only when that read
-came within a few per cent of the fastest one: the memory's bandwidth is ours too.
+came within ``READ_FACTOR`` of the fastest one: the memory's bandwidth is ours too.
 """
 
 from __future__ import annotations
@@ -72,16 +72,14 @@ class QuietProbe:
             start = time.perf_counter()
             self._cell.add_(1)
             self._done.record(self._stream)
-            while not self._done.query():
-                if time.perf_counter() > deadline:
-                    return None
+            if not _done_by(self._done, deadline):
+                return None
             seconds = time.perf_counter() - start
             self._read_began.record(self._stream)
             torch.sum(self._block, dim=0, out=self._total)
             self._read_ended.record(self._stream)
-        while not self._read_ended.query():
-            if time.perf_counter() > deadline:
-                return None
+        if not _done_by(self._read_ended, deadline):
+            return None
         read_s = self._read_began.elapsed_time(self._read_ended) / 1e3
         self.fastest_s = min(self.fastest_s, seconds)
         self.fastest_read_s = min(self.fastest_read_s, read_s)
@@ -104,3 +102,11 @@ class QuietProbe:
                 return None
             recent.append(unobstructed)
         return time.perf_counter() - started
+
+
+def _done_by(event: torch.cuda.Event, deadline: float) -> bool:
+    """Whether ``event`` was reached before ``deadline``, polled (see ``_probe``)."""
+    while not event.query():
+        if time.perf_counter() > deadline:
+            return False
+    return True
