@@ -281,7 +281,7 @@ def parse_args() -> argparse.Namespace:
         choices=("cached", "each-evaluation"),
         default="cached",
         help="reuse each task's reference timing, or time it in every evaluation's own "
-        "exclusive window right after the solution (EvalConfig.cache_reference_timing)",
+        "exclusive window, interleaved with the solution (EvalConfig.cache_reference_timing)",
     )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")

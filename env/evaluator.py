@@ -54,8 +54,9 @@ class EvalConfig:
     profile_calls: int = 5
     time_reference_compile: bool = True  # torch.compile baseline (GPU only)
     # A trusted task's reference timing is measured once and reused (the cache); off, every
-    # evaluation times its reference in its own exclusive window, right after the solution:
-    # each speed-up measured side by side, at the cost of a reference timing per evaluation.
+    # evaluation times its reference in its own exclusive window, interleaved with the
+    # solution's input sets (``env/side_by_side.py``): each speed-up measured side by side, at
+    # the cost of a reference timing per evaluation.
     cache_reference_timing: bool = True
     host_memory_bytes: int = 16 * 2**30
     gpu_memory_fraction: float = 0.9

@@ -4,8 +4,8 @@ kept of timed calls; and whose failure each early stop is (``attribution``).
 
 ``ChildRunPhases`` is mixed into ``Evaluator`` (``env/evaluator.py``), which provides what the
 phases use: ``config``, ``device``, ``device_kind``, ``references``, ``gpu_claim`` and its
-helpers ``_compare``, ``_violate``, ``_trusted_gpu_work``, ``_device_to_itself`` and
-``_reference_timing``.
+helpers ``_compare``, ``_violate``, ``_trusted_gpu_work``, ``_device_to_itself``,
+``_reference_alone`` and ``_reference_timing``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from kernelrl.env.integrity import dynamic_checks
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.session import SandboxSession
+from kernelrl.env.side_by_side import InterleavedReference
 from kernelrl.env.task import Task, TaskError
-from kernelrl.env.timing import TimingConfig
+from kernelrl.env.timing import TimingConfig, placements
 
 REDUCED_PRECISION_HINT = (
     "The mismatches are small next to the output's values, as when fp32 is computed in a lower "
@@ -79,6 +80,7 @@ class ChildRunPhases:
     _violate: Callable[[EvalResult, list[tuple[str, str]]], None]
     _trusted_gpu_work: Callable[[], AbstractContextManager]
     _device_to_itself: Callable[..., AbstractContextManager[Sharing]]
+    _reference_alone: Callable[[SandboxSession], AbstractContextManager[Sharing]]
     _reference_timing: Callable[
         [Task, bool, TimingConfig, SandboxSession], tuple[TimingStats | None, Sharing]
     ]
@@ -139,6 +141,7 @@ class ChildRunPhases:
             "profile_calls": config.profile_calls,
             "probe_inputs": True,  # the inputs are shown to fit before the solution is loaded
             "check_timed_outputs": True,
+            "interleave": self._interleaves(task),
             "stop_at_compute": True,
             "limits": {
                 "file_bytes": config.file_bytes,
@@ -217,23 +220,31 @@ class ChildRunPhases:
         computed, then what they answered."""
         timing_seed = secrets.randbits(31)
         with self._device_to_itself(session, result.phase_seconds) as sharing:
-            timing_started = time.perf_counter()
-            session.send_time(timing_seed)
-            timing = session.receive()
-            timing_wall = time.perf_counter() - timing_started
+            side_by_side = self._side_by_side(task, timing_config, session, sharing)
+            timing, timing_wall = self._time_solution(session, timing_seed, side_by_side)
             result.phase_seconds.update(_child_phases(timing))
             if self._stopped_early(timing, result, session, task):
                 return
             result.runtime = TimingStats(**timing["runtime"])
-            started = time.perf_counter()
-            result.ref_eager, quiet = self._reference_timing(task, False, timing_config, session)
-            sharing = sharing.merge(quiet)
-            if sharing.alone and self.device_kind == "cuda" and self.config.time_reference_compile:
-                result.ref_compile, quiet = self._reference_timing(
-                    task, True, timing_config, session
+            if side_by_side is not None:
+                result.ref_eager, result.ref_compile, quiet = side_by_side.stats()
+                sharing = sharing.merge(quiet)
+                result.phase_seconds["reference_timing"] = side_by_side.seconds
+                del side_by_side  # its input sets go back to the other sandboxes
+                if self.device_kind == "cuda":
+                    torch.cuda.empty_cache()
+            else:
+                started = time.perf_counter()
+                result.ref_eager, quiet = self._reference_timing(
+                    task, False, timing_config, session
                 )
                 sharing = sharing.merge(quiet)
-            result.phase_seconds["reference_timing"] = time.perf_counter() - started
+                if sharing.alone and self._times_compiled_reference():
+                    result.ref_compile, quiet = self._reference_timing(
+                        task, True, timing_config, session
+                    )
+                    sharing = sharing.merge(quiet)
+                result.phase_seconds["reference_timing"] = time.perf_counter() - started
         if self.gpu_claim:  # another evaluator's work, or no way to tell: timing unused
             sharing = sharing.merge(self.gpu_claim.survey())
         # How the timed calls computed is judged before what they answered: a broken rule (work
@@ -269,6 +280,56 @@ class ChildRunPhases:
         if result.timing_meaningful:
             result.speedup_vs_eager = _speedup(result.ref_eager, result.runtime)
             result.speedup_vs_compile = _speedup(result.ref_compile, result.runtime)
+
+    def _interleaves(self, task: Task) -> bool:
+        """Whether the reference is timed between the solution's input sets: when it is timed
+        for every evaluation and in this process (``env/side_by_side.py``)."""
+        return task.trusted and not self.config.cache_reference_timing
+
+    def _times_compiled_reference(self) -> bool:
+        return self.device_kind == "cuda" and self.config.time_reference_compile
+
+    def _side_by_side(
+        self, task: Task, timing: TimingConfig, session: SandboxSession, sharing: Sharing
+    ) -> InterleavedReference | None:
+        """The reference made ready, inside the measurement's window, to take its turns between
+        the solution's input sets; None where it is timed otherwise (``_interleaves``)."""
+        if not self._interleaves(task):
+            return None
+        started = time.perf_counter()
+        runner = self.references.runner  # a trusted task's reference runs in this process
+        eager = runner.timer(task, False, timing)
+        compiled = None
+        if sharing.alone and self._times_compiled_reference():
+            compiled = runner.timer(task, True, timing, eager.inputs)
+        side_by_side = InterleavedReference(
+            eager,
+            compiled,
+            lambda: self._reference_alone(session),
+            placements(self.device, timing),
+        )
+        side_by_side.seconds = time.perf_counter() - started
+        return side_by_side
+
+    @staticmethod
+    def _time_solution(
+        session: SandboxSession, seed: int, side_by_side: InterleavedReference | None
+    ) -> tuple[dict[str, Any], float]:
+        """The child's timing report, and the wall clock its own timing took: the reference's
+        turns between its input sets (``side_by_side``), while it waits paused, are not its."""
+        wall = 0.0
+        started = time.perf_counter()
+        session.send_time(seed)
+        while True:
+            message = session.receive()
+            wall += time.perf_counter() - started
+            if message["type"] != "placement_timed":
+                return message, wall
+            if side_by_side is None:
+                raise ValueError("the sandbox reported an input set timed, which it was not asked")
+            side_by_side.take_turn(message.get("index"))
+            started = time.perf_counter()
+            session.send_time_next()
 
     def _timed_outputs_correct(
         self,

@@ -15,6 +15,8 @@ import os
 import platform
 import threading
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from kernelrl.env import sizes
 from kernelrl.env.result import TimingStats
 from kernelrl.env.sandbox import harness
 from kernelrl.env.task import Task, TaskError, require_trusted
-from kernelrl.env.timing import TimingConfig, placements, time_fn
+from kernelrl.env.timing import TimingConfig, average, placements, time_placement
 
 
 def library_versions() -> dict[str, str]:
@@ -124,24 +126,63 @@ class ReferenceRunner:
         model = self.model(task, model_seed)
         return [self.output(task, model, seed) for seed in input_seeds]
 
-    def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
+    def timer(
+        self,
+        task: Task,
+        compiled: bool,
+        config: TimingConfig,
+        inputs: harness.TimedInputs | None = None,
+    ) -> PlacementTimer | None:
+        """The reference ready to be timed one input set at a time, on ``inputs`` (another
+        timer's, so eager and torch.compile share them) or on new sets, as many as the solution
+        is timed on; None when it does not compile."""
         module = self.module(task)
         model = harness.build_model(module.Model, module, 0, self.device)
-        count = placements(self.device, config)  # as the solution is timed
-        timed = harness.TimedInputs(
-            lambda seed: harness.make_inputs(module, seed, self.device), 1, count
-        )
+        if inputs is None:
+            inputs = harness.TimedInputs(
+                lambda seed: harness.make_inputs(module, seed, self.device),
+                1,
+                placements(self.device, config),
+            )
         if compiled:
             try:
                 model = torch.compile(model)
                 with torch.no_grad():
-                    model(*timed.sets[0])
+                    model(*inputs.sets[0])
             except Exception:
                 return None  # the reference does not compile: no torch.compile baseline
-        placed = range(len(timed.sets))
-        calls = [harness.forward_call(model, timed.sets, index) for index in placed]
-        prepares = [partial(timed.refresh, index) for index in placed]
-        return time_fn(calls, self.device, config, prepares=prepares)
+        return PlacementTimer(model, inputs, self.device, config)
+
+    def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
+        """Every input set timed, one after another."""
+        timer = self.timer(task, compiled, config)
+        if timer is None:
+            return None
+        count = timer.count
+        return average([timer.time(index, count) for index in range(count)])
+
+
+@dataclass
+class PlacementTimer:
+    """A reference timed one input set at a time, by the solution's procedure
+    (``timing.time_placement``): the trusted side can take its turns between the solution's."""
+
+    model: Callable[..., Any]
+    inputs: harness.TimedInputs
+    device: torch.device
+    config: TimingConfig
+
+    @property
+    def count(self) -> int:
+        """Input sets made: fewer than asked where the GPU had no room for more."""
+        return len(self.inputs.sets)
+
+    def time(self, index: int, count: int) -> TimingStats:
+        """Turn ``index`` of ``count``, on input set ``index`` (modulo the sets made)."""
+        placed = index % self.count
+        call = harness.forward_call(self.model, self.inputs.sets, placed)
+        refresh = partial(self.inputs.refresh, placed) if self.config.fresh_inputs else None
+        return time_placement(call, self.device, self.config, index, count, prepare=refresh)
 
 
 # How a cached timing was made, in its key: since 2, with every sandbox paused and the GPU found

@@ -230,6 +230,32 @@ def placements(device: torch.device, config: TimingConfig) -> int:
     return config.placements if device.type == "cuda" else 1
 
 
+def placement_config(config: TimingConfig, index: int, count: int) -> TimingConfig:
+    """The procedure of input set ``index`` of ``count``: they share the time budget, and only
+    the first warms the GPU up to clock (each later one follows timed work on it without a gap:
+    its predecessor's, or the other side's when solution and reference are interleaved)."""
+    shared = replace(config, budget_s=config.budget_s / count)
+    return shared if index == 0 else replace(shared, warmup_ms=config.placement_warmup_ms)
+
+
+def time_placement(
+    call: Callable[[], object],
+    device: torch.device,
+    config: TimingConfig,
+    index: int,
+    count: int,
+    between_batches: Callable[[], None] | None = None,
+    prepare: Callable[[], None] | None = None,
+    after_call: Callable[[], None] | None = None,
+) -> TimingStats:
+    """Input set ``index`` of ``count`` timed on its own: one step of ``time_fn``, which the
+    trusted side also takes one at a time to time the reference between the solution's sets."""
+    if device.type != "cuda":
+        return time_cpu(call, config, between_batches, prepare, after_call)
+    placed = placement_config(config, index, count)
+    return time_cuda(call, placed, between_batches, prepare, after_call)
+
+
 def time_fn(
     calls: Sequence[Callable[[], object]],
     device: torch.device,
@@ -237,28 +263,32 @@ def time_fn(
     between_batches: Callable[[], None] | None = None,
     prepares: Sequence[Callable[[], None]] | None = None,
     after_call: Callable[[], None] | None = None,
+    after_placement: Callable[[int], None] | None = None,
 ) -> TimingStats:
-    """Time each call (one per input set, ``placements`` of them) and average their medians;
-    ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before each call of
-    ``calls[i]`` and ``after_call`` after every call."""
+    """Time each call (one per input set, ``placements`` of them; the first only on a CPU) and
+    average their medians; ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before
+    each call of ``calls[i]``, ``after_call`` after every call, and ``after_placement(i)``
+    once input set ``i`` is timed (where the reference is timed interleaved with them)."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
-    if device.type != "cuda":
-        return time_cpu(calls[0], config, between_batches, prepares[0], after_call)
-    first = replace(config, budget_s=config.budget_s / len(calls))
-    later = replace(first, warmup_ms=config.placement_warmup_ms)
-    return average(
-        [
-            time_cuda(
-                call,
-                first if index == 0 else later,
+    count = len(calls) if device.type == "cuda" else 1
+    runs = []
+    for index in range(count):
+        runs.append(
+            time_placement(
+                calls[index],
+                device,
+                config,
+                index,
+                count,
                 between_batches,
-                prepare,
+                prepares[index],
                 after_call,
-            )
-            for index, (call, prepare) in enumerate(zip(calls, prepares, strict=True))
-        ]
-    )
+            )  # fmt: skip
+        )
+        if after_placement is not None:
+            after_placement(index)
+    return average(runs)
 
 
 def average(runs: Sequence[TimingStats]) -> TimingStats:

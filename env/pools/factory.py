@@ -115,7 +115,8 @@ class EnvPoolConfig:
         default=True,
         metadata={
             "help": "reuse a task's reference timing; off, each evaluation times its reference "
-            "right after the solution, in the same exclusive window (side by side, slower)"
+            "interleaved with the solution's input sets in one exclusive window (side by side, "
+            "slower)"
         },
     )
     env_ray_address: str | None = field(

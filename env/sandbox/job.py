@@ -161,6 +161,13 @@ class Job:
     def send(self, message: dict[str, Any]) -> None:
         send_message(self.sock, {**message, "phase": self.phase})
 
+    def expect(self, kind: str) -> dict[str, Any]:
+        """The trusted side's next message, which must be a ``kind``: the two sides take turns."""
+        reply = recv_message(self.sock)
+        if reply.get("type") != kind:
+            raise HarnessFailure(f"expected {kind!r}, got {reply.get('type')!r}", "harness")
+        return reply
+
     def tampered(self) -> list[str]:
         return self.guard.verify()
 
@@ -175,10 +182,7 @@ class Job:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()  # the worker reads what the device has left for us
         self.send({"type": "task_loaded"})
-        reply = recv_message(self.sock)
-        if reply.get("type") != "solution":
-            raise HarnessFailure(f"expected 'solution', got {reply.get('type')!r}", "harness")
-        self.job["solution_source"] = str(reply["solution_source"])
+        self.job["solution_source"] = str(self.expect("solution")["solution_source"])
 
     def serve(self) -> None:
         job = self.job
@@ -260,9 +264,7 @@ class Job:
         except Exception as exc:  # the forward run below reports the task's own error
             numbers = {"error": repr(exc)[:300]}
         self.send({"type": "footprint", **numbers})
-        reply = recv_message(self.sock)
-        if reply.get("type") != "admitted":
-            raise HarnessFailure(f"expected 'admitted', got {reply.get('type')!r}", "harness")
+        reply = self.expect("admitted")
         if "timing_placements" in reply:
             self.job["timing"]["placements"] = int(reply["timing_placements"])
 

@@ -103,6 +103,10 @@ class SandboxSession:
     def send_time(self, seed: int) -> None:
         self.child.send({"type": "time", "seed": seed})
 
+    def send_time_next(self) -> None:
+        """The reference's turn is over (interleaved timing): the child times its next set."""
+        self.child.send({"type": "time_next"})
+
     def read_tensors(
         self,
         described: list[dict[str, Any]],

@@ -111,6 +111,7 @@ class Served(Protocol):
     def refresh(self, timed: harness.TimedInputs, index: int) -> None: ...
     def tampered(self) -> list[str]: ...
     def send(self, message: dict[str, Any]) -> None: ...
+    def expect(self, kind: str) -> dict[str, Any]: ...
     def send_values(self, outputs: list[Any]) -> None: ...
 
 
@@ -131,6 +132,7 @@ class TimedRun:
         rng = random.Random(served.rng.getrandbits(64))
         self.kept = KeptOutputs(len(self.timed.sets), wanted, rng)
         self.pending: tuple[int, int, Any] | None = None
+        self.waited = 0.0  # seconds the trusted side spent timing the reference meanwhile
 
     def forward(self, index: int) -> None:
         """One timed call; its output waits for ``after_call``."""
@@ -179,6 +181,14 @@ class TimedRun:
         self.spot.new_call()
         self.untimed_call(rng.randrange(len(self.timed.sets)), self.spot)
 
+    def reference_turn(self, index: int) -> None:
+        """Interleaved timing (the job's ``interleave``): once input set ``index`` is timed, the
+        trusted side times the reference's turn, with this child paused, before the next set."""
+        started = time.perf_counter()
+        self.served.send({"type": "placement_timed", "index": index})
+        self.served.expect("time_next")
+        self.waited += time.perf_counter() - started
+
     def run(self) -> None:
         served, device = self.served, self.served.device
         sets = range(len(self.timed.sets))
@@ -190,6 +200,7 @@ class TimedRun:
         timing = partial(
             time_fn, calls, device, self.config, self.spot_audit, prepares,
             after_call=self.after_call,
+            after_placement=self.reference_turn if served.job.get("interleave") else None,
         )  # fmt: skip
         if device.type == "cuda":
             stats = timing()
@@ -197,7 +208,7 @@ class TimedRun:
             stats, events = profile_cpu_ops(timing)
             reads = self.calls_made * served.scalars.reads_per_call
             profile = {"aten_ops": aten_compute(events, allowed_scalar_reads=reads)}
-        served.phase["timing"] = time.perf_counter() - start
+        served.phase["timing"] = time.perf_counter() - start - self.waited
         launches, calls_made = served.counter.total(), self.calls_made
         start = time.perf_counter()
         if device.type == "cuda":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -329,7 +330,7 @@ def test_the_measured_child_is_paused_while_its_reference_is_timed(
     child paused too (on a GPU, and once the GPU is found quiet: tests/env/test_gpu_quiet.py).
     That pause is not the child's ``paused_for_others``. A cached timing needs none; without
     the cache every evaluation times its own reference, side by side with its solution."""
-    from kernelrl.env.reference import ReferenceTimingCache
+    from kernelrl.env.reference import PlacementTimer, ReferenceTimingCache
 
     cache = ReferenceTimingCache(tmp_path / "timings.json")
     evaluator = Evaluator(
@@ -337,7 +338,7 @@ def test_the_measured_child_is_paused_while_its_reference_is_timed(
         timing_cache=cache,
     )
     acquired, paused_while_timed = [], []
-    acquire, time_reference = evaluator.children.acquire, evaluator.references.time
+    acquire, time_reference = evaluator.children.acquire, PlacementTimer.time
 
     def acquire_and_note():
         acquired.append(acquire())
@@ -348,7 +349,7 @@ def test_the_measured_child_is_paused_while_its_reference_is_timed(
         return time_reference(*args)
 
     monkeypatch.setattr(evaluator.children, "acquire", acquire_and_note)
-    monkeypatch.setattr(evaluator.references, "time", time_and_note)
+    monkeypatch.setattr(PlacementTimer, "time", time_and_note)
     good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
     try:
         first = evaluator.evaluate(RELU_TASK, good)
@@ -363,3 +364,30 @@ def test_the_measured_child_is_paused_while_its_reference_is_timed(
     else:
         assert paused_while_timed == [True, True]
         assert not cache.path.exists()
+
+
+def test_the_reference_s_turns_are_not_the_child_s_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Uncached, the reference takes its turns between the solution's input sets while the
+    child waits paused: the child's own timing phase leaves them out, as does the wall clock
+    its report is checked against (``timing_unconfirmed``); the reference's is its own."""
+    from kernelrl.env.reference import PlacementTimer
+
+    evaluator = Evaluator(
+        EvalConfig(device="cpu", timeout_s=60, spare_children=0, cache_reference_timing=False)
+    )
+    time_reference = PlacementTimer.time
+
+    def slow_turn(*args):
+        time.sleep(1.5)
+        return time_reference(*args)
+
+    monkeypatch.setattr(PlacementTimer, "time", slow_turn)
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    try:
+        result = evaluator.evaluate(RELU_TASK, good)
+    finally:
+        evaluator.close()
+    assert result.status is Status.CORRECT, result.feedback
+    assert result.ref_eager is not None
+    assert result.phase_seconds["reference_timing"] >= 1.5
+    assert result.phase_seconds["child_timing"] < 1.5

@@ -132,6 +132,45 @@ def test_host_and_device_hangs_end_at_the_timeout_and_the_pool_answers_next() ->
     assert [r.status for r in results] == [Status.TIMEOUT, Status.TIMEOUT, Status.CORRECT]
 
 
+def test_the_reference_takes_its_turns_between_the_solution_s_input_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Uncached, the reference (eager, then torch.compile) is timed after each of the
+    solution's four input sets, before the child times the next (env/side_by_side.py)."""
+    from kernelrl.env.evaluator import Evaluator
+    from kernelrl.env.reference import PlacementTimer
+    from kernelrl.env.sandbox.session import SandboxSession
+
+    order: list[tuple[str, int]] = []
+    time_turn, next_set = PlacementTimer.time, SandboxSession.send_time_next
+
+    def turn(self, index, count):
+        order.append(("reference", index))
+        return time_turn(self, index, count)
+
+    def next_one(self):
+        order.append(("solution", len([o for o in order if o[0] == "solution"]) + 1))
+        return next_set(self)
+
+    monkeypatch.setattr(PlacementTimer, "time", turn)
+    monkeypatch.setattr(SandboxSession, "send_time_next", next_one)
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    evaluator = Evaluator(EvalConfig(device="cuda", cache_reference_timing=False))
+    try:
+        result = evaluator.evaluate(RELU, good)
+    finally:
+        evaluator.close()
+    assert result.status is Status.CORRECT and result.timing_meaningful, result.feedback
+    assert result.ref_eager is not None and result.ref_compile is not None
+    assert result.speedup_vs_eager is not None and result.speedup_vs_eager > 0
+    sets = 4
+    assert order == [
+        step
+        for index in range(sets)
+        for step in (("reference", index), ("reference", index), ("solution", index + 1))
+    ]
+
+
 def test_a_measurement_has_the_gpu_to_itself() -> None:
     """Correctness runs of other evaluations must not slow a solution being timed."""
     good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()

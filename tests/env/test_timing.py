@@ -64,6 +64,30 @@ def test_a_gpu_times_every_placement() -> None:
     assert stats.reps >= 3 * config.min_reps
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_after_placement_runs_once_each_input_set_is_timed(device: str) -> None:
+    """Where the reference takes its turn (interleaved timing): after every set's last timed
+    call, before the next set's first; a CPU times one set."""
+    events: list[tuple[str, int]] = []
+
+    def call_for(index: int):
+        def call() -> None:
+            if not events or events[-1] != ("call", index):
+                events.append(("call", index))
+
+        return call
+
+    config = TimingConfig(placements=3, min_reps=3, max_reps=5)
+    time_fn(
+        [call_for(i) for i in range(3)],
+        torch.device(device),
+        config,
+        after_placement=lambda index: events.append(("after", index)),
+    )
+    sets = 3 if device == "cuda" else 1
+    assert events == [(kind, i) for i in range(sets) for kind in ("call", "after")]
+
+
 @pytest.mark.gpu
 def test_only_the_first_placement_warms_up_for_warmup_ms() -> None:
     """The placements follow one another without a gap: after the first, the GPU is at clock,
