@@ -258,8 +258,16 @@ def test_staleness_one_on_a_gpu(model_dir: str, tmp_path: Path, lora: bool) -> N
     from peft import LoraConfig
 
     peft = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None
+    # The verdicts come from DelayedPool, nothing timed on this GPU: the recipe says so, as
+    # async_generation refuses a local pool timing kernels on the policy's own GPU.
     args = config(
-        tmp_path, async_generation=True, max_staleness=1, max_steps=3, use_cpu=False, bf16=True
+        tmp_path,
+        async_generation=True,
+        max_staleness=1,
+        max_steps=3,
+        use_cpu=False,
+        bf16=True,
+        env_device="cpu",
     )
     run = train(model_dir, args, DelayedPool(lambda task_id: 0.02), peft_config=peft)
     ages = [s["step"] - t.policy_step for s in run.steps for t in s["trajectories"]]
