@@ -10,9 +10,10 @@ helpers ``_compare``, ``_violate``, ``_trusted_gpu_work``, ``_device_to_itself``
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, replace
 from typing import Any
@@ -219,8 +220,10 @@ class ChildRunPhases:
         """The measurement (the device to itself), then its verdicts: how the timed calls
         computed, then what they answered."""
         timing_seed = secrets.randbits(31)
-        with self._device_to_itself(session, result.phase_seconds) as sharing:
-            side_by_side = self._side_by_side(task, timing_config, session, sharing)
+        with (
+            self._device_to_itself(session, result.phase_seconds) as sharing,
+            self._side_by_side(task, timing_config, session, sharing) as side_by_side,
+        ):
             timing, timing_wall = self._time_solution(session, timing_seed, side_by_side)
             result.phase_seconds.update(_child_phases(timing))
             if self._stopped_early(timing, result, session, task):
@@ -230,9 +233,6 @@ class ChildRunPhases:
                 result.ref_eager, result.ref_compile, quiet = side_by_side.stats()
                 sharing = sharing.merge(quiet)
                 result.phase_seconds["reference_timing"] = side_by_side.seconds
-                del side_by_side  # its input sets go back to the other sandboxes
-                if self.device_kind == "cuda":
-                    torch.cuda.empty_cache()
             else:
                 started = time.perf_counter()
                 result.ref_eager, quiet = self._reference_timing(
@@ -289,13 +289,16 @@ class ChildRunPhases:
     def _times_compiled_reference(self) -> bool:
         return self.device_kind == "cuda" and self.config.time_reference_compile
 
+    @contextlib.contextmanager
     def _side_by_side(
         self, task: Task, timing: TimingConfig, session: SandboxSession, sharing: Sharing
-    ) -> InterleavedReference | None:
+    ) -> Iterator[InterleavedReference | None]:
         """The reference made ready, inside the measurement's window, to take its turns between
-        the solution's input sets; None where it is timed otherwise (``_interleaves``)."""
+        the solution's input sets; None where it is timed otherwise (``_interleaves``). Its
+        input sets go back to the other sandboxes when the measurement ends, however it ends."""
         if not self._interleaves(task):
-            return None
+            yield None
+            return
         started = time.perf_counter()
         runner = self.references.runner  # a trusted task's reference runs in this process
         eager = runner.timer(task, False, timing)
@@ -309,7 +312,12 @@ class ChildRunPhases:
             placements(self.device, timing),
         )
         side_by_side.seconds = time.perf_counter() - started
-        return side_by_side
+        try:
+            yield side_by_side
+        finally:
+            side_by_side.timers.clear()
+            if self.device_kind == "cuda":
+                torch.cuda.empty_cache()
 
     @staticmethod
     def _time_solution(
