@@ -231,7 +231,11 @@ class AsyncRollouts:
         return generate
 
     def _run(self, job: Job) -> None:
-        torch.set_num_threads(self._torch_threads)
+        if torch.get_num_threads() != self._torch_threads:
+            # only when they differ: setting it also turns off MKL's dynamic threading for the
+            # whole process, which changes the main thread's gradients in the last bits (the
+            # main thread differs only if it set its count itself, which did the same already)
+            torch.set_num_threads(self._torch_threads)
         try:
             trajectories, stats = self.rollout.run(
                 job.prompt_ids,
