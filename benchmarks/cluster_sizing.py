@@ -40,7 +40,7 @@ MULTI_GPU_EFFICIENCY = 0.83
 # KernelBench published sizes, first repeat (16 of 16): results/kernelbench_side_by_side_h100
 LARGE_EVALS_PER_MIN = 8.25
 # Published: vLLM (baseline, no tuning) serving Qwen3-14B on H100, ShareGPT, total tokens/s,
-# GPUStack performance lab, https://docs.gpustack.ai/latest/performance-lab/qwen3-14b/h100
+# from the GPUStack performance lab's published Qwen3-14B/H100 measurements
 VLLM_TOKENS_PER_S_PER_GPU = 6595.66
 H100_BF16_FLOPS = 989e12  # dense bf16 peak of an H100 SXM (NVIDIA datasheet)
 

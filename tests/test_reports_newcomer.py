@@ -487,10 +487,10 @@ def test_readme_leads_with_the_two_commands_and_ci_runs_the_second() -> None:
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
     assert commands == [
         "bash scripts/setup.sh && .venv/bin/kernelrl train --config recipes/smoke/cpu.yaml",
-        "bash scripts/setup.sh && .venv/bin/python -m pytest -q",
+        "bash scripts/setup.sh && .venv/bin/python -m pytest -q -n 2 --dist loadfile",
     ]
     ci = (REPO / ".ci" / "run").read_text().splitlines()
-    assert "bash scripts/setup.sh" in ci and "python -m pytest -q" in ci
+    assert "bash scripts/setup.sh" in ci and commands[1].split("&& .venv/bin/")[1] in ci
 
 
 def test_docs_do_not_narrate_development_history() -> None:

@@ -1,7 +1,7 @@
 """Footprints measured on the meta device, and CPU sizes derived for tasks published too big.
 
 The KernelBench tests read the checkout named by KERNELBENCH_DIR and are skipped without it:
-  KERNELBENCH_DIR=/work/kernelbench/KernelBench python -m pytest -q tests/env/test_sizes.py
+  KERNELBENCH_DIR=path/to/KernelBench python -m pytest -q tests/env/test_sizes.py
 """
 
 from __future__ import annotations
