@@ -17,9 +17,9 @@ _CAPABILITY_VERSION_3 = 0x20080522
 
 def is_package_folder(path: str) -> bool:
     """Whether a folder on ``sys.path`` holds installed packages (the interpreter's own, or
-    any with ``*.dist-info``/``*.egg-info``: site-packages, carried packages such as
-    ``/tmp/site`` on a GPU host), rather than being on the path for another reason (a script's
-    folder, a test suite's, a home): only those are the child's to see."""
+    any with ``*.dist-info``/``*.egg-info``: site-packages, a ``pip install --target`` folder
+    on ``PYTHONPATH``), rather than being on the path for another reason (a script's folder, a
+    test suite's, a home): only those are the child's to see."""
     real = os.path.realpath(path)
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     if any(real.startswith(os.path.realpath(p).rstrip("/") + "/") for p in prefixes):
