@@ -234,7 +234,11 @@ def test_env_status_sends_the_local_ray_token_without_the_prefix(
     from kernelrl.launch.env_service_cli import use_local_ray_token
 
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
-        monkeypatch.delenv(key, raising=False)
+        # set first, so that the key is restored as it was (absent included) after the test:
+        # the code under test sets RAY_AUTH_MODE itself, and a leaked "token" makes every Ray
+        # cluster this process starts later demand a token.
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert not use_local_ray_token()  # no token on this machine: nothing to send
     (tmp_path / ".ray").mkdir()
