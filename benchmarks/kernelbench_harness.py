@@ -33,6 +33,7 @@ import json
 import os
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,9 @@ def kernelrl_phase(
         "kernelrl evals/min (first repeat)": _fmt(stats["evals_per_min_first_repeat"], ".1f"),
         "kernelrl evals/min (incl. pool start)": _fmt(stats["evals_per_min_with_startup"], ".1f"),
         "kernelrl all correct": bool(statuses) and all(s == "correct" for s in statuses),
+        "kernelrl output rings": dict(
+            Counter(str(r.get("output_ring")) for runs in kr.values() for r in runs)
+        ),
         "kernelrl peak trusted RSS GiB": _fmt(peak_self_rss_bytes() / 2**30),
         "kernelrl peak RSS GiB, trusted + sandboxes": _fmt(mon.peak_tree_rss_bytes / 2**30),
         f"kernelrl peak GPU memory used GiB ({mon.gpu_source})": _fmt(mon.peak_gpu_bytes / 2**30),

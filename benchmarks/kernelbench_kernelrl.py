@@ -160,6 +160,8 @@ def run_kernelrl_phase(
                     "error": (d.get("error") or "")[:600],
                     "total_s": d.get("phase_seconds", {}).get("total"),
                     "phase_seconds": d.get("phase_seconds"),
+                    "output_ring": (d.get("sandbox") or {}).get("output_ring"),
+                    "device_ring_refused": (d.get("sandbox") or {}).get("device_ring_refused"),
                 }
             )
         if first_repeat_wall is None:  # every task once, reference timings not yet cached

@@ -38,10 +38,11 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, guard_dispatch_stack  # noqa: E402
+from kernelrl.env.sandbox.device_ring import DeviceRing, DeviceRingUnavailable  # noqa: E402
 from kernelrl.env.sandbox.failures import HarnessFailure, report_failure  # noqa: E402
 from kernelrl.env.sandbox.job import Job  # noqa: E402
 from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, recv_message, send_message  # noqa: E402
-from kernelrl.env.sandbox.stream import Ring, StreamError, receive_ring  # noqa: E402
+from kernelrl.env.sandbox.stream import OutputRing, Ring, StreamError, receive_rings  # noqa: E402
 
 
 def apply_limits(limits: dict[str, Any], device: torch.device) -> None:
@@ -108,6 +109,31 @@ def page_locked(ring: Ring) -> dict[str, float]:
     return {"ring_lock_seconds": time.perf_counter() - start}
 
 
+def output_ring(
+    ring: Ring, offered: tuple[int, int] | None, device: torch.device
+) -> tuple[OutputRing, dict[str, Any]]:
+    """The ring this child's outputs go through: the device ring the worker offered, mapped in
+    the CUDA context ``warm_up`` made, else the host ring (page-locked there); the choice, and
+    why not the device ring, go to the worker in the ready message, before any solution ran."""
+    if offered is not None:
+        fd, size = offered
+        start = time.perf_counter()
+        try:
+            mapped = DeviceRing.attach(fd, size, device)
+            return mapped, {
+                "output_ring": "device",
+                "ring_map_seconds": time.perf_counter() - start,
+            }
+        except Exception as exc:  # noqa: BLE001 - ours, before any solution: said, never fatal
+            refused = str(exc) if isinstance(exc, DeviceRingUnavailable) else repr(exc)
+            return ring, {
+                "output_ring": "host",
+                "device_ring_refused": refused,
+                **page_locked(ring),
+            }
+    return ring, {"output_ring": "host", **page_locked(ring)}
+
+
 def take_channel() -> socket.socket:
     """The protocol socket arrives as standard input; it is moved to an fd number drawn at
     random and standard input becomes /dev/null: neither argv nor the environment names it."""
@@ -125,42 +151,44 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def pass_gate(sock: socket.socket, import_seconds: float) -> Ring:
+def pass_gate(sock: socket.socket, import_seconds: float) -> tuple[Ring, tuple[int, int] | None]:
     """Everything so far was CPU work; the CUDA context, CUPTI and the warm-up kernel come only
     once the worker says so, never while it measures another evaluation (processes.ChildPool);
-    the ring the outputs' bytes go through comes just before that word. A worker that hangs up
+    the rings the outputs' bytes go through come just before that word. A worker that hangs up
     instead ends the child."""
     send_message(
         sock,
         {"type": "imported", "import_seconds": import_seconds, "import_cpu_seconds": cpu_seconds()},
     )
     try:
-        ring = receive_ring(sock)
+        rings = receive_rings(sock)
         go = recv_message(sock)
     except (EOFError, OSError, StreamError):
         os._exit(0)
     if go.get("type") != "warm":
         os._exit(0)
-    return ring
+    return rings
 
 
 def main() -> None:
     sock = take_channel()
     imported = time.perf_counter()
-    ring = pass_gate(sock, imported - _IMPORT_STARTED)
+    host_ring, offered = pass_gate(sock, imported - _IMPORT_STARTED)
     gate_passed = time.perf_counter()
     device = torch.device(os.environ.get("KERNELRL_DEVICE", "cpu"))
     counter = LaunchCounter()
     counter.install(SOLUTION_MODULE)
     guard_dispatch_stack()
+    warmed = warm_up(device, counter)
+    ring, chosen = output_ring(host_ring, offered, device)
     ready = {
         "type": "ready",
         "pid": os.getpid(),
         "import_seconds": imported - _IMPORT_STARTED,
         "network": NETWORK,
         "isolation": ISOLATION,
-        **warm_up(device, counter),
-        **page_locked(ring),
+        **warmed,
+        **chosen,
         "gate_seconds": gate_passed - imported,
         "cpu_seconds": cpu_seconds(),
     }

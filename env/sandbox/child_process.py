@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelrl.env.sandbox import cgroups
+from kernelrl.env.sandbox.device_ring import DeviceRing, DeviceRingUnavailable
 from kernelrl.env.sandbox.fork_server import ForkedProcess
 from kernelrl.env.sandbox.gpu_memory import GIB, GpuShare
 from kernelrl.env.sandbox.protocol import (
@@ -25,7 +26,7 @@ from kernelrl.env.sandbox.protocol import (
     recv_message,
     send_message,
 )
-from kernelrl.env.sandbox.stream import Ring, send_ring
+from kernelrl.env.sandbox.stream import OutputRing, Ring, send_rings
 
 
 def _run_state(pid: int) -> tuple[str, int] | None:
@@ -71,6 +72,7 @@ class Child:
     scratch: Path
     started: float
     ring: Ring  # where its outputs' bytes come through (sandbox.stream)
+    device_ring: DeviceRing | None = None  # or there, on the GPU, once it mapped it (device_ring)
     ready_info: dict[str, Any] = field(default_factory=dict)
     killed_for: str = ""
     cgroup: cgroups.Cgroup | None = None  # where the host allows one (sandbox.cgroups)
@@ -81,10 +83,41 @@ class Child:
     def send(self, message: dict[str, Any]) -> None:
         send_message(self.sock, message)
 
-    def let_through(self) -> None:
-        """Past the gate: the output ring first, then the word to warm up."""
-        send_ring(self.sock, self.ring)
+    def let_through(self, device_ring: DeviceRing | None = None) -> None:
+        """Past the gate: the output rings first (the host ring, and ``device_ring`` where the
+        worker could make one for this child), then the word to warm up."""
+        fd = None
+        if device_ring is not None:
+            try:
+                fd = device_ring.export()
+            except DeviceRingUnavailable as exc:
+                device_ring.close()
+                device_ring = None
+                self.ready_info["device_ring_refused"] = str(exc)
+        try:
+            send_rings(self.sock, self.ring, fd, device_ring.size if device_ring else 0)
+        except BaseException:
+            if device_ring is not None:
+                device_ring.close()
+            raise
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self.device_ring = device_ring
         self.send({"type": "warm"})
+
+    def take_ready(self, message: dict[str, Any]) -> None:
+        """The child's ready message, from our code alone: a device ring it could not map is
+        given back at once."""
+        self.ready_info.update(message)
+        if self.device_ring is not None and message.get("output_ring") != "device":
+            self.device_ring.close()
+            self.device_ring = None
+
+    @property
+    def output_ring(self) -> OutputRing:
+        """The ring the child's outputs come through, as its ready message chose it."""
+        return self.device_ring if self.device_ring is not None else self.ring
 
     def send_token(self, token: bytes) -> None:
         """A token of the output stream; a child gone meanwhile is reported as any death is."""
@@ -347,4 +380,6 @@ class Child:
             cgroups.release(self.cgroup)
         self.sock.close()
         self.ring.close()
+        if self.device_ring is not None:
+            self.device_ring.close()
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -42,7 +42,7 @@ from kernelrl.env.sandbox.protocol import (
     recv_message,
     send_message,
 )
-from kernelrl.env.sandbox.stream import Ring, send_tensor_bytes
+from kernelrl.env.sandbox.stream import OutputRing, send_tensor_bytes
 from kernelrl.env.sandbox.timed_run import TimedRun, plain_outputs
 
 
@@ -141,7 +141,7 @@ class Job:
     def __init__(
         self,
         sock: socket.socket,
-        ring: Ring,
+        ring: OutputRing,
         job: dict[str, Any],
         counter: LaunchCounter,
         entry: types.ModuleType,

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from kernelrl.env.sandbox import device_ring
 from kernelrl.env.sandbox.child_process import Child, ChildDied
 from kernelrl.env.sandbox.spawn import spawn_child
 
@@ -131,8 +132,11 @@ class ChildPool:
             self._at_gate.discard(child)
             if child in self._gated and not error:
                 child.ready_info.update(message)
+                ring, refused = device_ring.offer(self.device, self.gpu_index)
+                if refused and self.device != "cpu":
+                    child.ready_info["device_ring_refused"] = refused
                 try:
-                    child.let_through()
+                    child.let_through(ring)
                 except OSError as exc:
                     error = f"could not be let through the gate: {exc}"
             if error:
@@ -199,7 +203,7 @@ class ChildPool:
                 last_error = f"sandbox child failed to start: {exc}\n{log}"
                 continue
             if message.get("type") == "ready":
-                child.ready_info.update(message)
+                child.take_ready(message)
                 return child
             child.close()
             last_error = f"sandbox child sent {message.get('type')!r} instead of 'ready'"

@@ -128,7 +128,7 @@ class SandboxSession:
             if dtype is None:
                 raise ValueError(f"output {index}: unknown dtype {entry.get('dtype')!r}")
             chunks = read_tensor_bytes(
-                self.child.ring,
+                self.child.output_ring,
                 int(entry["nbytes"]),
                 dtype.itemsize,
                 self._chunk_buffer(device),
@@ -147,10 +147,11 @@ class SandboxSession:
         self.child.receive_into(token, self.deadline, self.max_rss_bytes, self.gpu)
 
     def _chunk_buffer(self, device: torch.device | None) -> torch.Tensor:
-        """Where chunks land: on a CUDA device, copied there from the ring page-locked in this
-        process too; otherwise host memory, page-locked where this process uses a GPU."""
+        """Where chunks land: on a CUDA device, copied there from the device ring or from the
+        host ring page-locked in this process too; otherwise host memory, page-locked where
+        this process uses a GPU."""
         on_gpu = device is not None and device.type == "cuda"
-        if on_gpu:
+        if on_gpu and self.child.device_ring is None:
             self.child.ring.page_lock()
         wanted = device if on_gpu else torch.device("cpu")
         if self._buffer is None or self._buffer.device.type != wanted.type:

@@ -17,6 +17,9 @@ What keeps the trusted side trusted:
   which a child can always lie about; what is compared is never memory the child can write.
 - The number and size of the chunks come from the output description the worker has already
   validated, never from the stream; a token other than ``FILLED`` is a malformed stream.
+
+On a GPU the same stream runs through a ring in device memory (``device_ring``), offered with
+this one at the gate: the tokens, the order and the worker's copy-before-read are the same.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from typing import Protocol
 
 import torch
 
@@ -37,7 +41,8 @@ SLOTS = 2
 RING_BYTES = SLOTS * CHUNK_BYTES
 FILLED = b"\x01"  # child -> worker: the next slot holds the next chunk
 FREED = b"\x02"  # worker -> child: the oldest filled slot may be written again
-_RING = b"\x03"  # worker -> child, once: the ring's memfd rides on this byte
+_RING = b"\x03"  # worker -> child, once: the rings' descriptors ride on this byte
+_SIZE_BYTES = 8  # after _RING when a device ring follows: its size
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
 
@@ -45,8 +50,19 @@ class StreamError(RuntimeError):
     """The other side broke the stream's token order."""
 
 
+class OutputRing(Protocol):
+    """What the stream needs of a ring: this host ring or the device ring (``device_ring``)."""
+
+    slots: list[torch.Tensor]
+    slot_bytes: int
+    on_device: bool
+
+
 class Ring:
     """Two ``CHUNK_BYTES`` slots of one shared memfd, mapped into this process."""
+
+    on_device = False
+    slot_bytes = CHUNK_BYTES
 
     def __init__(self, fd: int) -> None:
         if os.fstat(fd).st_size != RING_BYTES:
@@ -93,35 +109,47 @@ class Ring:
             os.close(self.fd)
 
 
-def send_ring(sock: socket.socket, ring: Ring) -> None:
-    """Hand the ring's memfd to the child (before it may run anything but our code)."""
-    socket.send_fds(sock, [_RING], [ring.fd])
+def send_rings(sock: socket.socket, ring: Ring, device_fd: int | None, device_size: int) -> None:
+    """Hand the host ring's memfd to the child (before it may run anything but our code), and
+    with ``device_fd`` a device ring's descriptor and size (``device_ring.DeviceRing.export``)."""
+    if device_fd is None:
+        socket.send_fds(sock, [_RING], [ring.fd])
+    else:
+        socket.send_fds(
+            sock, [_RING + device_size.to_bytes(_SIZE_BYTES, "little")], [ring.fd, device_fd]
+        )
 
 
-def receive_ring(sock: socket.socket) -> Ring:
-    """The child's side of ``send_ring``."""
-    data, fds, _, _ = socket.recv_fds(sock, 1, 1)
-    if data != _RING or len(fds) != 1:
+def receive_rings(sock: socket.socket) -> tuple[Ring, tuple[int, int] | None]:
+    """The child's side of ``send_rings``: the host ring, and the device ring's descriptor and
+    size where one was offered (the child maps it once it has a CUDA context)."""
+    data, fds, _, _ = socket.recv_fds(sock, 1 + _SIZE_BYTES, 2)
+    offered = len(data) == 1 + _SIZE_BYTES and len(fds) == 2
+    if data[:1] != _RING or not (offered or (len(data) == 1 and len(fds) == 1)):
         for fd in fds:
             os.close(fd)
         raise StreamError("expected the output ring")
-    return Ring(fds[0])
+    device = (fds[1], int.from_bytes(data[1:], "little")) if offered else None
+    return Ring(fds[0]), device
 
 
-def send_tensor_bytes(sock: socket.socket, ring: Ring, tensor: torch.Tensor) -> None:
+def send_tensor_bytes(sock: socket.socket, ring: OutputRing, tensor: torch.Tensor) -> None:
     """The raw bytes of ``tensor`` (any device, any layout; row-major order of the logical
     tensor, so the receiver needs only dtype and shape), chunk by chunk through the ring. Each
     slot is written again only once the worker has freed it, and the function returns once
     every slot is free, so that no token is left on the socket for the next message."""
     flat = tensor.detach().reshape(-1)
-    step = max(CHUNK_BYTES // flat.element_size(), 1)
+    step = max(ring.slot_bytes // flat.element_size(), 1)
     filled = 0
     for number, start in enumerate(range(0, flat.numel(), step)):
         if filled == SLOTS:
             _await_freed(sock)
             filled -= 1
         piece = flat[start : start + step].contiguous().view(torch.uint8)
-        ring.slots[number % SLOTS][: piece.numel()].copy_(piece)
+        slot = ring.slots[number % SLOTS]
+        slot[: piece.numel()].copy_(piece)
+        if ring.on_device:  # a device-to-device copy returns before it is done
+            torch.cuda.current_stream(slot.device).synchronize()
         sock.sendall(FILLED)
         filled += 1
     for _ in range(filled):
@@ -135,7 +163,7 @@ def _await_freed(sock: socket.socket) -> None:
 
 
 def read_tensor_bytes(
-    ring: Ring,
+    ring: OutputRing,
     nbytes: int,
     itemsize: int,
     buffer: torch.Tensor,
@@ -145,18 +173,20 @@ def read_tensor_bytes(
 ) -> Iterator[torch.Tensor]:
     """The worker's side of ``send_tensor_bytes`` for one output of ``nbytes`` (from its
     validated description): yields each chunk as a view of ``buffer`` (this process's memory,
-    host or device, at least ``CHUNK_BYTES``), reused for the next one. ``receive`` fills a
+    host or device, at least ``ring.slot_bytes``), reused for the next one. ``receive`` fills a
     one-byte view from the socket under the caller's watch (clock, memory); ``send`` writes a
     token; ``guard`` is held around each copy (a copy to the device is GPU work)."""
-    step = CHUNK_BYTES - CHUNK_BYTES % itemsize
+    step = ring.slot_bytes - ring.slot_bytes % itemsize
     token = bytearray(1)
     for number, start in enumerate(range(0, nbytes, step)):
         size = min(step, nbytes - start)
         receive(memoryview(token))
         if bytes(token) != FILLED:
             raise StreamError(f"expected a filled slot, got token {bytes(token)!r}")
-        with guard():  # ours before anything reads it; complete when copy_ returns
+        with guard():  # ours before anything reads it, and complete before the slot is freed
             buffer[:size].copy_(ring.slots[number % SLOTS][:size])
+            if ring.on_device and buffer.is_cuda:  # the one copy that returns before it is done
+                torch.cuda.current_stream(buffer.device).synchronize()
         # Never blocks for long: one token per chunk of an output whose size the worker checked.
         send(FREED)
         yield buffer[:size]

@@ -18,8 +18,8 @@ from kernelrl.env.sandbox.stream import (
     Ring,
     StreamError,
     read_tensor_bytes,
-    receive_ring,
-    send_ring,
+    receive_rings,
+    send_rings,
     send_tensor_bytes,
     socket_reader,
 )
@@ -96,10 +96,11 @@ def test_the_child_side_takes_only_a_ring_of_the_agreed_size() -> None:
         socket.send_fds(left, [b"\x03"], [fd])
         os.close(fd)
         with pytest.raises(StreamError, match="not"):
-            receive_ring(right)
+            receive_rings(right)
         ring = Ring.create()
-        send_ring(left, ring)
-        received = receive_ring(right)
+        send_rings(left, ring, None, 0)
+        received, offered = receive_rings(right)
+        assert offered is None
         received.slots[1][:3] = torch.tensor([1, 2, 3], dtype=torch.uint8)
         assert ring.slots[1][:3].tolist() == [1, 2, 3]  # one memory, both mappings
         received.close()
@@ -107,6 +108,28 @@ def test_the_child_side_takes_only_a_ring_of_the_agreed_size() -> None:
     finally:
         left.close()
         right.close()
+
+
+def test_a_device_ring_s_descriptor_and_size_ride_with_the_host_ring(channel) -> None:
+    """The handover's framing (the device ring's own mapping needs a GPU: test_device_ring.py):
+    the second descriptor arrives with its size, and a second descriptor without one, or a
+    size without a descriptor, is a broken handover whose descriptors are closed."""
+    left, right, ring = channel
+    stand_in = os.memfd_create("device-ring-descriptor")
+    try:
+        send_rings(left, ring, stand_in, 64 << 20)
+        received, (fd, size) = receive_rings(right)
+        assert size == 64 << 20 and os.fstat(fd).st_ino == os.fstat(stand_in).st_ino
+        os.close(fd)
+        received.close()
+        for data, fds in ((b"\x03", [ring.fd, stand_in]), (b"\x03" + bytes(8), [ring.fd])):
+            socket.send_fds(left, [data], fds)
+            open_before = len(os.listdir("/proc/self/fd"))
+            with pytest.raises(StreamError, match="expected the output ring"):
+                receive_rings(right)
+            assert len(os.listdir("/proc/self/fd")) == open_before
+    finally:
+        os.close(stand_in)
 
 
 def test_a_token_out_of_order_is_a_broken_stream(channel) -> None:
@@ -159,3 +182,17 @@ def test_the_worker_copies_chunks_from_the_ring_to_the_device_under_its_guard(ch
     sender.join(timeout=60)
     assert received.device.type == "cuda" and len(held) == 3
     assert torch.equal(received.view(torch.float32), output)
+
+
+def test_where_no_device_ring_can_be_made_the_offer_says_why_and_raises_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kernelrl.env.sandbox import device_ring
+
+    assert device_ring.offer("cpu", None) == (None, "not a GPU evaluation")
+    monkeypatch.setenv(device_ring.MODE_ENV, "host")
+    assert device_ring.offer("cuda", 0) == (None, "KERNELRL_OUTPUT_RING=host")
+    monkeypatch.delenv(device_ring.MODE_ENV)
+    if not torch.cuda.is_available():  # no driver here: refused, with the reason
+        ring, why = device_ring.offer("cuda", 0)
+        assert ring is None and why
