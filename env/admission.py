@@ -22,7 +22,8 @@ from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import L2_FLUSH_BYTES, TimingConfig
 
 GIB = 2**30
-# CUDA context, CUPTI and allocator slack of one sandbox child, beside its tensors.
+# CUDA context, CUPTI and allocator slack of one sandbox child, beside its tensors, and the
+# output ring the worker allocates on the device for it (64 MiB, sandbox/device_ring.py).
 CHILD_OVERHEAD_BYTES = 1 * GIB
 # Above this many bytes of inputs and outputs a task is timed on one placement of its inputs, not
 # several: placement matters for small memory-bound kernels (timing.py), and four copies of a

@@ -96,14 +96,15 @@ class DeviceRing:
     slot_bytes = SLOT_BYTES
 
     def __init__(self, handle: Any, size: int, device: torch.device) -> None:
-        """Map ``handle`` (this process's handle of the allocation, which the ring now owns)."""
-        driver = _driver()
+        """Map ``handle`` (this process's handle of the allocation, which the ring now owns and
+        releases, also when mapping it fails)."""
         self.device = device
         self.size = size
         self._handle = handle
         self._address: Any = None
         self._mapped = False
         try:
+            driver = _driver()
             with torch.cuda.device(device):
                 torch.cuda.init()
                 self._address = _call("cuMemAddressReserve", size, 0, 0, 0)
@@ -133,12 +134,7 @@ class DeviceRing:
             _driver().CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         )
         size = -(-SLOTS * SLOT_BYTES // granularity) * granularity
-        handle = _call("cuMemCreate", size, prop, 0)
-        try:
-            return cls(handle, size, device)
-        except BaseException:
-            _call("cuMemRelease", handle)
-            raise
+        return cls(_call("cuMemCreate", size, prop, 0), size, device)  # released if mapping fails
 
     @classmethod
     def attach(cls, fd: int, size: int, device: torch.device) -> DeviceRing:
@@ -153,11 +149,7 @@ class DeviceRing:
                 handle = _call("cuMemImportFromShareableHandle", fd, kind)
         finally:
             os.close(fd)
-        try:
-            return cls(handle, size, _cuda_device(device))
-        except BaseException:
-            _call("cuMemRelease", handle)
-            raise
+        return cls(handle, size, _cuda_device(device))  # released if mapping fails
 
     def export(self) -> int:
         """A new file descriptor of the allocation, for one child."""
