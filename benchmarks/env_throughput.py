@@ -26,7 +26,7 @@ import os
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,7 +83,8 @@ BACKGROUND = (
     ("cuda_init_seconds", "CUDA context"),
     ("profiler_init_seconds", "CUPTI / profiler start"),
     ("audit_init_seconds", "audit warm-up kernel"),
-    ("ring_lock_seconds", "output ring page-locked"),
+    ("ring_lock_seconds", "host output ring page-locked"),
+    ("ring_map_seconds", "device output ring mapped"),
     ("cpu_seconds", "CPU time of the child when ready"),
 )
 
@@ -169,6 +170,8 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool
     )
     exclusive = sum(r.phase_seconds.get("gpu_exclusive", 0.0) for r in results)
     print(f"GPU held exclusively for measurements: {exclusive / wall:.1%} of the wall time")
+    rings = Counter(str(r.sandbox.get("output_ring")) for r in results)
+    print(f"output rings: {dict(rings)}")
     print("| phase | where | what | median s |")
     print("| --- | --- | --- | ---: |")
     phases = {}
