@@ -17,6 +17,8 @@ What keeps the trusted side trusted is what keeps the host ring so:
 - The worker maps nothing the child allocated, and copies each slot into its own buffer, and
   waits for that copy, before it reads any byte or frees the slot.
 - The slots' size is the worker's; the child learns it with the descriptor.
+- The worker zeroes the allocation before it shares it: memory this process freed before (a
+  task's expected outputs) can come back from the driver as it was left.
 
 Where the driver cannot share device memory this way (no ``cuda.bindings``, a runtime that
 refuses the export), ``offer`` returns None with the reason and the host ring carries the
@@ -103,6 +105,8 @@ class DeviceRing:
         self._handle = handle
         self._address: Any = None
         self._mapped = False
+        self.mapping: torch.Tensor | None = None
+        self.slots: list[torch.Tensor] = []
         try:
             driver = _driver()
             with torch.cuda.device(device):
@@ -121,6 +125,7 @@ class DeviceRing:
         except BaseException:
             self.close()
             raise
+        self.mapping = whole
         self.slots = [whole[i * SLOT_BYTES : (i + 1) * SLOT_BYTES] for i in range(SLOTS)]
 
     @classmethod
@@ -134,7 +139,12 @@ class DeviceRing:
             _driver().CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM,
         )
         size = -(-SLOTS * SLOT_BYTES // granularity) * granularity
-        return cls(_call("cuMemCreate", size, prop, 0), size, device)  # released if mapping fails
+        ring = cls(_call("cuMemCreate", size, prop, 0), size, device)  # released if mapping fails
+        # Physical memory this process freed earlier can come back unscrubbed: a task's expected
+        # outputs, say. The child gets none of it.
+        ring.mapping.zero_()
+        torch.cuda.synchronize(device)
+        return ring
 
     @classmethod
     def attach(cls, fd: int, size: int, device: torch.device) -> DeviceRing:
@@ -160,6 +170,7 @@ class DeviceRing:
         """Unmap and release this process's handle, once its copies are done; the memory
         itself goes when the last process holding it lets go."""
         self.slots = []
+        self.mapping = None
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(self.device)
         if self._mapped:

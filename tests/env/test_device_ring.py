@@ -42,6 +42,22 @@ def test_two_mappings_are_one_memory(rings) -> None:
     assert worker.slots[1][:4].tolist() == [1, 2, 3, 4]
 
 
+def test_a_new_ring_holds_nothing_the_worker_left_in_memory_it_freed() -> None:
+    """The worker's freed memory (say, a task's expected outputs) can come back from the driver
+    as it was: the ring is zeroed before any child maps it."""
+    for _ in range(3):
+        left_behind = torch.full((1 << 30,), 0x5A, dtype=torch.uint8, device=DEVICE)
+        del left_behind
+        torch.cuda.empty_cache()
+        worker = DeviceRing.create(DEVICE)
+        child = DeviceRing.attach(worker.export(), worker.size, DEVICE)
+        try:
+            assert int(child.mapping.count_nonzero()) == 0
+        finally:
+            child.close()
+            worker.close()
+
+
 def test_an_output_of_many_slots_arrives_whole_on_the_device(rings) -> None:
     left, right, worker, child = rings
     output = torch.randn(1024, SLOT_BYTES * 5 // 2 // 4 // 1024, device=DEVICE).t()
