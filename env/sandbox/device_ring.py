@@ -167,12 +167,12 @@ class DeviceRing:
         return int(_call("cuMemExportToShareableHandle", self._handle, kind, 0))
 
     def close(self) -> None:
-        """Unmap and release this process's handle, once its copies are done; the memory
-        itself goes when the last process holding it lets go."""
+        """Unmap and release this process's handle; the memory itself goes when the last
+        process holding it lets go. No copy is pending: each side waits for its copy of a
+        chunk before it passes the token on, so closing (from the worker's reaper, perhaps
+        while another evaluation is measured) never waits on the device."""
         self.slots = []
         self.mapping = None
-        with contextlib.suppress(Exception):
-            torch.cuda.synchronize(self.device)
         if self._mapped:
             self._mapped = False
             with contextlib.suppress(DeviceRingUnavailable):
