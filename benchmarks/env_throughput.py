@@ -53,6 +53,7 @@ PHASES = (
     ("child_wait", "slot", "waiting for a ready child"),
     ("child_load", "child", "load the solution"),
     ("child_first_call", "child", "first call: Triton compile and first run"),
+    ("first_call_paused", "worker", "of the first call, held paused while others were measured"),
     ("child_correctness", "child", "correctness on 3 input sets (first call included)"),
     ("paused_for_others", "child", "held paused while others were measured (in the rows above)"),
     ("reference", "worker", "reference outputs (overlaps the child)"),

@@ -167,12 +167,16 @@ class ChildRunPhases:
         report: dict[str, Any] = {}
         for index in range(self.config.num_input_sets):
             seed = secrets.randbits(31)
+            paused_before = session.child.paused_seconds
             session.send_call(seed)
             started = time.perf_counter()
             with self._trusted_gpu_work():  # computed while the child runs the same inputs
                 expected = self.references.output(task, reference, seed)
             _charge(result, "reference", started)
             report = session.receive()
+            if index == 0:  # how much of the child's first call (its compile) was a pause
+                paused = session.child.paused_seconds - paused_before
+                result.phase_seconds["first_call_paused"] = paused
             if self._stopped_early(report, result, session, task):
                 return False
             started = time.perf_counter()

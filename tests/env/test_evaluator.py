@@ -391,3 +391,34 @@ def test_the_reference_s_turns_are_not_the_child_s_timing(monkeypatch: pytest.Mo
     assert result.ref_eager is not None
     assert result.phase_seconds["reference_timing"] >= 1.5
     assert result.phase_seconds["child_timing"] < 1.5
+
+
+def test_the_first_call_says_how_long_it_was_held_paused_for_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The child's ``first_call`` is wall time, so a pause for another evaluation's measurement
+    while it compiles looks like compile time; the worker says how much of the first call (from
+    the call sent to its report read) was such a pause."""
+    evaluator = Evaluator(EvalConfig(device="cpu", timeout_s=60, spare_children=0))
+    output, calls = evaluator.references.output, []
+
+    def output_during_a_pause(*args):
+        calls.append(1)
+        if len(calls) == 1:  # another evaluation measured meanwhile: this child is held
+            other = evaluator.children.acquire()
+            try:
+                with evaluator.children.paused_except(other):
+                    time.sleep(0.5)
+            finally:
+                other.close()
+        return output(*args)
+
+    monkeypatch.setattr(evaluator.references, "output", output_during_a_pause)
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    try:
+        result = evaluator.evaluate(RELU_TASK, good)
+    finally:
+        evaluator.close()
+    assert result.status is Status.CORRECT, result.feedback
+    paused = result.phase_seconds["first_call_paused"]
+    assert 0.5 <= paused <= result.phase_seconds["paused_for_others"]
