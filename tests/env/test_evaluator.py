@@ -382,12 +382,7 @@ def test_the_reference_s_turns_are_not_the_child_s_timing(monkeypatch: pytest.Mo
         return time_reference(*args)
 
     monkeypatch.setattr(PlacementTimer, "time", slow_turn)
-    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
-    try:
-        result = evaluator.evaluate(RELU_TASK, good)
-    finally:
-        evaluator.close()
-    assert result.status is Status.CORRECT, result.feedback
+    result = _good_relu_once(evaluator)
     assert result.ref_eager is not None
     assert result.phase_seconds["reference_timing"] >= 1.5
     assert result.phase_seconds["child_timing"] < 1.5
@@ -414,11 +409,17 @@ def test_the_first_call_says_how_long_it_was_held_paused_for_others(
         return output(*args)
 
     monkeypatch.setattr(evaluator.references, "output", output_during_a_pause)
+    result = _good_relu_once(evaluator)
+    paused = result.phase_seconds["first_call_paused"]
+    assert 0.5 <= paused <= result.phase_seconds["paused_for_others"]
+
+
+def _good_relu_once(evaluator: Evaluator) -> EvalResult:
+    """The bundled ReLU's own solution through ``evaluator``, which is closed after; correct."""
     good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
     try:
         result = evaluator.evaluate(RELU_TASK, good)
     finally:
         evaluator.close()
     assert result.status is Status.CORRECT, result.feedback
-    paused = result.phase_seconds["first_call_paused"]
-    assert 0.5 <= paused <= result.phase_seconds["paused_for_others"]
+    return result
