@@ -142,8 +142,10 @@ class DeviceRing:
         ring = cls(_call("cuMemCreate", size, prop, 0), size, device)  # released if mapping fails
         # Physical memory this process freed earlier can come back unscrubbed: a task's expected
         # outputs, say. The child gets none of it.
-        ring.mapping.zero_()
-        torch.cuda.synchronize(device)
+        stream = torch.cuda.Stream(device)  # waits on this copy alone, not the device's queue
+        with torch.cuda.stream(stream):
+            ring.mapping.zero_()
+        stream.synchronize()
         return ring
 
     @classmethod
