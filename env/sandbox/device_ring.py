@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 SLOTS = 2
-# A device-to-device copy of one slot takes about 10 us at the H200's bandwidth; smaller slots
-# than the host ring's keep the worker's share of GPU memory small per child.
+# A device-to-device copy of one slot takes microseconds at an H100's or H200's memory bandwidth,
+# so slots smaller than the host ring's cost little and keep the memory held per child small.
 SLOT_BYTES = 32 * 1024 * 1024
 MODE_ENV = "KERNELRL_OUTPUT_RING"  # "host": never offer a device ring (the side-by-side arm)
 
