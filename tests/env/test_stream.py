@@ -3,6 +3,7 @@ fault, and neither side runs ahead of the other's tokens."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -122,14 +123,23 @@ def test_a_device_ring_s_descriptor_and_size_ride_with_the_host_ring(channel) ->
         assert size == 64 << 20 and os.fstat(fd).st_ino == os.fstat(stand_in).st_ino
         os.close(fd)
         received.close()
+        ours = _descriptors_of(ring.fd), _descriptors_of(stand_in)  # mmap holds a copy
         for data, fds in ((b"\x03", [ring.fd, stand_in]), (b"\x03" + bytes(8), [ring.fd])):
             socket.send_fds(left, [data], fds)
-            open_before = len(os.listdir("/proc/self/fd"))
             with pytest.raises(StreamError, match="expected the output ring"):
                 receive_rings(right)
-            assert len(os.listdir("/proc/self/fd")) == open_before
+            assert (_descriptors_of(ring.fd), _descriptors_of(stand_in)) == ours
     finally:
         os.close(stand_in)
+
+
+def _descriptors_of(fd: int) -> int:
+    """How many of this process's descriptors open the file ``fd`` opens."""
+    inode, count = os.fstat(fd).st_ino, 0
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile (the listing's own, say)
+            count += os.stat(f"/proc/self/fd/{name}").st_ino == inode
+    return count
 
 
 def test_a_token_out_of_order_is_a_broken_stream(channel) -> None:
