@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -92,35 +93,54 @@ def test_static_checks_accept_solution(path: Path) -> None:
     assert failures == [], [str(f) for f in failures]
 
 
+# Run in a fresh interpreter with TRITON_INTERPRET=1 from the start: Triton decides at import
+# whether its own library (tl.zeros, tl.sum, ...) is interpreted, so in a process that imported
+# it for a GPU earlier a kernel calling those fails whatever the variable says by then.
+_INTERPRETER_CHECK = """
+import ast, importlib.util, sys
+import torch
+from kernelrl.env.sandbox.harness import load_module
+task_path, solution_path, sizes = sys.argv[1], sys.argv[2], ast.literal_eval(sys.argv[3])
+with open(task_path) as f:
+    task = load_module(f.read(), "kb_task", sizes)
+spec = importlib.util.spec_from_file_location("kb_solution", solution_path)
+solution = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = solution
+spec.loader.exec_module(solution)
+torch.manual_seed(0)
+init = task.get_init_inputs()
+torch.manual_seed(0)
+reference = task.Model(*init)
+torch.manual_seed(0)
+model_new = solution.ModelNew(*init)
+for seed in (1, 2):
+    torch.manual_seed(seed)
+    inputs = task.get_inputs()
+    with torch.no_grad():
+        expected, got = reference(*inputs), model_new(*inputs)
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        sys.exit(f"seed {seed}: {tuple(got.shape)} {got.dtype}, expected "
+                 f"{tuple(expected.shape)} {expected.dtype}")
+    if not torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
+        sys.exit(f"seed {seed}: max abs error {float((got - expected).abs().max())}")
+"""
+
+
 @pytest.mark.parametrize("path", SOLUTION_FILES, ids=lambda p: p.stem)
-def test_interpreter_matches_reference(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    import torch
-
-    from kernelrl.env.sandbox.harness import load_module
-
+def test_interpreter_matches_reference(path: Path, tmp_path: Path) -> None:
     entry = _entry(path)
-    task = load_module(entry.task_src, f"kb_task_{path.stem}", CPU_SIZES[path.stem])
-    spec = importlib.util.spec_from_file_location(f"kb_solution_{path.stem}", path)
-    solution = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = solution
-    spec.loader.exec_module(solution)  # @triton.jit reads TRITON_INTERPRET here
-    torch.manual_seed(0)
-    init = task.get_init_inputs()
-    torch.manual_seed(0)
-    reference = task.Model(*init)
-    torch.manual_seed(0)
-    model_new = solution.ModelNew(*init)
-    for seed in (1, 2):
-        torch.manual_seed(seed)
-        inputs = task.get_inputs()
-        with torch.no_grad():
-            expected = reference(*inputs)
-            got = model_new(*inputs)
-        assert got.shape == expected.shape and got.dtype == expected.dtype
-        assert torch.allclose(got, expected, atol=1e-4, rtol=1e-4), float(
-            (got - expected).abs().max()
-        )
+    task_path = tmp_path / "task.py"
+    task_path.write_text(entry.task_src)
+    sizes = repr(CPU_SIZES[path.stem])
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERPRETER_CHECK, str(task_path), str(path), sizes],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
