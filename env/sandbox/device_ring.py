@@ -27,7 +27,7 @@ bytes, as before.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 from typing import Any
 
@@ -37,6 +37,7 @@ SLOTS = 2
 # A device-to-device copy of one slot takes microseconds at an H100's or H200's memory bandwidth,
 # so slots smaller than the host ring's cost little and keep the memory held per child small.
 SLOT_BYTES = 32 * 1024 * 1024
+log = logging.getLogger(__name__)
 MODE_ENV = "KERNELRL_OUTPUT_RING"  # "host": never offer a device ring (the side-by-side arm)
 
 
@@ -166,27 +167,36 @@ class DeviceRing:
     def export(self) -> int:
         """A new file descriptor of the allocation, for one child."""
         kind = _driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        return int(_call("cuMemExportToShareableHandle", self._handle, kind, 0))
+        with torch.cuda.device(self.device):  # the calling thread's context made current
+            return int(_call("cuMemExportToShareableHandle", self._handle, kind, 0))
 
     def close(self) -> None:
         """Unmap and release this process's handle; the memory itself goes when the last
         process holding it lets go. No copy is pending: each side waits for its copy of a
         chunk before it passes the token on, so closing (from the worker's reaper, perhaps
-        while another evaluation is measured) never waits on the device."""
+        while another evaluation is measured) never waits on the device. A step the driver
+        refuses is logged, not raised: the memory it holds would otherwise leak unseen."""
         self.slots = []
         self.mapping = None
+        steps = []
         if self._mapped:
             self._mapped = False
-            with contextlib.suppress(DeviceRingUnavailable):
-                _call("cuMemUnmap", self._address, self.size)
+            steps.append(("cuMemUnmap", self._address, self.size))
         if self._address is not None:
-            address, self._address = self._address, None
-            with contextlib.suppress(DeviceRingUnavailable):
-                _call("cuMemAddressFree", address, self.size)
+            steps.append(("cuMemAddressFree", self._address, self.size))
+            self._address = None
         if self._handle is not None:
-            handle, self._handle = self._handle, None
-            with contextlib.suppress(DeviceRingUnavailable):
-                _call("cuMemRelease", handle)
+            steps.append(("cuMemRelease", self._handle))
+            self._handle = None
+        try:
+            with torch.cuda.device(self.device):  # the calling thread's context made current
+                for name, *args in steps:
+                    try:
+                        _call(name, *args)
+                    except DeviceRingUnavailable as exc:
+                        log.warning("device output ring not freed: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - no CUDA left in this process to free it with
+            log.warning("device output ring not freed: %s", exc)
 
 
 def _cuda_device(device: torch.device) -> torch.device:
