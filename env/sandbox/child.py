@@ -38,7 +38,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, guard_dispatch_stack  # noqa: E402
-from kernelrl.env.sandbox.device_ring import DeviceRing, DeviceRingUnavailable  # noqa: E402
+from kernelrl.env.sandbox.device_ring import DeviceRing, refusal  # noqa: E402
 from kernelrl.env.sandbox.failures import HarnessFailure, report_failure  # noqa: E402
 from kernelrl.env.sandbox.job import Job  # noqa: E402
 from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, recv_message, send_message  # noqa: E402
@@ -115,6 +115,7 @@ def output_ring(
     """The ring this child's outputs go through: the device ring the worker offered, mapped in
     the CUDA context ``warm_up`` made, else the host ring (page-locked there); the choice, and
     why not the device ring, go to the worker in the ready message, before any solution ran."""
+    refused: dict[str, str] = {}
     if offered is not None:
         fd, size = offered
         start = time.perf_counter()
@@ -125,13 +126,8 @@ def output_ring(
                 "ring_map_seconds": time.perf_counter() - start,
             }
         except Exception as exc:  # noqa: BLE001 - ours, before any solution: said, never fatal
-            refused = str(exc) if isinstance(exc, DeviceRingUnavailable) else repr(exc)
-            return ring, {
-                "output_ring": "host",
-                "device_ring_refused": refused,
-                **page_locked(ring),
-            }
-    return ring, {"output_ring": "host", **page_locked(ring)}
+            refused = {"device_ring_refused": refusal(exc)}
+    return ring, {"output_ring": "host", **refused, **page_locked(ring)}
 
 
 def take_channel() -> socket.socket:

@@ -156,13 +156,14 @@ class DeviceRing:
         try:
             if size < SLOTS * SLOT_BYTES:
                 raise DeviceRingUnavailable(f"ring of {size} bytes, under {SLOTS} slots")
+            device = _cuda_device(device)
             kind = _driver().CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-            with torch.cuda.device(_cuda_device(device)):
+            with torch.cuda.device(device):
                 torch.cuda.init()
                 handle = _call("cuMemImportFromShareableHandle", fd, kind)
         finally:
             os.close(fd)
-        return cls(handle, size, _cuda_device(device))  # released if mapping fails
+        return cls(handle, size, device)  # released if mapping fails
 
     def export(self) -> int:
         """A new file descriptor of the allocation, for one child."""
@@ -218,7 +219,11 @@ def offer(device: str, gpu_index: int | None) -> tuple[DeviceRing | None, str]:
         return None, f"{MODE_ENV}=host"
     try:
         return DeviceRing.create(torch.device("cuda", gpu_index or 0)), ""
-    except DeviceRingUnavailable as exc:
-        return None, str(exc)
     except Exception as exc:  # noqa: BLE001 - an optimisation: the host ring still works
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, refusal(exc)
+
+
+def refusal(exc: Exception) -> str:
+    """Why a ring could not be made or mapped, for the evaluation's record: the driver's words,
+    or the type of any other failure with its message."""
+    return str(exc) if isinstance(exc, DeviceRingUnavailable) else f"{type(exc).__name__}: {exc}"

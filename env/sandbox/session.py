@@ -151,7 +151,7 @@ class SandboxSession:
         host ring page-locked in this process too; otherwise host memory, page-locked where
         this process uses a GPU."""
         on_gpu = device is not None and device.type == "cuda"
-        if on_gpu and self.child.device_ring is None:
+        if on_gpu and not self.child.output_ring.on_device:
             self.child.ring.page_lock()
         wanted = device if on_gpu else torch.device("cpu")
         if self._buffer is None or self._buffer.device.type != wanted.type:
