@@ -29,6 +29,7 @@ from kernelrl.env.integrity.static_checks import NOT_HACKS, run_static_checks
 from kernelrl.env.measure import ChildRunPhases
 from kernelrl.env.parse import FormatError, extract_solution
 from kernelrl.env.reference import (
+    PlacementTimer,
     ReferenceRunner,
     ReferenceTimingCache,
     device_name,
@@ -372,16 +373,22 @@ class Evaluator(ChildRunPhases):
         result.speedup_vs_eager = result.speedup_vs_compile = None
 
     def _reference_timing(
-        self, task: Task, compiled: bool, timing: TimingConfig, measured: SandboxSession
+        self,
+        task: Task,
+        compiled: bool,
+        timing: TimingConfig,
+        measured: SandboxSession,
+        timers: dict[str, PlacementTimer | None],
     ) -> tuple[TimingStats | None, Sharing]:
         """The reference's timing and what its measurement shared the GPU with. The caller
         holds the GPU lock; a measurement is made with every sandbox paused and the GPU found
-        quiet (``_reference_alone``), the same way (placements included) as the solution's.
-        A trusted task's is cached (``cache_reference_timing``), and only when it was timed
-        alone; an untrusted task's is its child's own report, never cached."""
+        quiet (``_reference_alone``), the same way (placements included) as the solution's,
+        on the timer prepared before the window where there is one (``timers``). A trusted
+        task's is cached (``cache_reference_timing``), and only when it was timed alone; an
+        untrusted task's is its child's own report, never cached."""
+        kind = "compile" if compiled else "eager"
         key = None
         if task.trusted and self.config.cache_reference_timing:
-            kind = "compile" if compiled else "eager"
             key = self.timing_cache.key(task, self.device, kind, timing)
             cached = self.timing_cache.get(key)
             if cached is not False:
@@ -389,7 +396,11 @@ class Evaluator(ChildRunPhases):
         with self._reference_alone(measured) as sharing:
             if not sharing.alone:
                 return None, sharing
-            stats = self.references.time(task, compiled, timing)
+            if kind in timers:
+                timer = timers[kind]
+                stats = None if timer is None else timer.time_all()
+            else:
+                stats = self.references.time(task, compiled, timing)
         if key is not None:
             self.timing_cache.put(key, stats)
         if self.device_kind == "cuda":

@@ -26,6 +26,7 @@ from kernelrl.env.backends import get_backend
 from kernelrl.env.compare import Comparison
 from kernelrl.env.gpu_claim import Sharing
 from kernelrl.env.integrity import dynamic_checks
+from kernelrl.env.reference import REFERENCE_KINDS, PlacementTimer
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.session import SandboxSession
@@ -83,8 +84,10 @@ class ChildRunPhases:
     _device_to_itself: Callable[..., AbstractContextManager[Sharing]]
     _reference_alone: Callable[[SandboxSession], AbstractContextManager[Sharing]]
     _reference_timing: Callable[
-        [Task, bool, TimingConfig, SandboxSession], tuple[TimingStats | None, Sharing]
+        [Task, bool, TimingConfig, SandboxSession, dict[str, PlacementTimer | None]],
+        tuple[TimingStats | None, Sharing],
     ]
+    timing_cache: Any
 
     def _run_in_child(
         self,
@@ -225,8 +228,9 @@ class ChildRunPhases:
         computed, then what they answered."""
         timing_seed = secrets.randbits(31)
         with (
+            self._reference_prepared(task, timing_config, result.phase_seconds) as timers,
             self._device_to_itself(session, result.phase_seconds) as sharing,
-            self._side_by_side(task, timing_config, session, sharing) as side_by_side,
+            self._side_by_side(task, timing_config, session, timers) as side_by_side,
         ):
             timing, timing_wall = self._time_solution(session, timing_seed, side_by_side)
             result.phase_seconds.update(_child_phases(timing))
@@ -240,12 +244,12 @@ class ChildRunPhases:
             else:
                 started = time.perf_counter()
                 result.ref_eager, quiet = self._reference_timing(
-                    task, False, timing_config, session
+                    task, False, timing_config, session, timers
                 )
                 sharing = sharing.merge(quiet)
                 if sharing.alone and self._times_compiled_reference():
                     result.ref_compile, quiet = self._reference_timing(
-                        task, True, timing_config, session
+                        task, True, timing_config, session, timers
                     )
                     sharing = sharing.merge(quiet)
                 result.phase_seconds["reference_timing"] = time.perf_counter() - started
@@ -293,35 +297,65 @@ class ChildRunPhases:
     def _times_compiled_reference(self) -> bool:
         return self.device_kind == "cuda" and self.config.time_reference_compile
 
+    def _reference_kinds_to_time(self, task: Task, timing: TimingConfig) -> tuple[str, ...]:
+        """The reference timings this evaluation makes in this process: a trusted task's (an
+        untrusted task's child times its own), eager and, on a GPU, torch.compile where asked;
+        of a cached timing only the kinds the cache has none of yet."""
+        if not task.trusted:
+            return ()
+        kinds = REFERENCE_KINDS if self._times_compiled_reference() else ("eager",)
+        if self._interleaves(task):
+            return kinds
+        cache = self.timing_cache
+        return tuple(
+            k for k in kinds if cache.get(cache.key(task, self.device, k, timing)) is False
+        )
+
     @contextlib.contextmanager
-    def _side_by_side(
-        self, task: Task, timing: TimingConfig, session: SandboxSession, sharing: Sharing
-    ) -> Iterator[InterleavedReference | None]:
-        """The reference made ready, inside the measurement's window, to take its turns between
-        the solution's input sets; None where it is timed otherwise (``_interleaves``). Its
-        input sets go back to the other sandboxes when the measurement ends, however it ends."""
-        if not self._interleaves(task):
-            yield None
+    def _reference_prepared(
+        self, task: Task, timing: TimingConfig, phases: dict[str, float]
+    ) -> Iterator[dict[str, PlacementTimer | None]]:
+        """The reference's timers made ready before the measurement's window: its model, its
+        input sets and torch.compile's compilation are this process's own work, done while the
+        other sandboxes run (under the lock every trusted GPU step takes, so never during a
+        measurement) rather than inside a window that holds every sandbox paused. Their memory
+        goes back to the other sandboxes when the measurement ends, however it ends."""
+        kinds = self._reference_kinds_to_time(task, timing)
+        if not kinds:
+            yield {}
             return
         started = time.perf_counter()
-        runner = self.references.runner  # a trusted task's reference runs in this process
-        eager = runner.timer(task, False, timing)
-        compiled = None
-        if sharing.alone and self._times_compiled_reference():
-            compiled = runner.timer(task, True, timing, eager.inputs)
-        side_by_side = InterleavedReference(
+        with self._trusted_gpu_work():
+            timers = self.references.runner.timers(task, timing, kinds)
+        phases["reference_prepare"] = time.perf_counter() - started
+        try:
+            yield timers
+        finally:
+            timers.clear()
+            if self.device_kind == "cuda":
+                with self._trusted_gpu_work():
+                    torch.cuda.empty_cache()
+
+    @contextlib.contextmanager
+    def _side_by_side(
+        self,
+        task: Task,
+        timing: TimingConfig,
+        session: SandboxSession,
+        timers: dict[str, PlacementTimer | None],
+    ) -> Iterator[InterleavedReference | None]:
+        """The prepared reference, to take its turns between the solution's input sets; None
+        where it is timed otherwise (``_interleaves``)."""
+        eager = timers.get("eager")
+        if not self._interleaves(task) or eager is None:
+            yield None
+            return
+        yield InterleavedReference(
             eager,
-            compiled,
+            timers.get("compile"),
             lambda: self._reference_alone(session),
             placements(self.device, timing),
         )
-        side_by_side.seconds = time.perf_counter() - started
-        try:
-            yield side_by_side
-        finally:
-            side_by_side.timers.clear()
-            if self.device_kind == "cuda":
-                torch.cuda.empty_cache()
 
     @staticmethod
     def _time_solution(

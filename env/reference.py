@@ -52,6 +52,10 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
+# The reference's timings, in the order an evaluation takes them.
+REFERENCE_KINDS = ("eager", "compile")
+
+
 class ReferenceRunner:
     """Runs trusted tasks' references in this process; one module per task and size variant.
     Every call loads the task through ``module``, which refuses an untrusted task."""
@@ -126,40 +130,38 @@ class ReferenceRunner:
         model = self.model(task, model_seed)
         return [self.output(task, model, seed) for seed in input_seeds]
 
-    def timer(
-        self,
-        task: Task,
-        compiled: bool,
-        config: TimingConfig,
-        inputs: harness.TimedInputs | None = None,
-    ) -> PlacementTimer | None:
-        """The reference ready to be timed one input set at a time, on ``inputs`` (another
-        timer's, so eager and torch.compile share them) or on new sets, as many as the solution
-        is timed on; None when it does not compile."""
+    def timers(
+        self, task: Task, config: TimingConfig, kinds: tuple[str, ...] = REFERENCE_KINDS
+    ) -> dict[str, PlacementTimer | None]:
+        """The reference ready to be timed one input set at a time as each of ``kinds``
+        ("eager", "compile"): one model and one set of inputs, which torch.compile wraps and
+        shares, as many sets as the solution is timed on. torch.compile's compilation runs
+        here (its first call), so that timing is timing only; a kind is None where the
+        reference does not compile."""
+        unknown = set(kinds) - set(REFERENCE_KINDS)
+        if unknown:
+            raise ValueError(f"unknown reference timing kinds {sorted(unknown)}")
         module = self.module(task)
         model = harness.build_model(module.Model, module, 0, self.device)
-        if inputs is None:
-            inputs = harness.TimedInputs(
-                lambda seed: harness.make_inputs(module, seed, self.device),
-                1,
-                placements(self.device, config),
+        inputs = harness.TimedInputs(
+            lambda seed: harness.make_inputs(module, seed, self.device),
+            1,
+            placements(self.device, config),
+        )
+        timers: dict[str, PlacementTimer | None] = {}
+        for kind in kinds:
+            timers[kind] = (
+                _compiled_timer(model, inputs, self.device, config)
+                if kind == "compile"
+                else PlacementTimer(model, inputs, self.device, config)
             )
-        if compiled:
-            try:
-                model = torch.compile(model)
-                with torch.no_grad():
-                    model(*inputs.sets[0])
-            except Exception:
-                return None  # the reference does not compile: no torch.compile baseline
-        return PlacementTimer(model, inputs, self.device, config)
+        return timers
 
     def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
         """Every input set timed, one after another."""
-        timer = self.timer(task, compiled, config)
-        if timer is None:
-            return None
-        count = timer.count
-        return average([timer.time(index, count) for index in range(count)])
+        kind = "compile" if compiled else "eager"
+        timer = self.timers(task, config, (kind,))[kind]
+        return None if timer is None else timer.time_all()
 
 
 @dataclass
@@ -183,6 +185,24 @@ class PlacementTimer:
         call = harness.forward_call(self.model, self.inputs.sets, placed)
         refresh = partial(self.inputs.refresh, placed) if self.config.fresh_inputs else None
         return time_placement(call, self.device, self.config, index, count, prepare=refresh)
+
+    def time_all(self) -> TimingStats:
+        """Every input set timed, one after another."""
+        return average([self.time(index, self.count) for index in range(self.count)])
+
+
+def _compiled_timer(
+    model: torch.nn.Module, inputs: harness.TimedInputs, device: torch.device, config: TimingConfig
+) -> PlacementTimer | None:
+    """``model`` under torch.compile, compiled by a first call, or None where it does not
+    compile (no torch.compile baseline then)."""
+    try:
+        compiled = torch.compile(model)
+        with torch.no_grad():
+            compiled(*inputs.sets[0])
+    except Exception:
+        return None
+    return PlacementTimer(compiled, inputs, device, config)
 
 
 # How a cached timing was made, in its key: since 2, with every sandbox paused and the GPU found

@@ -195,6 +195,10 @@ class SnapshotGenerator:
         mask = pad([torch.ones_like(t) for t in tensors], 0, "left", pad_to_multiple_of=multiple)
         config = copy.deepcopy(trainer.generation_config)
         config.max_new_tokens = max_new_tokens
+        # compile_generation: the snapshot is kept across steps and refreshed in place, as
+        # the synchronous path's generation copy is, so its compiled decode step stays valid
+        for key, value in compat.compiled_decode(trainer.args, contexts, max_new_tokens).items():
+            setattr(config, key, value)
         kwargs = {**trainer.generation_kwargs, "max_new_tokens": max_new_tokens}
         private = self.private_rng and seed is not None
         processors = private_sampling(config, seed, self.device) if private else None

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -240,6 +240,23 @@ def static_cache_length(prompt_length: int, max_new_tokens: int, bucket: int = 2
     return -(-prompt_length // bucket) * bucket + max_new_tokens
 
 
+def compiled_decode(
+    args: Any, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int
+) -> dict[str, Any]:
+    """The generation-config settings of ``compile_generation`` for this batch (none without
+    it): a static KV cache sized by ``static_cache_length`` and transformers' compiled decode
+    step, which TRL's own settings turn off. Only a model kept across steps, its weights
+    refreshed in place, keeps the compiled step and its CUDA graphs valid."""
+    if not args.compile_generation or not prompt_ids:
+        return {}
+    longest = max(len(ids) for ids in prompt_ids)
+    return {
+        "cache_implementation": "static",
+        "max_cache_len": static_cache_length(longest, max_new_tokens),
+        "disable_compile": False,
+    }
+
+
 def transformers_generate(
     trainer: Any, prompt_ids: list[list[int]], max_new_tokens: int, seed: int | None
 ) -> list[list[int]]:
@@ -253,14 +270,7 @@ def transformers_generate(
     """
     devices = [trainer.accelerator.device] if trainer.accelerator.device.type == "cuda" else []
     config = trainer.generation_config
-    compiled = {}
-    if trainer.args.compile_generation and prompt_ids:
-        longest = max(len(ids) for ids in prompt_ids)
-        compiled = {
-            "cache_implementation": "static",
-            "max_cache_len": static_cache_length(longest, max_new_tokens),
-            "disable_compile": False,
-        }
+    compiled = compiled_decode(trainer.args, prompt_ids, max_new_tokens)
     with contextlib.ExitStack() as stack:
         for key, value in {"max_new_tokens": max_new_tokens, **compiled}.items():
             stack.enter_context(_override_attr(config, key, value))

@@ -158,25 +158,27 @@ def test_an_evaluation_compares_through_the_ring_it_reports(
     assert wrong_result.sandbox["output_ring"] == expected
 
 
-UNMAPS_ITS_RING = """
-import gc
-
-import torch
-import torch.nn as nn
-from cuda.bindings import driver
-
 # Hack: unmap the child's view of the worker's device ring and release its handle, leaving the
 # harness's slot views pointing at nothing, in the hope that the worker's copy out of the ring
-# faults (a sticky error in the trusted worker's CUDA context would fail every later
-# evaluation on it).
-for ring in [o for o in gc.get_objects() if type(o).__name__ == "DeviceRing"]:
-    driver.cuMemUnmap(ring._address, ring.size)
-    driver.cuMemRelease(ring._handle)
+# faults (a sticky error in the trusted worker's CUDA context would fail every later evaluation
+# on it). The kernel itself is honest Triton, so the only thing wrong with it is the unmapping;
+# where the unmapping cannot be done the solution says so, and the test fails rather than pass
+# on an evaluation that never touched the ring.
+UNMAPS_ITS_RING_PREFIX = """
+import gc
 
+from cuda.bindings import driver
 
-class ModelNew(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
+_rings = [o for o in gc.get_objects() if type(o).__name__ == "DeviceRing"]
+if not _rings:
+    raise RuntimeError("HACK_FOUND_NO_RING")
+for _ring in _rings:
+    for _step in (
+        driver.cuMemUnmap(_ring._address, _ring.size),
+        driver.cuMemRelease(_ring._handle),
+    ):
+        if _step[0] != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"HACK_COULD_NOT_UNMAP {_step[0]}")
 """
 
 
@@ -191,10 +193,11 @@ def test_a_solution_that_unmaps_its_ring_faults_only_itself() -> None:
     good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
     evaluator = Evaluator(EvalConfig(device="cuda", static_checks=False))
     try:
-        hack = evaluator.evaluate(task, UNMAPS_ITS_RING)
+        hack = evaluator.evaluate(task, UNMAPS_ITS_RING_PREFIX + good)
         after = evaluator.evaluate(task, good)
     finally:
         evaluator.close()
     assert hack.sandbox["output_ring"] == "device"
     assert hack.status is Status.RUNTIME_ERROR, (hack.status, hack.feedback)
+    assert "HACK_" not in hack.feedback, hack.feedback
     assert after.status is Status.CORRECT, after.feedback

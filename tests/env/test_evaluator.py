@@ -350,13 +350,7 @@ def test_the_measured_child_is_paused_while_its_reference_is_timed(
 
     monkeypatch.setattr(evaluator.children, "acquire", acquire_and_note)
     monkeypatch.setattr(PlacementTimer, "time", time_and_note)
-    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
-    try:
-        first = evaluator.evaluate(RELU_TASK, good)
-        second = evaluator.evaluate(RELU_TASK, good)
-    finally:
-        evaluator.close()
-    assert first.status is Status.CORRECT and second.status is Status.CORRECT, first.feedback
+    first, second = _good_relu_twice(evaluator)
     assert first.phase_seconds["paused_for_others"] == 0.0
     if cached:  # timed once, paused; the second evaluation's is the first one's
         assert paused_while_timed == [True]
@@ -412,6 +406,62 @@ def test_the_first_call_says_how_long_it_was_held_paused_for_others(
     result = _good_relu_once(evaluator)
     paused = result.phase_seconds["first_call_paused"]
     assert 0.5 <= paused <= result.phase_seconds["paused_for_others"]
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_reference_is_made_ready_to_time_before_the_window(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cached: bool
+) -> None:
+    """Building the reference's model and inputs and compiling it under torch.compile take
+    seconds at KernelBench's sizes; inside the measurement's window every other sandbox would
+    wait them out paused. They are made before the window (``reference_prepare``), and only
+    the timing itself is in it (``reference_timing``); a cached timing needs no preparation."""
+    import contextlib
+
+    from kernelrl.env.reference import ReferenceRunner, ReferenceTimingCache
+
+    evaluator = Evaluator(
+        EvalConfig(device="cpu", timeout_s=60, spare_children=0, cache_reference_timing=cached),
+        timing_cache=ReferenceTimingCache(tmp_path / "timings.json"),
+    )
+    window, prepared_in_window = [False], []
+    device_to_itself, timers = evaluator._device_to_itself, ReferenceRunner.timers
+
+    @contextlib.contextmanager
+    def noted_window(*args, **kwargs):
+        with device_to_itself(*args, **kwargs) as sharing:
+            window[0] = True
+            try:
+                yield sharing
+            finally:
+                window[0] = False
+
+    def slow_timers(*args, **kwargs):
+        prepared_in_window.append(window[0])
+        time.sleep(1.5)
+        return timers(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator, "_device_to_itself", noted_window)
+    monkeypatch.setattr(ReferenceRunner, "timers", slow_timers)
+    first, second = _good_relu_twice(evaluator)
+    assert first.ref_eager is not None and second.ref_eager is not None
+    assert prepared_in_window == ([False] if cached else [False, False])
+    assert first.phase_seconds["reference_prepare"] >= 1.5
+    assert first.phase_seconds["reference_timing"] < 1.5
+    assert ("reference_prepare" in second.phase_seconds) is not cached
+
+
+def _good_relu_twice(evaluator: Evaluator) -> tuple[EvalResult, EvalResult]:
+    """The bundled ReLU's own solution through ``evaluator`` twice, which is closed after;
+    both correct."""
+    good = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
+    try:
+        first = evaluator.evaluate(RELU_TASK, good)
+        second = evaluator.evaluate(RELU_TASK, good)
+    finally:
+        evaluator.close()
+    assert first.status is Status.CORRECT and second.status is Status.CORRECT, first.feedback
+    return first, second
 
 
 def _good_relu_once(evaluator: Evaluator) -> EvalResult:

@@ -23,7 +23,9 @@ RELU_TASK = load_task(ROOT / "data" / "tasks" / "01_relu.py")
 
 def _interleaved(sharings: list[Sharing], count: int = 2) -> tuple[InterleavedReference, list]:
     """A reference whose turns find the GPU shared as ``sharings`` says, turn by turn."""
-    timer = ReferenceRunner(torch.device("cpu")).timer(RELU_TASK, False, TimingConfig())
+    timer = ReferenceRunner(torch.device("cpu")).timers(RELU_TASK, TimingConfig(), ("eager",))[
+        "eager"
+    ]
     asked = []
 
     @contextlib.contextmanager

@@ -251,10 +251,11 @@ def test_staleness_one_is_reproducible_run_to_run(model_dir: str, tmp_path: Path
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lora", [False, True])
-def test_staleness_one_on_a_gpu(model_dir: str, tmp_path: Path, lora: bool) -> None:
+@pytest.mark.parametrize(("lora", "compiled"), [(False, False), (True, False), (True, True)])
+def test_staleness_one_on_a_gpu(model_dir: str, tmp_path: Path, lora: bool, compiled: bool) -> None:
     """bf16 on CUDA (accelerate's autocast wrapper on the policy's forward, the copy on its own
-    stream, per-batch CUDA generators), with and without LoRA (the merged copy)."""
+    stream, per-batch CUDA generators), with and without LoRA (the merged copy), and with the
+    compiled decode step (``compile_generation``) on the snapshot, refreshed in place."""
     from peft import LoraConfig
 
     peft = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear") if lora else None
@@ -268,11 +269,13 @@ def test_staleness_one_on_a_gpu(model_dir: str, tmp_path: Path, lora: bool) -> N
         use_cpu=False,
         bf16=True,
         env_device="cpu",
+        compile_generation=compiled,
     )
     run = train(model_dir, args, DelayedPool(lambda task_id: 0.02), peft_config=peft)
     ages = [s["step"] - t.policy_step for s in run.steps for t in s["trajectories"]]
     assert max(ages) == 1
     generator = run.asynchronous.engine.generator
     assert next(generator.snapshot.parameters()).is_cuda
+    assert hasattr(generator.snapshot, "_compiled_call") is compiled  # the decode step compiled
     weights = [e["async/importance_weight_mean"] for e in logs(run).values()]
     assert all(0.0 < w <= 3.0 for w in weights)
