@@ -115,11 +115,21 @@ def logs(run: KernelGRPOTrainer) -> dict[int, dict]:
     return {e["step"]: e for e in run.state.log_history if "reward" in e}
 
 
-def test_staleness_zero_is_the_synchronous_trainer(model_dir: str, tmp_path: Path) -> None:
-    sync = train(model_dir, config(tmp_path / "sync"), DelayedPool())
+@pytest.mark.parametrize("compiled", [False, True])
+def test_staleness_zero_is_the_synchronous_trainer(
+    model_dir: str, tmp_path: Path, compiled: bool
+) -> None:
+    """Also with ``compile_generation`` (on a CPU its static KV cache, which transformers does
+    not compile there): the snapshot generates with the synchronous copy's settings."""
+    sync = train(model_dir, config(tmp_path / "sync", compile_generation=compiled), DelayedPool())
     asynchronous = train(
         model_dir,
-        config(tmp_path / "async", async_generation=True, max_staleness=0),
+        config(
+            tmp_path / "async",
+            async_generation=True,
+            max_staleness=0,
+            compile_generation=compiled,
+        ),
         DelayedPool(lambda task_id: 0.05),
     )
     assert len(sync.steps) == len(asynchronous.steps) == 3
