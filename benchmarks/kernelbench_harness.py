@@ -175,7 +175,18 @@ def kernelrl_phase(
             "out of memory" in json.dumps(r).lower() for runs in kr.values() for r in runs
         ),
         "kernelrl heavy modules imported (trl/ray/datasets/vllm)": stats["heavy_modules_imported"],
+        "kernelrl phase sums s (every evaluation)": phase_sums(kr),
     }
+
+
+def phase_sums(runs_by_task: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """Each phase's seconds summed over every evaluation, largest first: where the set's time
+    went (phases overlap across evaluations in flight, and some nest in others)."""
+    sums: Counter[str] = Counter()
+    for runs in runs_by_task.values():
+        for run in runs:
+            sums.update(run.get("phase_seconds") or {})
+    return {name: round(seconds, 1) for name, seconds in sums.most_common()}
 
 
 def kb_phase(
