@@ -345,17 +345,24 @@ class ChildRunPhases:
         timers: dict[str, PlacementTimer | None],
     ) -> Iterator[InterleavedReference | None]:
         """The prepared reference, to take its turns between the solution's input sets; None
-        where it is timed otherwise (``_interleaves``)."""
+        where it is timed otherwise (``_interleaves``). It lets go of the timers when the
+        measurement ends, so that ``_reference_prepared`` gives their memory back then, not
+        when the evaluation's caller drops it."""
         eager = timers.get("eager")
         if not self._interleaves(task) or eager is None:
             yield None
             return
-        yield InterleavedReference(
+        side_by_side = InterleavedReference(
             eager,
             timers.get("compile"),
             lambda: self._reference_alone(session),
             placements(self.device, timing),
         )
+        del eager
+        try:
+            yield side_by_side
+        finally:
+            side_by_side.timers.clear()
 
     @staticmethod
     def _time_solution(

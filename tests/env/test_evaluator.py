@@ -451,6 +451,39 @@ def test_the_reference_is_made_ready_to_time_before_the_window(
     assert ("reference_prepare" in second.phase_seconds) is not cached
 
 
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_reference_s_timers_are_let_go_when_the_measurement_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cached: bool
+) -> None:
+    """The reference's input sets are gigabytes at KernelBench's sizes: they go back when the
+    window closes, before the kept outputs' references are computed, not when the evaluation
+    ends."""
+    import weakref
+
+    from kernelrl.env.reference import ReferenceRunner, ReferenceTimingCache
+
+    evaluator = Evaluator(
+        EvalConfig(device="cpu", timeout_s=60, spare_children=0, cache_reference_timing=cached),
+        timing_cache=ReferenceTimingCache(tmp_path / "timings.json"),
+    )
+    made, alive_after_window = [], []
+    timers, outputs_correct = ReferenceRunner.timers, evaluator._timed_outputs_correct
+
+    def noted_timers(*args, **kwargs):
+        prepared = timers(*args, **kwargs)
+        made.extend(weakref.ref(t.inputs) for t in prepared.values() if t is not None)
+        return prepared
+
+    def noted_outputs_correct(*args, **kwargs):
+        alive_after_window.append(sum(ref() is not None for ref in made))
+        return outputs_correct(*args, **kwargs)
+
+    monkeypatch.setattr(ReferenceRunner, "timers", noted_timers)
+    monkeypatch.setattr(evaluator, "_timed_outputs_correct", noted_outputs_correct)
+    _good_relu_once(evaluator)
+    assert made and alive_after_window == [0]
+
+
 def _good_relu_twice(evaluator: Evaluator) -> tuple[EvalResult, EvalResult]:
     """The bundled ReLU's own solution through ``evaluator`` twice, which is closed after;
     both correct."""
