@@ -348,17 +348,15 @@ class ChildRunPhases:
         where it is timed otherwise (``_interleaves``). It lets go of the timers when the
         measurement ends, so that ``_reference_prepared`` gives their memory back then, not
         when the evaluation's caller drops it."""
-        eager = timers.get("eager")
-        if not self._interleaves(task) or eager is None:
+        if not self._interleaves(task) or timers.get("eager") is None:
             yield None
             return
         side_by_side = InterleavedReference(
-            eager,
+            timers["eager"],
             timers.get("compile"),
             lambda: self._reference_alone(session),
             placements(self.device, timing),
         )
-        del eager
         try:
             yield side_by_side
         finally:
