@@ -124,6 +124,13 @@ def by_operator(rows: list[dict[str, Any]], stages: list[str], k: int) -> dict[s
     return {"stages": stages, "operators": dict(sorted(operators.items())), "left_out": left_out}
 
 
+def per_stage(values: dict[str, int], stages: list[str]) -> str:
+    """One number where every stage has it; otherwise one per stage, as the correct column reads
+    (counts summed over seeds differ by stage when a stage was run by fewer seeds)."""
+    found = [values[s] for s in stages]
+    return str(found[0]) if len(set(found)) == 1 else " -> ".join(str(v) for v in found)
+
+
 def operator_markdown(counts: dict[str, Any], labels: dict[str, str]) -> str:
     """``by_operator`` as a table; its totals row is the stages' correct answers on the paired
     tasks, the numerators of the report's correct@1."""
@@ -133,17 +140,18 @@ def operator_markdown(counts: dict[str, Any], labels: dict[str, str]) -> str:
         f"| core operator | tasks | answers per stage | correct, {names} |",
         "| --- | ---: | ---: | --- |",
     ]
-    total = {"tasks": 0, "attempts": 0, "correct": dict.fromkeys(stages, 0)}
+    total = {"tasks": 0, "attempts": dict.fromkeys(stages, 0), "correct": dict.fromkeys(stages, 0)}
     for operator, entry in counts["operators"].items():
-        attempts = entry["attempts"][stages[0]]
+        attempts = per_stage(entry["attempts"], stages)
         correct = " -> ".join(str(entry["correct"][s]) for s in stages)
         lines.append(f"| {operator} | {entry['tasks']} | {attempts} | {correct} |")
         total["tasks"] += entry["tasks"]
-        total["attempts"] += attempts
         for stage in stages:
+            total["attempts"][stage] += entry["attempts"][stage]
             total["correct"][stage] += entry["correct"][stage]
     correct = " -> ".join(str(total["correct"][s]) for s in stages)
-    lines.append(f"| all | {total['tasks']} | {total['attempts']} | {correct} |")
+    attempts = per_stage(total["attempts"], stages)
+    lines.append(f"| all | {total['tasks']} | {attempts} | {correct} |")
     if counts["left_out"]:
         lines += ["", f"Left out (not judged at every stage): {', '.join(counts['left_out'])}."]
     return "\n".join(lines) + "\n"

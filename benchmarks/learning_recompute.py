@@ -170,7 +170,9 @@ def write_pooled(folders: list[Path], out: Path) -> dict[str, Any]:
         f"Seed {seed}:\n\n{operator_markdown(counts, LABELS)}\n"
         for seed, counts in found["families"].items()
     )
-    families += "All seeds:\n\n" + operator_markdown(summed_families(found["families"]), LABELS)
+    families += "All seeds (tasks counted once per seed):\n\n" + operator_markdown(
+        summed_families(found["families"]), LABELS
+    )
     (out / "families.md").write_text(families)
     return found
 

@@ -105,3 +105,29 @@ def test_a_task_one_stage_could_not_judge_is_left_out_of_every_column(
     assert rows["log_softmax"].startswith("| log_softmax | 1 | 1 -> 0 |")
     assert "elementwise" not in rows
     assert "not judged at every stage): h2" in printed
+
+
+def test_counts_summed_over_seeds_show_each_stage_s_answers() -> None:
+    """The base model runs once and the other stages once per seed, so their answer counts
+    differ once seeds are added up; the table must not print the first stage's for all."""
+    counts = {
+        "stages": ["base", "sft", "rl"],
+        "operators": {
+            "softmax": {
+                "tasks": 3,
+                "attempts": {"base": 4, "sft": 8, "rl": 8},
+                "correct": {"base": 0, "sft": 5, "rl": 6},
+            },
+            "sum": {
+                "tasks": 3,
+                "attempts": {"base": 4, "sft": 8, "rl": 8},
+                "correct": {"base": 1, "sft": 2, "rl": 3},
+            },
+        },
+        "left_out": [],
+    }
+    table = learning_families.operator_markdown(counts, {})
+    assert "| softmax | 3 | 4 -> 8 -> 8 | 0 -> 5 -> 6 |" in table
+    assert "| all | 6 | 8 -> 16 -> 16 | 1 -> 7 -> 9 |" in table
+    counts["operators"]["sum"]["attempts"] = {"base": 8, "sft": 8, "rl": 8}
+    assert "| sum | 3 | 8 | 1 -> 2 -> 3 |" in learning_families.operator_markdown(counts, {})
