@@ -124,11 +124,16 @@ def by_operator(rows: list[dict[str, Any]], stages: list[str], k: int) -> dict[s
     return {"stages": stages, "operators": dict(sorted(operators.items())), "left_out": left_out}
 
 
+def chain(values: dict[str, int], stages: list[str]) -> str:
+    """The stages' values in order, as the table's columns read them: ``a -> b -> c``."""
+    return " -> ".join(str(values[s]) for s in stages)
+
+
 def per_stage(values: dict[str, int], stages: list[str]) -> str:
     """One number where every stage has it; otherwise one per stage, as the correct column reads
     (counts summed over seeds differ by stage when a stage was run by fewer seeds)."""
-    found = [values[s] for s in stages]
-    return str(found[0]) if len(set(found)) == 1 else " -> ".join(str(v) for v in found)
+    found = {values[s] for s in stages}
+    return str(found.pop()) if len(found) == 1 else chain(values, stages)
 
 
 def operator_markdown(counts: dict[str, Any], labels: dict[str, str]) -> str:
@@ -143,13 +148,13 @@ def operator_markdown(counts: dict[str, Any], labels: dict[str, str]) -> str:
     total = {"tasks": 0, "attempts": dict.fromkeys(stages, 0), "correct": dict.fromkeys(stages, 0)}
     for operator, entry in counts["operators"].items():
         attempts = per_stage(entry["attempts"], stages)
-        correct = " -> ".join(str(entry["correct"][s]) for s in stages)
+        correct = chain(entry["correct"], stages)
         lines.append(f"| {operator} | {entry['tasks']} | {attempts} | {correct} |")
         total["tasks"] += entry["tasks"]
         for stage in stages:
             total["attempts"][stage] += entry["attempts"][stage]
             total["correct"][stage] += entry["correct"][stage]
-    correct = " -> ".join(str(total["correct"][s]) for s in stages)
+    correct = chain(total["correct"], stages)
     attempts = per_stage(total["attempts"], stages)
     lines.append(f"| all | {total['tasks']} | {attempts} | {correct} |")
     if counts["left_out"]:
