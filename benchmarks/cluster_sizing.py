@@ -5,6 +5,7 @@ environment GPUs to give it.
         --train-gpus 16 --gen-gpus 8 --env-gpus 1 2 4 8 16
     python benchmarks/cluster_sizing.py --validate benchmarks/results/throughput_h100/suite.jsonl.gz
     python benchmarks/cluster_sizing.py --validate-pool ONE_GPU.json TWO_GPUS.json
+    python benchmarks/cluster_sizing.py --validate-pool FITTED_ON.json ANOTHER_RUN.json
 
 Why a model: a step of Dr. Kernel's recipe makes hundreds of evaluations per turn, and whether
 generation, the environment or the update sets the step time decides how a cluster is split.
@@ -31,14 +32,14 @@ from pathlib import Path
 
 import yaml
 
-# Measured on one H100 80GB HBM3 host (16 cores), benchmarks/results/throughput_h100:
-SMALL_EVALS_PER_MIN = 112.9  # bundled suite, new kernels, reference timings cached
-SMALL_LATENCY_S = 2.88  # median end-to-end evaluation, same run
+# Measured on one H200 host (16 cores), benchmarks/results/throughput_h200/bundled_cached:
+SMALL_EVALS_PER_MIN = 116.2  # bundled suite, new kernels, reference timings cached
+SMALL_LATENCY_S = 2.70  # median end-to-end evaluation, same run
 # Per-GPU rate of several GPUs sharing one host relative to one GPU alone there (steady state,
 # RayPool, 2 H200s of one 32-core host, 16 cores each: benchmarks/results/ray_pool_gpus).
 MULTI_GPU_EFFICIENCY = 0.83
-# KernelBench published sizes, first repeat (16 of 16): results/kernelbench_side_by_side_h100
-LARGE_EVALS_PER_MIN = 8.25
+# KernelBench published sizes, first repeat (16 of 16), one H200: results/throughput_h200/published
+LARGE_EVALS_PER_MIN = 12.1
 # Published: vLLM (baseline, no tuning) serving Qwen3-14B on H100, ShareGPT, total tokens/s,
 # from the GPUStack performance lab's published Qwen3-14B/H100 measurements
 VLLM_TOKENS_PER_S_PER_GPU = 6595.66
@@ -182,9 +183,10 @@ def steady_rate(done: list[float], low: float = 0.1, high: float = 0.8) -> float
 
 
 def validate_pool(one_gpu: str, many_gpus: str) -> dict:
-    """The environment part of the model against a pool on several GPUs of one host: the
-    steady per-GPU rate of a run on one of them predicts the run on all of them (rate and
-    batch time, the last evaluation's tail taken as the one-GPU run's p90 latency)."""
+    """The environment part of the model against another run of the pool on one host, on
+    several of its GPUs or on one again: the steady per-GPU rate of a run on one GPU predicts
+    the other run (rate and batch time, the last evaluation's tail taken as the first run's p90
+    latency), which the figures were not fitted on."""
     _, done_one, latencies = _warm_pass(one_gpu)
     many, done_many, _ = _warm_pass(many_gpus)
     gpus = int(many["gpus"])
@@ -223,7 +225,7 @@ def main() -> None:
         "--validate-pool",
         nargs=2,
         metavar=("ONE_GPU", "MANY_GPUS"),
-        help="two env_throughput.py --summary-out files of one host: 1 GPU, then all of them",
+        help="two env_throughput.py --summary-out files of one host: 1 GPU, then another run",
     )
     args = p.parse_args()
     if args.validate:
