@@ -59,6 +59,8 @@ PHASES = (
     ("reference", "worker", "reference outputs (overlaps the child)"),
     ("compare", "worker", "output comparison"),
     ("reference_prepare", "worker", "reference made ready to time (model, inputs, compile)"),
+    ("trusted_gpu_wait", "worker", "waiting for the GPU lock (references, preparation, compares)"),
+    ("trusted_gpu_held", "worker", "holding it for that work (rows above)"),
     ("gpu_wait", "worker", "queued behind other measurements"),
     ("gpu_pause", "worker", "pausing the other children"),
     ("gpu_quiet", "worker", "until the GPU runs no child's work (probe)"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from kernelrl.env.backends import solution_kernel_names
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
 from kernelrl.env.gpu_claim import GpuClaim, Sharing
+from kernelrl.env.gpu_lock import GpuLock
 from kernelrl.env.gpu_quiet import QuietProbe
 from kernelrl.env.information import reference_rerun
 from kernelrl.env.integrity.static_checks import NOT_HACKS, run_static_checks
@@ -133,7 +133,7 @@ class Evaluator(ChildRunPhases):
         # Other evaluators on this GPU time each other's kernels (gpu_claim.py).
         self.gpu_claim = GpuClaim.for_device(self.device) if self.device_kind == "cuda" else None
         self.timing_cache = timing_cache or ReferenceTimingCache()
-        self.gpu_lock = threading.Lock()
+        self.gpu_lock = GpuLock()
         self.versions = library_versions()
         self.device_name = device_name(self.device)
 
@@ -155,10 +155,15 @@ class Evaluator(ChildRunPhases):
     def evaluate(self, task: Task, completion: str) -> EvalResult:
         started = time.perf_counter()
         result = new_result(task, completion, self.device_kind, self.device_name, self.versions)
+        self.gpu_lock.take_trusted_seconds()  # this thread's count starts with this evaluation
         try:
             with self.references.evaluating():
                 self._run(task, completion, result)
         finally:
+            if self.device_kind == "cuda":
+                wait, held = self.gpu_lock.take_trusted_seconds()
+                result.phase_seconds["trusted_gpu_wait"] = wait
+                result.phase_seconds["trusted_gpu_held"] = held
             finish_result(result, time.perf_counter() - started)
         return result
 
@@ -296,7 +301,7 @@ class Evaluator(ChildRunPhases):
     # ------------------------------------------------------------------ device sharing
     def _trusted_gpu_work(self) -> contextlib.AbstractContextManager:
         """This process's own GPU work (references, comparisons) never overlaps a measurement."""
-        return self.gpu_lock if self.device_kind == "cuda" else contextlib.nullcontext()
+        return self.gpu_lock.trusted() if self.device_kind == "cuda" else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _device_to_itself(

@@ -201,6 +201,9 @@ def test_a_measurement_has_the_gpu_to_itself() -> None:
     baseline = min(r.runtime.median_ms for r in alone)
     for result in beside + neighbours:
         assert result.status is Status.CORRECT, result.feedback
+        # the reference's outputs and the comparisons took the GPU lock, and were counted
+        held = result.phase_seconds["trusted_gpu_held"]
+        assert 0 < held < result.phase_seconds["total"], result.phase_seconds
     for result in beside:
         assert result.runtime.median_ms < 1.1 * baseline, (result.runtime, baseline)
 
