@@ -64,17 +64,21 @@ def read_run(output: Path, log: Path) -> dict[str, Any]:
     ``train_summary.json``, the training time from its ``done in H:MM:SS`` line (from the start
     of training to its end: model loading and the start-up of the server and the environment are
     left out, they are the same in every arm; 1 s resolution), and the last step's full log
-    (staleness, carried groups, the trainer's wait for generation)."""
+    (staleness, carried groups, the trainer's wait for generation). The rate without the first
+    step, from the summary's ``step_seconds``, is the steady state: an asynchronous run's
+    first step has nothing to overlap with."""
     summary_file = output / "train_summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}
     steps = summary.get("steps", [])
     done = DONE.findall(log.read_text(errors="replace")) if log.exists() else []
     runtime = max((int(h) * 3600 + int(m) * 60 + int(s) for _, h, m, s in done), default=None)
     last = summary.get("last_log", {})
+    later = summary.get("step_seconds", [])[1:]  # recorded since the summary kept step times
     return {
         "steps": len(steps),
         "train_runtime_s": runtime,
         "steps_per_hour": len(steps) / runtime * 3600 if runtime else None,
+        "steps_per_hour_after_first": len(later) / sum(later) * 3600 if sum(later) else None,
         "rewards": [e["reward"] for e in steps],
         "last_step": {k: v for k, v in last.items() if k.startswith(PER_STEP)},
     }
@@ -92,28 +96,33 @@ def summary(results: dict[str, dict[str, Any]]) -> str:
     """The table: steps/hour, its ratio to the synchronous run, the mean reward with its
     standard error, the difference to the synchronous mean in combined standard errors (within
     2: within noise), and the reward curve."""
-    sync = results.get("sync", {"steps_per_hour": None, "rewards": []})
-    base = sync["steps_per_hour"]
+    sync = results.get("sync", {"rewards": []})
     base_mean, base_se = noise(sync["rewards"])
     lines = [
-        "| run | steps | steps/hour | x sync | mean reward +- SE | vs sync (SE) "
-        "| reward per step |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| run | steps | steps/hour | x sync | after step 1 | x sync | mean reward +- SE "
+        "| vs sync (SE) | reward per step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in results.items():
-        rate = r["steps_per_hour"]
-        ratio = f"{rate / base:.2f}" if rate and base else "-"
+        rates = [
+            _rate_and_ratio(r.get(key), sync.get(key))
+            for key in ("steps_per_hour", "steps_per_hour_after_first")
+        ]
         mean, se = noise(r["rewards"])
         gap = "-"
         if name != "sync" and math.hypot(se, base_se) > 0:  # nan when a side has one step
             gap = f"{(mean - base_mean) / math.hypot(se, base_se):+.1f}"
         curve = " ".join(f"{x:.3f}" for x in r["rewards"])
-        shown = f"{rate:.1f}" if rate else "-"
         lines.append(
-            f"| {name} | {r['steps']} | {shown} | {ratio} | {mean:.3f} +- {se:.3f} | {gap} "
+            f"| {name} | {r['steps']} | {' | '.join(rates)} | {mean:.3f} +- {se:.3f} | {gap} "
             f"| {curve} |"
         )
     return "\n".join(lines)
+
+
+def _rate_and_ratio(rate: float | None, sync_rate: float | None) -> str:
+    shown = f"{rate:.1f}" if rate else "-"
+    return f"{shown} | {rate / sync_rate:.2f}" if rate and sync_rate else f"{shown} | -"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -255,6 +255,7 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
         "output_dir": str(Path(training_args.output_dir).resolve()),
         "num_processes": trainer.accelerator.num_processes,
         "steps": [{k: e[k] for k in STEP_KEYS if k in e} for e in history],
+        "step_seconds": _step_seconds(trainer),
         "last_log": history[-1] if history else {},
     }
     wandb_run = _wandb_run_dir()
@@ -269,6 +270,18 @@ def run_training(training_args: Any, model_args: Any) -> dict[str, Any]:
             json.dumps(summary, indent=1, default=str)
         )
     return summary
+
+
+def _step_seconds(trainer: Any) -> list[float]:
+    """Wall seconds of each step this process ran, its generation and waits included: what a
+    rate without the first step needs (an asynchronous run's first step has nothing to overlap
+    with). A resumed run lists only the steps after the resume."""
+    from kernelrl.launch.train_progress import PlainProgressCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, PlainProgressCallback):
+            return [round(seconds, 3) for seconds in callback.durations]
+    return []
 
 
 def _wandb_run_dir() -> str | None:

@@ -247,6 +247,7 @@ def test_smoke_recipe_trains_on_environment_rewards_and_resumes_exactly(tmp_path
     assert any(entry["env/correct"] > 0 for entry in logs.values())
     assert any(entry["frac_reward_zero_std"] < 1 for entry in logs.values())
     assert [step["step"] for step in summary["steps"]] == [1, 2]
+    assert len(summary["step_seconds"]) == 2 and all(s > 0 for s in summary["step_seconds"])
     # ... and those rewards reached the update (non-zero advantages, a non-zero loss)
     assert any(entry["advantage/abs_mean"] > 0 and entry["loss"] != 0 for entry in logs.values())
     # the adapter was trained, not the model: checkpoints are small and name the base portably
