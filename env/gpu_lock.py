@@ -3,12 +3,11 @@
 On a GPU every measurement (an exclusive window) and every piece of the worker's own GPU work
 (reference outputs, the reference's preparation, each compared chunk of an output) takes one
 lock, so that trusted work never runs during another evaluation's measurement. At KernelBench's
-published sizes the windows and preparations alone held it for over half the wall, and the
-``compare`` phase grew when the preparation began to hold it: how much of a comparison is
-waiting and how much is work is what these counts tell. Each thread's trusted work records
-how long it waited for the lock and how long it held it, so an evaluation can report both
-(``trusted_gpu_wait``, ``trusted_gpu_held``): the held seconds summed over a run, beside the
-exclusive windows, say how much of the wall the lock was taken. Letting trusted steps share the
+published sizes the windows and preparations alone held it for over half the wall. Each
+thread's trusted work records how long it waited for the lock and how long it held it, so an
+evaluation can report both (``trusted_gpu_wait``, ``trusted_gpu_held``): how much of a
+comparison is waiting and how much is work, and, the held seconds summed over a run beside the
+exclusive windows, how much of the wall the lock was taken. Letting trusted steps share the
 lock (measurements still alone) was measured and did not pay: their waits halved, but the
 steps, now side by side on one GPU, took as much longer (docs/decisions.md).
 """

@@ -278,10 +278,9 @@ def _step_seconds(trainer: Any) -> list[float]:
     with). A resumed run lists only the steps after the resume."""
     from kernelrl.launch.train_progress import PlainProgressCallback
 
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, PlainProgressCallback):
-            return [round(seconds, 3) for seconds in callback.durations]
-    return []
+    callbacks = trainer.callback_handler.callbacks
+    progress = next(c for c in callbacks if isinstance(c, PlainProgressCallback))  # always added
+    return [round(seconds, 3) for seconds in progress.durations]
 
 
 def _wandb_run_dir() -> str | None:
