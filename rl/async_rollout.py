@@ -6,7 +6,9 @@ its own with ``MultiTurnRollout.run``, while the main thread trains. Generation 
 serialized by one lock (there is one generator: a server, an engine or a copy of the policy),
 which the main thread also takes to load new weights into the generator after each optimizer
 step (``publish``); the version of the weights every turn was generated with is recorded on the
-turn, and a sample's version is that of its oldest turn.
+turn, and a sample's version is that of its oldest turn. Every generation call runs on one
+long-lived thread, whichever batch asks: PyTorch keeps the CUDA graphs of a compiled decode
+step per thread, so a call from each batch's new thread would record them all again.
 
 - **Generation never waits for the update**: batch ``k`` starts as soon as the generator holds
   weights of version ``k - max_staleness`` or later, whatever step the trainer is on; only the
@@ -30,6 +32,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,8 +121,9 @@ class AsyncRollouts:
         self._jobs: list[Job] = []
         self._groups: list[Group] = []
         self._threads: list[threading.Thread] = []
+        self._generation_thread = ThreadPoolExecutor(1, thread_name_prefix="generation")
         self._closed = False
-        # intra-op threads are set per thread: a rollout thread computes as the main one does
+        # intra-op threads are set per thread: the other threads compute as the main one does
         self._torch_threads = torch.get_num_threads()
 
     # ------------------------------------------------------------------ main thread
@@ -200,6 +204,7 @@ class AsyncRollouts:
     def close(self) -> None:
         """Stop starting work; threads in a generation call end with it."""
         self._closed = True
+        self._generation_thread.shutdown(wait=False, cancel_futures=True)
         with self._changed:
             self._changed.notify_all()
 
@@ -226,16 +231,25 @@ class AsyncRollouts:
                 if self._closed:
                     raise RolloutsClosed("the asynchronous rollouts were closed")
                 job.versions.append(self.version)
-                return self.generator.generate(contexts, max_new, seeds)
+                call = self._generation_thread.submit(self._call, contexts, max_new, seeds)
+                return call.result()
 
         return generate
 
-    def _run(self, job: Job) -> None:
+    def _call(self, contexts: list[list[int]], max_new: int, seeds: list[int] | None) -> Any:
+        """One generation call, on the generation thread."""
+        self._match_torch_threads()
+        return self.generator.generate(contexts, max_new, seeds)
+
+    def _match_torch_threads(self) -> None:
         if torch.get_num_threads() != self._torch_threads:
             # only when they differ: setting it also turns off MKL's dynamic threading for the
             # whole process, which changes the main thread's gradients in the last bits (the
             # main thread differs only if it set its count itself, which did the same already)
             torch.set_num_threads(self._torch_threads)
+
+    def _run(self, job: Job) -> None:
+        self._match_torch_threads()  # the rollout's own work (tokenizing, parsing) on CPU
         try:
             trajectories, stats = self.rollout.run(
                 job.prompt_ids,

@@ -209,6 +209,37 @@ def test_generation_runs_ahead_across_an_epochs_end(model_dir: str, tmp_path: Pa
     ]
 
 
+class ThreadRecording(Recording):
+    """Records the thread of every generation call."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.generation_threads: list[int] = []
+        generator = self.asynchronous.engine.generator
+        generate = generator.generate
+
+        def recorded(*call: Any) -> Any:
+            self.generation_threads.append(threading.get_ident())
+            return generate(*call)
+
+        generator.generate = recorded
+
+
+def test_every_generation_call_runs_on_one_thread(model_dir: str, tmp_path: Path) -> None:
+    """Whichever batch's rollout thread asks, generation runs on the one generation thread:
+    CUDA graphs of a compiled decode step are kept per thread, and a thread per batch would
+    record them again at every step."""
+    run = train(
+        model_dir,
+        config(tmp_path, async_generation=True, max_staleness=2, max_steps=4),
+        DelayedPool(lambda task_id: 0.02),
+        ThreadRecording,
+    )
+    assert len(run.generation_threads) >= 8  # 4 batches of two turns, at least
+    assert len(set(run.generation_threads)) == 1
+    assert run.generation_threads[0] != threading.get_ident()
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
