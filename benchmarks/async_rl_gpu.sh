@@ -11,8 +11,10 @@
 # reference tier), then benchmarks/async_rl.py --launcher train for the ARMS (default: sync
 # async_s1 async_s2), STEPS steps each (default 6) from that SFT model. The environment runs
 # on the host's cores (env_device cpu): on the policy's GPU it would time kernels beside
-# generation, which the asynchronous mode refuses; every arm judges alike. The table over every
-# arm run so far goes to OUT/results.md.
+# generation, which the asynchronous mode refuses. It runs in a process of its own
+# (env_pool process): its slots in the trainer's process would share the interpreter lock with
+# generation. Every arm judges alike. The table over every arm run so far goes to
+# OUT/results.md.
 set -euo pipefail
 if [ $# -lt 3 ]; then
   sed -n 2,15p "$0"
@@ -32,4 +34,4 @@ sft=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["select_s
 python3 benchmarks/async_rl.py --launcher train --config recipes/smollm2/learning/trloo_gpu.yaml \
   --steps "$steps" --out "$out" --arms "${arms[@]}" -- \
   --model_name_or_path "$sft" --tasks "parquet:$bench/curriculum/data.parquet" \
-  --seed $((seed + 100)) --env_device cpu --env_workers 8 --save_rollouts true
+  --seed $((seed + 100)) --env_pool process --env_device cpu --env_workers 8 --save_rollouts true

@@ -155,7 +155,8 @@ def _what_starts(args: Any, policy: Any) -> str:
     pool = args.environment
     where = (
         f"{pool.env_workers or 'all'} {pool.env_device} workers"
-        if pool.env_pool == "local"
+        + (" in a process of its own" if pool.env_pool == "process" else "")
+        if pool.env_pool in ("local", "process")
         else pool.env_pool
     )
     return f"{model}{engine} and environment pool ({where})"

@@ -6,9 +6,10 @@ its own with ``MultiTurnRollout.run``, while the main thread trains. Generation 
 serialized by one lock (there is one generator: a server, an engine or a copy of the policy),
 which the main thread also takes to load new weights into the generator after each optimizer
 step (``publish``); the version of the weights every turn was generated with is recorded on the
-turn, and a sample's version is that of its oldest turn. Every generation call runs on one
-long-lived thread, whichever batch asks: PyTorch keeps the CUDA graphs of a compiled decode
-step per thread, so a call from each batch's new thread would record them all again.
+turn, and a sample's version is that of its oldest turn. Every generation call runs on the
+process's one generation thread, whichever batch asks (``on_generation_thread``): PyTorch keeps
+the CUDA graphs of a compiled decode step per thread, so a call from each batch's new thread
+would record them all again, and a thread that ends tears its graphs down while others run.
 
 - **Generation never waits for the update**: batch ``k`` starts as soon as the generator holds
   weights of version ``k - max_staleness`` or later, whatever step the trainer is on; only the
@@ -29,10 +30,11 @@ the samples and the update are those of the synchronous trainer.
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,7 +123,6 @@ class AsyncRollouts:
         self._jobs: list[Job] = []
         self._groups: list[Group] = []
         self._threads: list[threading.Thread] = []
-        self._generation_thread = ThreadPoolExecutor(1, thread_name_prefix="generation")
         self._closed = False
         # intra-op threads are set per thread: the other threads compute as the main one does
         self._torch_threads = torch.get_num_threads()
@@ -204,7 +205,6 @@ class AsyncRollouts:
     def close(self) -> None:
         """Stop starting work; threads in a generation call end with it."""
         self._closed = True
-        self._generation_thread.shutdown(wait=False, cancel_futures=True)
         with self._changed:
             self._changed.notify_all()
 
@@ -231,8 +231,7 @@ class AsyncRollouts:
                 if self._closed:
                     raise RolloutsClosed("the asynchronous rollouts were closed")
                 job.versions.append(self.version)
-                call = self._generation_thread.submit(self._call, contexts, max_new, seeds)
-                return call.result()
+                return on_generation_thread(self._call, contexts, max_new, seeds)
 
         return generate
 
@@ -307,3 +306,31 @@ class AsyncRollouts:
                 stats.evaluation_wait_s += job.stats.evaluation_wait_s
                 stats.turns_generated += job.stats.turns_generated
         return stats
+
+
+_generation_queue: queue.SimpleQueue | None = None
+_generation_start = threading.Lock()
+
+
+def on_generation_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the process's generation thread, started on first use and never ended
+    (a daemon: it holds CUDA graphs for as long as the process may generate)."""
+    global _generation_queue
+    with _generation_start:
+        if _generation_queue is None:
+            _generation_queue = queue.SimpleQueue()
+            threading.Thread(
+                target=_serve_generation, args=(_generation_queue,), name="generation", daemon=True
+            ).start()
+    call: Future = Future()
+    _generation_queue.put((call, fn, args))
+    return call.result()
+
+
+def _serve_generation(calls: queue.SimpleQueue) -> None:
+    while True:
+        call, fn, args = calls.get()
+        try:
+            call.set_result(fn(*args))
+        except BaseException as exc:  # raised again in the calling thread
+            call.set_exception(exc)

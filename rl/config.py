@@ -260,8 +260,8 @@ class KernelGRPOConfig(MultiTurnConfig, GRPOConfig):
         if self.async_generation and self.environment.times_on_local_gpus():
             raise ValueError(
                 "async_generation would time kernels while the policy generates and trains on the "
-                "same GPUs (env_pool: local, env_device: cuda); evaluate on other GPUs (env_pool: "
-                "ray or service)"
+                "same GPUs (env_pool: local or process, env_device: cuda); evaluate on other GPUs "
+                "(env_pool: ray or service)"
             )
         if self.overlap_evaluation and self.environment.times_on_local_gpus():
             raise ValueError(

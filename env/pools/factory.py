@@ -24,7 +24,7 @@ from kernelrl.env.pools.base import EVALS_PER_GPU, Pool
 if TYPE_CHECKING:
     from kernelrl.env.evaluator import EvalConfig
 
-POOL_KINDS = ("local", "ray", "service")
+POOL_KINDS = ("local", "process", "ray", "service")
 
 
 def make_pool(
@@ -46,6 +46,10 @@ def make_pool(
         from kernelrl.env.pools.local import LocalPool
 
         pool = LocalPool(config, workers=workers, per_gpu=per_gpu, gpus=gpus)
+    elif kind == "process":
+        from kernelrl.env.pools.process import ProcessPool
+
+        pool = ProcessPool(config, workers=workers, per_gpu=per_gpu, gpus=gpus)
     elif kind == "ray":
         from kernelrl.env.pools.ray import RayPool
 
@@ -91,8 +95,9 @@ class EnvPoolConfig:
     env_pool: str = field(
         default="local",
         metadata={
-            "help": "'local' (subprocesses here), 'ray' (actors on the cluster's GPUs) or "
-            "'service' (a running `kernelrl env serve`)"
+            "help": "'local' (subprocesses here), 'process' (the same in a process of its "
+            "own, off the caller's interpreter: for async_generation), 'ray' (actors on the "
+            "cluster's GPUs) or 'service' (a running `kernelrl env serve`)"
         },
     )
     env_device: str = field(default="auto", metadata={"help": "cpu, cuda or auto"})
@@ -139,7 +144,7 @@ class EnvPoolConfig:
         process (a policy being trained, an in-process client) also uses."""
         from kernelrl.env.evaluator import resolve_device
 
-        if self.env_pool != "local":
+        if self.env_pool not in ("local", "process"):
             return False
         return self.env_device == "cuda" or resolve_device(self.env_device) == "cuda"
 
