@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ from kernelrl.rl.rollout import (
 )
 from kernelrl.rl.rollout_log import append_records, rollout_records
 from kernelrl.rl.steps import RolloutBatch, batch_key
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "kernelrl_state_{rank}.pt"
 
@@ -106,6 +109,12 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         self._owns_pool = pool is None
         if pool is None:
             args.check_overlap()
+            if args.async_generation and args.environment.env_pool == "local":
+                log.warning(
+                    "async_generation with env_pool: local: the pool's slots share this "
+                    "process's interpreter lock with generation (measured twice as slow); "
+                    "env_pool: process runs them in a process of their own"
+                )
             pool = args.environment.make_pool(gpus=args.environment_gpus())
         self.pool = pool
         self._in_flight: BatchInFlight | None = None  # the batch TRL is scoring
