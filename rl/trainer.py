@@ -74,6 +74,18 @@ log = logging.getLogger(__name__)
 STATE_FILE = "kernelrl_state_{rank}.pt"
 
 
+def own_pool(args: KernelGRPOConfig) -> Pool:
+    """The pool a trainer builds when it is given none, where the recipe's topology allows it."""
+    args.check_overlap()
+    if args.async_generation and args.environment.env_pool == "local":
+        log.warning(
+            "async_generation with env_pool: local: the pool's slots share this process's "
+            "interpreter lock with generation (measured twice as slow); env_pool: process runs "
+            "them in a process of their own"
+        )
+    return args.environment.make_pool(gpus=args.environment_gpus())
+
+
 @dataclass
 class BatchInFlight:
     """The generation batch TRL is scoring, filled in by TRL's hooks in the order TRL calls
@@ -108,14 +120,7 @@ class KernelGRPOTrainer(compat.GRPOHooks, GRPOTrainer):
         args.reward_weights = weights
         self._owns_pool = pool is None
         if pool is None:
-            args.check_overlap()
-            if args.async_generation and args.environment.env_pool == "local":
-                log.warning(
-                    "async_generation with env_pool: local: the pool's slots share this "
-                    "process's interpreter lock with generation (measured twice as slow); "
-                    "env_pool: process runs them in a process of their own"
-                )
-            pool = args.environment.make_pool(gpus=args.environment_gpus())
+            pool = own_pool(args)
         self.pool = pool
         self._in_flight: BatchInFlight | None = None  # the batch TRL is scoring
         self._pending: RolloutBatch | None = None  # generated ahead (overlap_evaluation)

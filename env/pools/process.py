@@ -52,7 +52,15 @@ class ProcessPool(SubmitPool):
         if not self._conn.poll(START_TIMEOUT_S):
             self._process.kill()
             raise RuntimeError(f"the environment pool process did not start in {START_TIMEOUT_S} s")
-        kind, payload = self._conn.recv()
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            self._process.join()
+            raise RuntimeError(
+                f"the environment pool process exited before it started (code "
+                f"{self._process.exitcode}); it is spawned, so it imports the main module: run "
+                f"from a file or module whose entry is under `if __name__ == '__main__':`"
+            ) from None
         if kind == "failed":
             self._process.join()
             raise RuntimeError(f"the environment pool process could not start: {payload}")

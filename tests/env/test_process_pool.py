@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -78,6 +80,23 @@ def test_a_recipe_names_it_and_it_counts_as_timing_on_local_gpus() -> None:
     assert keys.times_on_local_gpus()
     with pytest.raises(ValueError, match="env_pool must be one of"):
         EnvPoolConfig(env_pool="subprocess")
+
+
+def test_a_main_module_it_cannot_import_is_a_clear_error() -> None:
+    """Spawned, the pool process imports the caller's main module; from standard input there is
+    none to import, and the caller is told so in one line, not with a pipe's EOFError."""
+    code = (
+        "from kernelrl.env.evaluator import EvalConfig\n"
+        "from kernelrl.env.pools.process import ProcessPool\n"
+        "ProcessPool(EvalConfig(device='cpu'), workers=1)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-"], input=code, capture_output=True, text=True, timeout=300
+    )
+    last = run.stderr.strip().splitlines()[-1]
+    assert run.returncode != 0
+    assert last.startswith("RuntimeError: the environment pool process exited before it started")
+    assert "if __name__ == '__main__':" in last
 
 
 @pytest.mark.gpu
