@@ -148,6 +148,8 @@ def _prepare_environment(args: Any) -> None:
 
 def _what_starts(args: Any, policy: Any) -> str:
     """The long start-up stage, named by what it starts."""
+    from kernelrl.env.pools.factory import HOST_POOL_KINDS
+
     model = f"policy ({policy.base_name}" + (
         f" + LoRA adapter {policy.adapter})" if policy.adapter else ")"
     )
@@ -156,7 +158,7 @@ def _what_starts(args: Any, policy: Any) -> str:
     where = (
         f"{pool.env_workers or 'all'} {pool.env_device} workers"
         + (" in a process of its own" if pool.env_pool == "process" else "")
-        if pool.env_pool in ("local", "process")
+        if pool.env_pool in HOST_POOL_KINDS
         else pool.env_pool
     )
     return f"{model}{engine} and environment pool ({where})"

@@ -124,7 +124,7 @@ class AsyncRollouts:
         self._groups: list[Group] = []
         self._threads: list[threading.Thread] = []
         self._closed = False
-        # intra-op threads are set per thread: the other threads compute as the main one does
+        # intra-op threads are set per thread: the generation thread computes as the main one does
         self._torch_threads = torch.get_num_threads()
 
     # ------------------------------------------------------------------ main thread
@@ -237,18 +237,14 @@ class AsyncRollouts:
 
     def _call(self, contexts: list[list[int]], max_new: int, seeds: list[int] | None) -> Any:
         """One generation call, on the generation thread."""
-        self._match_torch_threads()
-        return self.generator.generate(contexts, max_new, seeds)
-
-    def _match_torch_threads(self) -> None:
         if torch.get_num_threads() != self._torch_threads:
             # only when they differ: setting it also turns off MKL's dynamic threading for the
             # whole process, which changes the main thread's gradients in the last bits (the
             # main thread differs only if it set its count itself, which did the same already)
             torch.set_num_threads(self._torch_threads)
+        return self.generator.generate(contexts, max_new, seeds)
 
     def _run(self, job: Job) -> None:
-        self._match_torch_threads()  # the rollout's own work (tokenizing, parsing) on CPU
         try:
             trajectories, stats = self.rollout.run(
                 job.prompt_ids,

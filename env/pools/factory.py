@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from kernelrl.env.evaluator import EvalConfig
 
 POOL_KINDS = ("local", "process", "ray", "service")
+#: the pools whose sandboxed children run on this host, under this process or a child of it
+HOST_POOL_KINDS = ("local", "process")
 
 
 def make_pool(
@@ -144,7 +146,7 @@ class EnvPoolConfig:
         process (a policy being trained, an in-process client) also uses."""
         from kernelrl.env.evaluator import resolve_device
 
-        if self.env_pool not in ("local", "process"):
+        if self.env_pool not in HOST_POOL_KINDS:
             return False
         return self.env_device == "cuda" or resolve_device(self.env_device) == "cuda"
 
