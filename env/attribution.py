@@ -18,7 +18,8 @@ learns to. It is given only where the trusted side can show the failure is ours:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,25 @@ from kernelrl.env.result import EvalResult, Status
 
 # The stages of the harness's own steps in the child (``sandbox.failures.HarnessFailure``).
 HARNESS_STAGES = ("harness", "task", "inputs")
+
+
+class TrustedWorkFailed(Exception):
+    """The worker's own computation raised (a reference output, a comparison): ours."""
+
+
+@contextlib.contextmanager
+def trusted_work(passing: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """Work only the trusted side does, on what it validated: an exception in it is a fault of
+    ours and comes out as ``TrustedWorkFailed``, which the evaluator makes a ``harness_error``,
+    so that its catch-all for a report it cannot read never turns our failure into the
+    solution's ``runtime_error``. ``passing``: exceptions that already say whose they are (a
+    task's, out of memory, a child's death)."""
+    try:
+        yield
+    except passing:
+        raise
+    except Exception as exc:
+        raise TrustedWorkFailed(f"{type(exc).__name__}: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from kernelrl.env.compare_kernels import chunk_totals
 from kernelrl.env.information import degenerate_answers, degenerate_errors, rms_difference
 from kernelrl.env.task import Task
 
@@ -215,36 +216,36 @@ class OutputMatcher:
 
     def add_chunk(self, k: int, chunk: torch.Tensor) -> None:
         """The next elements of output ``k`` (1-D, its dtype, any device). ``chunk`` may be
-        reused by the caller as soon as this returns: it is copied first, and nothing after the
-        copy waits for the device. With the last chunk of a floating output come the
-        reference's statistics, so that they too are computed where the caller holds the
-        device (the evaluator's lock on trusted GPU work)."""
+        reused by the caller as soon as this returns: on a GPU what reads it is queued on the
+        stream before whatever the caller queues next, and nothing here waits for the device.
+        With the last chunk of a floating output come the reference's statistics, so that they
+        too are computed where the caller holds the device (the evaluator's lock on trusted GPU
+        work)."""
         state = self._tensors.get(k)
         if state is None or chunk.numel() == 0:
             return
         start = state.received
         state.received += chunk.numel()
-        ref = state.reference[start : state.received].double()
-        out = chunk.to(state.reference.device).double()
-        finite_ref = torch.isfinite(ref)
-        nonfinite = (finite_ref & ~torch.isfinite(out)).sum()
-        diff = (out - ref).abs()
-        diff = torch.where(finite_ref, diff, torch.where(out == ref, 0.0, float("inf")))
-        mismatched = diff > state.atol + state.rtol * ref.abs()
-        count = mismatched.sum()
-        first = torch.argmax(mismatched.to(torch.uint8))  # the first mismatch, if any
+        ref = state.reference[start : state.received]
+        out = chunk.to(ref.device)
+        count, nonfinite, max_diff, max_rel, scale, first, sse = chunk_totals(
+            out, ref, state.atol, state.rtol
+        ).unbind()
+        at_first = first.clamp(max=out.numel() - 1).long().view(1)
         totals = state.totals
         take_first = (count > 0) & (totals[_FIRST_BAD] < 0)
         state.totals = torch.stack(
             [
                 totals[_MISMATCHED] + count,
                 totals[_NONFINITE] + nonfinite,
-                torch.maximum(totals[_MAX_DIFF], diff.max()),
-                torch.maximum(totals[_MAX_REL], (diff / ref.abs().clamp_min(state.atol)).max()),
-                torch.maximum(totals[_REF_SCALE], torch.where(finite_ref, ref.abs(), 0.0).max()),
+                torch.maximum(totals[_MAX_DIFF], max_diff),
+                torch.maximum(totals[_MAX_REL], max_rel),
+                torch.maximum(totals[_REF_SCALE], scale),
                 torch.where(take_first, start + first, totals[_FIRST_BAD]),
-                torch.where(take_first, out[first], totals[_FIRST_GOT]),
-                totals[_SSE] + torch.where(finite_ref, diff, 0.0).square().sum(),
+                torch.where(
+                    take_first, out.index_select(0, at_first).double()[0], totals[_FIRST_GOT]
+                ),
+                totals[_SSE] + sse,
             ]
         )
         if state.answers and state.received == state.reference.numel():

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kernelrl.env.admission import GpuMemoryBudget, MemoryPlan
-from kernelrl.env.attribution import child_lost, harness_error
+from kernelrl.env.attribution import TrustedWorkFailed, child_lost, harness_error, trusted_work
 from kernelrl.env.backends import solution_kernel_names
 from kernelrl.env.compare import Comparison, OutputMatcher
 from kernelrl.env.feedback import build_feedback
@@ -40,7 +40,7 @@ from kernelrl.env.sandbox.child_process import ChildDied
 from kernelrl.env.sandbox.gpu_memory import GpuShare, watch_for
 from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandbox.session import SandboxSession
-from kernelrl.env.sandboxed_reference import TaskReferences
+from kernelrl.env.sandboxed_reference import ReferenceStateError, TaskReferences
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig
 
@@ -75,6 +75,10 @@ class EvalConfig:
 
     def resolved_device(self) -> str:
         return resolve_device(self.device)
+
+
+# What the trusted side's work may raise that already says whose failure it is.
+_SAYS_WHOSE = (TaskError, torch.OutOfMemoryError, ChildDied, ReferenceStateError)
 
 
 def resolve_device(device: str) -> str:
@@ -244,6 +248,8 @@ class Evaluator(ChildRunPhases):
                 "the trusted side ran out of GPU memory computing or comparing the reference "
                 f"({str(exc).splitlines()[0]})",
             )
+        except TrustedWorkFailed as exc:
+            harness_error(result, f"the trusted side failed computing or comparing ({exc})")
         except (KeyError, TypeError, ValueError, OSError, RuntimeError) as exc:
             if isinstance(exc, TaskError):
                 raise
@@ -299,9 +305,13 @@ class Evaluator(ChildRunPhases):
         return matcher.finish()
 
     # ------------------------------------------------------------------ device sharing
-    def _trusted_gpu_work(self) -> contextlib.AbstractContextManager:
-        """This process's own GPU work (references, comparisons) never overlaps a measurement."""
-        return self.gpu_lock.trusted() if self.device_kind == "cuda" else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _trusted_gpu_work(self) -> Iterator[None]:
+        """This process's own GPU work (references, comparisons) never overlaps a measurement,
+        and what it raises is ours (``attribution.trusted_work``)."""
+        lock = self.gpu_lock.trusted() if self.device_kind == "cuda" else contextlib.nullcontext()
+        with lock, trusted_work(_SAYS_WHOSE):
+            yield
 
     @contextlib.contextmanager
     def _device_to_itself(

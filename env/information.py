@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kernelrl.env.compare_kernels import group_sums
 from kernelrl.env.sandbox import harness
 
 STATS_CHUNK = 2**23  # elements per float64 step over the reference (64 MiB)
@@ -52,11 +53,12 @@ def degenerate_errors(reference: torch.Tensor) -> torch.Tensor:
     ``degenerate_answers(reference.shape)``], in float64 on the reference's device, over its
     finite values; every answer is the best of its kind in L2 (the mean, where it is constant).
 
-    Two passes per answer over at most ``STATS_CHUNK`` elements at a time: the mean first,
-    then the error around it, so an output constant along rows scores its rounding and not the
-    cancellation of a one-pass formula. Nothing here waits for the device."""
+    Two passes per answer (``compare_kernels.group_sums``, one read of each value on a GPU):
+    the mean first, then the error around it, so an output constant along rows scores its
+    rounding and not the cancellation of a one-pass formula. Nothing here waits for the
+    device."""
     flat = reference.reshape(1, -1, 1)
-    count, total, sum_sq = _sums(flat, squares=True)
+    count, total, sum_sq = _sums(flat)
     errors = [count, sum_sq, sum_sq, _squared_error(flat, total / count.clamp_min(1))]
     for d in _answer_dims(tuple(reference.shape)):
         errors.append(_group_error(reference, d))
@@ -71,7 +73,7 @@ def _group_error(reference: torch.Tensor, dim: int) -> torch.Tensor:
     error = torch.zeros((), dtype=torch.float64, device=reference.device)
     for tile in _tiles(*view.shape):
         part = view[tile]
-        count, total, _ = _sums(part, squares=False)
+        count, total, _ = _sums(part)
         error = error + _squared_error(part, total / count.clamp_min(1))
     return error
 
@@ -86,37 +88,14 @@ def _tiles(before: int, length: int, after: int) -> Iterator[tuple[slice, slice,
             yield slice(b, b + before_step), slice(None), slice(a, a + after_step)
 
 
-def _steps(view: torch.Tensor) -> Iterator[torch.Tensor]:
-    """Slices of a (before, length, after) view along its middle dimension, each at most
-    ``STATS_CHUNK`` elements (one when a single position along it is already that large)."""
-    step = max(1, STATS_CHUNK // max(1, view.shape[0] * view.shape[2]))
-    for start in range(0, view.shape[1], step):
-        yield view[:, start : start + step].double()
-
-
-def _sums(view: torch.Tensor, squares: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per group (before x after), over finite values: count, sum, and (``squares``) sum of
-    squares, in float64."""
-    groups = (view.shape[0], 1, view.shape[2])
-    count, total, sum_sq = (
-        torch.zeros(groups, dtype=torch.float64, device=view.device) for _ in range(3)
-    )
-    for part in _steps(view):
-        finite = torch.isfinite(part)
-        values = torch.where(finite, part, 0.0)
-        count = count + finite.sum(1, keepdim=True)
-        total = total + values.sum(1, keepdim=True)
-        if squares:
-            sum_sq = sum_sq + values.square().sum(1, keepdim=True)
-    return count, total, sum_sq
+def _sums(view: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per group (before x after), over finite values: count, sum and sum of squares."""
+    return group_sums(view, step_elements=STATS_CHUNK)
 
 
 def _squared_error(view: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
     """Sum over finite values of (value - its group's mean)^2; ``mean``: (before, 1, after)."""
-    error = torch.zeros((), dtype=torch.float64, device=view.device)
-    for part in _steps(view):
-        error = error + torch.where(torch.isfinite(part), part - mean, 0.0).square().sum()
-    return error
+    return group_sums(view, mean, step_elements=STATS_CHUNK)[2].sum()
 
 
 def rms_difference(reference: torch.Tensor, other: torch.Tensor, count: float) -> float:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.env import attribution
+from kernelrl.env import attribution, compare
 from kernelrl.env.evaluator import EvalConfig, Evaluator
+from kernelrl.env.reference import ReferenceRunner
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.task import load_task, task_from_source
 
@@ -161,6 +162,27 @@ def test_failures_of_ours_stay_harness_errors() -> None:
     result = evaluator.evaluate(RELU, GOOD)
     assert result.status is Status.HARNESS_ERROR, result.error
     assert "no sandbox could be started" in result.error
+
+
+def test_the_trusted_side_s_own_failure_after_the_solution_ran_is_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The comparison's arithmetic raising (a fault of ours, e.g. a kernel launch the device
+    refuses) comes after the solution ran and sent its outputs; it is still a harness_error,
+    never the solution's runtime_error; the same failure in the reference's outputs too."""
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("Triton Error [CUDA]: invalid argument")
+
+    monkeypatch.setattr(compare, "chunk_totals", broken)
+    (result,) = _evaluate(RELU, [GOOD])
+    assert result.status is Status.HARNESS_ERROR, result.error
+    assert "trusted side failed computing or comparing" in result.error
+    assert "invalid argument" in result.error
+    monkeypatch.undo()
+    monkeypatch.setattr(ReferenceRunner, "output", broken)
+    (result,) = _evaluate(RELU, [GOOD])
+    assert result.status is Status.HARNESS_ERROR, result.error
 
 
 def test_cuda_cpp_on_a_cpu_is_judged_up_to_its_first_call_into_cuda(

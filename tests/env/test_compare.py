@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernelrl.env import information
+from kernelrl.env import compare_kernels, information
 from kernelrl.env.compare import Comparison, OutputMatcher, describe_outputs
 from kernelrl.env.task import Task, load_task, task_from_source
 
@@ -207,14 +207,14 @@ def test_reference_statistics_stay_in_bounded_chunks(monkeypatch: pytest.MonkeyP
     the errors computed directly, non-finite values left out."""
     monkeypatch.setattr(information, "STATS_CHUNK", 64)
     seen: list[int] = []
-    steps = information._steps
+    steps = compare_kernels.float64_slices
 
-    def recorded(view: torch.Tensor):
-        for part in steps(view):
+    def recorded(view: torch.Tensor, step_elements: int):
+        for part in steps(view, step_elements):
             seen.append(part.numel())
             yield part
 
-    monkeypatch.setattr(information, "_steps", recorded)
+    monkeypatch.setattr(compare_kernels, "float64_slices", recorded)
     ref = torch.randn(3, 50, 7, 11, generator=torch.Generator().manual_seed(6))
     ref[1, 2, 3, 4] = float("nan")
     got = information.degenerate_errors(ref).tolist()
