@@ -25,7 +25,7 @@ from kernelrl.env.compare import OutputMatcher, describe_outputs
 from kernelrl.env.sandbox.device_ring import SLOT_BYTES
 from kernelrl.env.task import task_from_source
 
-TASK = '''
+TASK = """
 import torch
 class Model(torch.nn.Module):
     def forward(self, x):
@@ -34,7 +34,7 @@ def get_inputs():
     return [torch.randn(4)]
 def get_init_inputs():
     return []
-'''
+"""
 
 
 def compare_once(ref: torch.Tensor, out: torch.Tensor, slot_bytes: int) -> tuple[float, bool]:
@@ -54,8 +54,11 @@ def compare_once(ref: torch.Tensor, out: torch.Tensor, slot_bytes: int) -> tuple
 
 def timed(arm: Callable[[], tuple[float, bool]], repeats: int) -> dict[str, object]:
     runs = [arm() for _ in range(repeats + 1)][1:]  # the first compiles (kernels) or warms
-    return {"seconds": [s for s, _ in runs], "median_s": statistics.median(s for s, _ in runs),
-            "correct": all(c for _, c in runs)}
+    return {
+        "seconds": [s for s, _ in runs],
+        "median_s": statistics.median(s for s, _ in runs),
+        "correct": all(c for _, c in runs),
+    }
 
 
 def main() -> None:
@@ -89,8 +92,10 @@ def main() -> None:
         "fused_median_s": fast,
         "ratio": pytorch / fast,
     }
-    print(f"one {tuple(args.shape)} {args.dtype} output: PyTorch ops {pytorch:.3f} s, "
-          f"fused kernels {fast:.3f} s, ratio {pytorch / fast:.1f}x")
+    print(
+        f"one {tuple(args.shape)} {args.dtype} output: PyTorch ops {pytorch:.3f} s, "
+        f"fused kernels {fast:.3f} s, ratio {pytorch / fast:.1f}x"
+    )
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(summary, f, indent=1)

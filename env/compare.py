@@ -29,27 +29,14 @@ from typing import Any
 
 import torch
 
-from kernelrl.env.compare_kernels import chunk_totals
+from kernelrl.env.compare_kernels import TRITON_DTYPES, chunk_totals
 from kernelrl.env.information import degenerate_answers, degenerate_errors, rms_difference
 from kernelrl.env.task import Task
 
 # Output dtypes a solution may return; a description naming anything else is malformed.
 DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
-    for dtype in (
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-        torch.complex64,
-        torch.complex128,
-    )
+    for dtype in (*TRITON_DTYPES, torch.complex64, torch.complex128)
 }
 
 # The information check. An output's RMS error must be at most INFORMATION_RATIO of the best

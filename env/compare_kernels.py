@@ -32,7 +32,8 @@ _CHUNK_BLOCK = 1024
 _CHUNK_PROGRAMS = 1024  # enough to fill any current GPU; each loops over its share
 _GROUP_TILE = 2048  # elements per program step of the group kernel
 _GROUP_PROGRAMS = 2048
-# What Triton loads as a number; anything else (complex) takes the PyTorch path.
+# What Triton loads as a number: every output dtype a solution may return (compare.DTYPES)
+# but the complex ones, which take the PyTorch path.
 TRITON_DTYPES = (
     torch.float64,
     torch.float32,
