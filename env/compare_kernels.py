@@ -49,8 +49,9 @@ TRITON_DTYPES = (
 
 
 def fused(*tensors: torch.Tensor) -> bool:
-    """Whether these tensors take the kernels: on a GPU, in dtypes Triton loads."""
-    return all(t.is_cuda and t.dtype in TRITON_DTYPES for t in tensors)
+    """Whether these tensors take the kernels: on a GPU, in dtypes Triton loads, not empty
+    (the PyTorch path's loops already do nothing there)."""
+    return all(t.is_cuda and t.dtype in TRITON_DTYPES and t.numel() for t in tensors)
 
 
 @triton.jit
