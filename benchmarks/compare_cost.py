@@ -64,11 +64,15 @@ def timed(arm: Callable[[], tuple[float, bool]], repeats: int) -> dict[str, obje
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", type=int, nargs="+", default=[4096, 393216])
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "float16", "bfloat16", "float64"]
+    )
     parser.add_argument("--slot-mib", type=int, default=SLOT_BYTES // 2**20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json-out")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU: it times the comparison on one")
     dtype = getattr(torch, args.dtype)
     ref = torch.randn(*args.shape, device="cuda").to(dtype)
     out = (ref.float() + 1e-7 * torch.randn_like(ref, dtype=torch.float32)).to(dtype)
