@@ -215,14 +215,14 @@ def _group_kernel(
 
 
 def group_sums(
-    view: torch.Tensor, mean: torch.Tensor | None = None, step_elements: int = 2**23
+    view: torch.Tensor, mean: torch.Tensor | None = None, *, step_elements: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per group of a (before, length, after) view (one group per before x after position),
     over its finite values: count, sum and sum of squares, each (before, 1, after) in float64;
     with ``mean`` ((before, 1, after)) the sum and squares are of each value minus its group's
     mean. As ``torch_group_sums`` (``step_elements``: its float64 slices)."""
     if not fused(view):
-        return torch_group_sums(view, mean, step_elements)
+        return torch_group_sums(view, mean, step_elements=step_elements)
     return triton_group_sums(view, mean)
 
 
@@ -234,14 +234,14 @@ def triton_group_sums(
     groups = before * after
     block_a = min(triton.next_power_of_2(max(after, 1)), 64)
     block_l = max(_GROUP_TILE // block_a, 1)
-    programs = before * triton.cdiv(after, block_a)
+    a_blocks = triton.cdiv(after, block_a)
+    programs = before * a_blocks
     splits = max(1, min(triton.cdiv(_GROUP_PROGRAMS, programs), triton.cdiv(length, block_l)))
     per_split = triton.cdiv(triton.cdiv(length, splits), block_l) * block_l
     splits = triton.cdiv(length, per_split)
     partial = torch.empty(splits, 3, groups, dtype=torch.float64, device=view.device)
     centre = mean.reshape(groups).contiguous() if mean is not None else partial
-    a_blocks = triton.cdiv(after, block_a)
-    grid = (before * a_blocks, splits)
+    grid = (programs, splits)
     _group_kernel[grid](
         view,
         centre,
@@ -263,7 +263,7 @@ def triton_group_sums(
 
 
 def torch_group_sums(
-    view: torch.Tensor, mean: torch.Tensor | None = None, step_elements: int = 2**23
+    view: torch.Tensor, mean: torch.Tensor | None = None, *, step_elements: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``group_sums`` in PyTorch ops (a CPU, and the kernel's yardstick)."""
     groups = (view.shape[0], 1, view.shape[2])

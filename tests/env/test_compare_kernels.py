@@ -72,7 +72,7 @@ def check_chunk_totals(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
-def _by_kernel(view: torch.Tensor, mean: torch.Tensor | None = None, step_elements: int = 0):
+def _by_kernel(view: torch.Tensor, mean: torch.Tensor | None = None, *, step_elements: int):
     return compare_kernels.triton_group_sums(view, mean)
 
 
