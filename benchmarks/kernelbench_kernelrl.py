@@ -91,6 +91,15 @@ def peak_self_rss_bytes() -> int:
 
 
 # ----------------------------------------------------------------------------- kernelrl phase
+def _timing_shared(sandbox: dict[str, Any]) -> str:
+    """Why a correct evaluation's timing went unused (the GPU shared, or nobody could tell)."""
+    from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY
+
+    if SHARED_WITH_KEY in sandbox:
+        return f"shared with evaluators {sandbox[SHARED_WITH_KEY]}"
+    return sandbox.get(SHARING_UNKNOWN_KEY, "")
+
+
 def ensure_kernelrl_importable() -> None:
     """The repository root is the package ``kernelrl``; on a machine where it is not installed,
     expose it under that name (sys.path also reaches the sandbox children via PYTHONPATH)."""
@@ -145,9 +154,10 @@ def run_kernelrl_phase(
                 continue
             finished += 1
             d = res.to_dict()
+            shared = _timing_shared(d.get("sandbox") or {})
             print(
                 f"kernelrl {entry.key}: {d.get('status')} speedup {d.get('speedup_vs_eager')} "
-                f"{(d.get('error') or '')[:200]!r}",
+                f"{(d.get('error') or '')[:200]!r}{shared and ' timing unused: ' + shared}",
                 flush=True,
             )
             results[entry.stem].append(
@@ -162,6 +172,7 @@ def run_kernelrl_phase(
                     "phase_seconds": d.get("phase_seconds"),
                     "output_ring": (d.get("sandbox") or {}).get("output_ring"),
                     "device_ring_refused": (d.get("sandbox") or {}).get("device_ring_refused"),
+                    "timing_shared": shared,
                 }
             )
         if first_repeat_wall is None:  # every task once, reference timings not yet cached

@@ -55,7 +55,9 @@ def fused(*tensors: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _chunk_kernel(out_ptr, ref_ptr, n, atol, rtol, partial_ptr, BLOCK: tl.constexpr):
+def _chunk_kernel(
+    out_ptr, ref_ptr, n, atol, rtol, partial_ptr, BLOCK: tl.constexpr, COLUMNS: tl.constexpr
+):
     pid = tl.program_id(0).to(tl.int64)  # offsets past 2**31 (a 6.4 GB output's are)
     step = tl.num_programs(0) * BLOCK
     lanes = tl.arange(0, BLOCK)
@@ -95,7 +97,7 @@ def _chunk_kernel(out_ptr, ref_ptr, n, atol, rtol, partial_ptr, BLOCK: tl.conste
         first = tl.minimum(first, tl.where(bad, offsets, n))
         kept = tl.where(inside & finite_ref, diff, 0.0)
         sse += kept * kept
-    row = partial_ptr + pid * 9
+    row = partial_ptr + pid * COLUMNS  # in the order of the _MISMATCHED... names
     tl.store(row + 0, tl.sum(mismatched, 0))
     tl.store(row + 1, tl.sum(nonfinite, 0))
     tl.store(row + 2, tl.max(max_diff, 0))
@@ -123,15 +125,16 @@ def triton_chunk_totals(
     n = ref.numel()
     programs = max(1, min(_CHUNK_PROGRAMS, triton.cdiv(n, _CHUNK_BLOCK)))
     partial = torch.empty(programs, _COLUMNS, dtype=torch.float64, device=ref.device)
-    _chunk_kernel[(programs,)](out, ref, n, float(atol), float(rtol), partial, _CHUNK_BLOCK)
-    nan = torch.tensor(math.nan, dtype=torch.float64, device=ref.device)
+    _chunk_kernel[(programs,)](
+        out, ref, n, float(atol), float(rtol), partial, _CHUNK_BLOCK, _COLUMNS
+    )
     columns = partial.unbind(1)
     return torch.stack(
         [
             columns[_MISMATCHED].sum(),
             columns[_NONFINITE].sum(),
-            torch.where(columns[_DIFF_NANS].sum() > 0, nan, columns[_MAX_DIFF].max()),
-            torch.where(columns[_REL_NANS].sum() > 0, nan, columns[_MAX_REL].max()),
+            torch.where(columns[_DIFF_NANS].sum() > 0, math.nan, columns[_MAX_DIFF].max()),
+            torch.where(columns[_REL_NANS].sum() > 0, math.nan, columns[_MAX_REL].max()),
             columns[_SCALE].max(),
             columns[_FIRST].min(),
             columns[_SSE].sum(),

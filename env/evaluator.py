@@ -376,8 +376,8 @@ class Evaluator(ChildRunPhases):
         if self.quiet is None or self.quiet.wait(timeout_s) is not None:
             return Sharing()
         return Sharing(
-            unknown=f"a sandbox's GPU work was still running {timeout_s:g} s after the "
-            f"sandboxes were paused, when {timed} was to be timed"
+            unknown=f"the GPU was not found quiet within {timeout_s:g} s of pausing the "
+            f"sandboxes, when {timed} was to be timed ({self.quiet.describe_last_wait()})"
         )
 
     @staticmethod
