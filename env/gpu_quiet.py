@@ -41,8 +41,8 @@ import torch
 # over it (host jitter on a fast machine is a few microseconds; a context switch is not).
 QUIET_FACTOR = 3.0
 QUIET_SLACK_S = 30e-6
-# The GPU is quiet when this many of the last QUIET_WINDOW counted probes were unobstructed:
-# another context's work delays every probe, a rare outlier is not a reason to wait on.
+# The GPU is quiet when this many of the last QUIET_WINDOW probes were unobstructed: another
+# context's work delays every probe, a rare outlier (a host hiccup) is not a reason to wait on.
 QUIET_PROBES = 8
 QUIET_WINDOW = 10
 CALIBRATION_PROBES = 64
@@ -109,7 +109,8 @@ class QuietProbe:
         self._calibrate()
 
     def _calibrate(self) -> None:
-        """The fastest launch and a quiet read, from CALIBRATION_PROBES counted probes."""
+        """The fastest launch and a quiet read, from probes until CALIBRATION_PROBES reads
+        were timed (queued within their cushion)."""
         for _ in range(CALIBRATION_ATTEMPTS * CALIBRATION_PROBES):
             self._probe(float("inf"))
             if len(self.tally.read_s) == CALIBRATION_PROBES:
@@ -124,10 +125,10 @@ class QuietProbe:
     def _probe(self, deadline: float) -> bool | None:
         """Whether one probe was unobstructed (its one-element kernel about as fast as the
         fastest, and its read of memory about as fast as a quiet one), or None at
-        ``deadline``. The kernel is timed on the
-        host, launch to done: time spent waiting for another context is what it looks for,
-        and an event on the GPU would not see it. Polled rather than synchronised: a wait
-        that let go of the interpreter would time this process's other threads too."""
+        ``deadline``. The kernel is timed on the host, launch to done: time spent waiting for
+        another context is what it looks for, and an event on the GPU would not see it.
+        Polled rather than synchronised: a wait that let go of the interpreter would time
+        this process's other threads too."""
         with torch.cuda.stream(self._stream):
             start, cpu_start = time.perf_counter(), time.thread_time()
             self._cell.add_(1)
