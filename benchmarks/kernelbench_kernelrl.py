@@ -91,7 +91,25 @@ def peak_self_rss_bytes() -> int:
 
 
 # ----------------------------------------------------------------------------- kernelrl phase
-def _timing_shared(sandbox: dict[str, Any]) -> str:
+def result_row(d: dict[str, Any], shared: str) -> dict[str, Any]:
+    """What the results keep of one evaluation (``EvalResult.to_dict``)."""
+    sandbox = d.get("sandbox") or {}
+    return {
+        "status": str(d.get("status")),
+        "speedup_vs_eager": d.get("speedup_vs_eager"),
+        "speedup_vs_compile": d.get("speedup_vs_compile"),
+        "checks_failed": d.get("checks_failed"),
+        "feedback": (d.get("feedback") or "")[:600],
+        "error": (d.get("error") or "")[:600],
+        "total_s": d.get("phase_seconds", {}).get("total"),
+        "phase_seconds": d.get("phase_seconds"),
+        "output_ring": sandbox.get("output_ring"),
+        "device_ring_refused": sandbox.get("device_ring_refused"),
+        "timing_shared": shared,
+    }
+
+
+def timing_shared(sandbox: dict[str, Any]) -> str:
     """Why a correct evaluation's timing went unused (the GPU shared, or nobody could tell)."""
     from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY
 
@@ -154,27 +172,13 @@ def run_kernelrl_phase(
                 continue
             finished += 1
             d = res.to_dict()
-            shared = _timing_shared(d.get("sandbox") or {})
+            shared = timing_shared(d.get("sandbox") or {})
             print(
                 f"kernelrl {entry.key}: {d.get('status')} speedup {d.get('speedup_vs_eager')} "
                 f"{(d.get('error') or '')[:200]!r}{shared and ' timing unused: ' + shared}",
                 flush=True,
             )
-            results[entry.stem].append(
-                {
-                    "status": str(d.get("status")),
-                    "speedup_vs_eager": d.get("speedup_vs_eager"),
-                    "speedup_vs_compile": d.get("speedup_vs_compile"),
-                    "checks_failed": d.get("checks_failed"),
-                    "feedback": (d.get("feedback") or "")[:600],
-                    "error": (d.get("error") or "")[:600],
-                    "total_s": d.get("phase_seconds", {}).get("total"),
-                    "phase_seconds": d.get("phase_seconds"),
-                    "output_ring": (d.get("sandbox") or {}).get("output_ring"),
-                    "device_ring_refused": (d.get("sandbox") or {}).get("device_ring_refused"),
-                    "timing_shared": shared,
-                }
-            )
+            results[entry.stem].append(result_row(d, shared))
         if first_repeat_wall is None:  # every task once, reference timings not yet cached
             first_repeat_wall = time.perf_counter() - ready
     wall = time.perf_counter() - ready
