@@ -16,7 +16,7 @@ SM time is not all the GPU shares. Its copy engines are scheduled apart from its
 another context's queued copies can stream through the GPU's memory while our kernels run,
 slowing a memory-bound reference without delaying a one-element kernel. Each probe therefore
 also reads a block larger than the L2 cache, timed on the GPU, and counts only when that read
-came within ``READ_FACTOR`` of the fastest one: the memory's bandwidth is ours too.
+came within ``READ_FACTOR`` of a quiet one: the memory's bandwidth is ours too.
 
 The read is timed on the GPU, between two events, queued behind ``CUSHION_READS`` untimed
 reads of the same block: the host then queues it before the GPU reaches it, and the events

@@ -89,7 +89,7 @@ def test_the_probe_sees_another_process_s_copies_through_memory() -> None:
     copier = _queue(COPIER, 3.0)
     try:
         assert probe.wait(0.3) is None, (
-            f"a GPU copying through memory judged quiet (fastest read {probe.fastest_read_s:.2e} s)"
+            f"a GPU copying through memory judged quiet (read limit {probe.read_limit_s():.2e} s)"
         )
         # Whether the copies held back the launches or only slowed the reads depends on the
         # GPU (an H200 holds back both): some probe saw them.
