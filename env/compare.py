@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kernelrl.env.compare_kernels import TRITON_DTYPES, chunk_totals
+from kernelrl.env.compare_kernels import TRITON_DTYPES, chunk_partials, combine, no_rows, totals
 from kernelrl.env.information import degenerate_answers, degenerate_errors, rms_difference
 from kernelrl.env.task import Task
 
@@ -106,10 +106,12 @@ def describe_outputs(outputs: list[Any]) -> list[dict[str, Any]]:
     return described
 
 
-# Running totals of one output, kept on the reference's device so that comparing a chunk never
-# waits for the GPU: the host reads them once, in ``finish``. float64 holds counts and indices
-# of up to 2**53 elements exactly.
-_MISMATCHED, _NONFINITE, _MAX_DIFF, _MAX_REL, _REF_SCALE, _FIRST_BAD, _FIRST_GOT, _SSE = range(8)
+# Running totals of one output are kept on the reference's device as one row of
+# ``compare_kernels``' columns, so that comparing a chunk never waits for the GPU: the host reads
+# them once, in ``finish``. float64 holds counts and indices of up to 2**53 elements exactly.
+# Chunks' partial rows wait in a list and are combined this many at a time (5 MiB of rows at
+# most): one reduction per many chunks, and memory bounded whatever the output's size.
+COMBINE_EVERY = 64
 
 
 @dataclass
@@ -119,7 +121,8 @@ class _TensorState:
     shape: tuple[int, ...]
     atol: float
     rtol: float
-    totals: torch.Tensor  # the eight running totals above
+    row: torch.Tensor  # the running totals (``compare_kernels.combine``)
+    pending: list[torch.Tensor] = field(default_factory=list)  # chunks' rows not yet in ``row``
     received: int = 0
     # Floating outputs: the degenerate answers (name, constants fitted), and once every value
     # arrived, the
@@ -193,11 +196,9 @@ class OutputMatcher:
                 )
             else:
                 atol, rtol = self.task.tolerances(_dtype_name(ref.dtype))
-                totals = torch.zeros(8, dtype=torch.float64, device=ref.device)
-                totals[_FIRST_BAD] = -1
                 answers = degenerate_answers(shape) if ref.dtype in _FLOATS else []
                 self._tensors[k] = _TensorState(
-                    name, ref.reshape(-1), shape, atol, rtol, totals, answers=answers
+                    name, ref.reshape(-1), shape, atol, rtol, no_rows(ref.device), answers=answers
                 )
         return streams
 
@@ -205,37 +206,22 @@ class OutputMatcher:
         """The next elements of output ``k`` (1-D, its dtype, any device). ``chunk`` may be
         reused by the caller as soon as this returns: on a GPU what reads it is queued on the
         stream before whatever the caller queues next, and nothing here waits for the device.
-        With the last chunk of a floating output come the reference's statistics, so that they
-        too are computed where the caller holds the device (the evaluator's lock on trusted GPU
-        work)."""
+        With the last chunk of an output come its combined totals and, for a floating output, the
+        reference's statistics, so that they too are computed where the caller holds the device
+        (the evaluator's lock on trusted GPU work)."""
         state = self._tensors.get(k)
         if state is None or chunk.numel() == 0:
             return
         start = state.received
         state.received += chunk.numel()
         ref = state.reference[start : state.received]
-        out = chunk.to(ref.device)
-        count, nonfinite, max_diff, max_rel, scale, first, sse = chunk_totals(
-            out, ref, state.atol, state.rtol
-        ).unbind()
-        at_first = first.clamp(max=out.numel() - 1).long().view(1)
-        totals = state.totals
-        take_first = (count > 0) & (totals[_FIRST_BAD] < 0)
-        state.totals = torch.stack(
-            [
-                totals[_MISMATCHED] + count,
-                totals[_NONFINITE] + nonfinite,
-                torch.maximum(totals[_MAX_DIFF], max_diff),
-                torch.maximum(totals[_MAX_REL], max_rel),
-                torch.maximum(totals[_REF_SCALE], scale),
-                torch.where(take_first, start + first, totals[_FIRST_BAD]),
-                torch.where(
-                    take_first, out.index_select(0, at_first).double()[0], totals[_FIRST_GOT]
-                ),
-                totals[_SSE] + sse,
-            ]
+        state.pending.append(
+            chunk_partials(chunk.to(ref.device), ref, start, state.atol, state.rtol)
         )
-        if state.answers and state.received == state.reference.numel():
+        complete = state.received == state.reference.numel()
+        if complete or len(state.pending) >= COMBINE_EVERY:
+            _combine_pending(state)
+        if state.answers and complete:
             if k not in self._statistics:
                 self._statistics[k] = degenerate_errors(state.reference.view(state.shape))
             state.statistics = self._statistics[k]
@@ -243,33 +229,37 @@ class OutputMatcher:
     def finish(self) -> Comparison:
         suspects: list[_Suspect] = []
         for k, state in self._tensors.items():
-            mismatched, nonfinite, max_diff, max_rel, ref_scale, first_bad, first_got, sse = (
-                state.totals.tolist()
-            )
-            self.result.max_abs_err = max(self.result.max_abs_err, max_diff)
-            self.result.max_rel_err = max(self.result.max_rel_err, max_rel)
-            self.result.ref_scale = max(self.result.ref_scale, ref_scale)
+            # Reads only: the rows were combined with the last chunk, where the caller held the
+            # device. An output that did not all arrive is reported as such, its figures those
+            # of the chunks combined by then.
+            found = totals(state.row)
+            self.result.max_abs_err = max(self.result.max_abs_err, found["max_diff"])
+            self.result.max_rel_err = max(self.result.max_rel_err, found["max_rel"])
+            self.result.ref_scale = max(self.result.ref_scale, found["scale"])
             total = state.reference.numel()
             if state.received != total:
                 self.result.problems.append(
                     f"{state.name}: {state.received} of {total} values arrived"
                 )
                 continue
-            if nonfinite:
+            if found["nonfinite"]:
                 self.result.problems.append(
-                    f"{state.name}: {int(nonfinite)} NaN/Inf values where the reference is finite"
+                    f"{state.name}: {int(found['nonfinite'])} NaN/Inf values where the reference "
+                    "is finite"
                 )
                 continue
-            if mismatched:
-                first = max(int(first_bad), 0)
+            if found["mismatched"]:
+                first = max(found["first"], 0)
                 expected = float(state.reference[first].double())
                 self.result.problems.append(
-                    f"{state.name}: {int(mismatched)}/{total} values outside "
+                    f"{state.name}: {int(found['mismatched'])}/{total} values outside "
                     f"atol={state.atol:g}, rtol={state.rtol:g}; first at index "
-                    f"{_unravel(first, state.shape)}: got {first_got:.6g}, expected "
-                    f"{expected:.6g}; max abs error {max_diff:.3g}"
+                    f"{_unravel(first, state.shape)}: got {found['got']:.6g}, expected "
+                    f"{expected:.6g}; max abs error {found['max_diff']:.3g}"
                 )
-            if state.statistics is not None and (suspect := self._information(k, state, sse)):
+            if state.statistics is not None and (
+                suspect := self._information(k, state, found["sse"])
+            ):
                 suspects.append(suspect)
         self._settle(suspects)
         self.result.correct = not self.result.problems
@@ -329,6 +319,12 @@ class OutputMatcher:
                     continue
             self.result.uninformative += 1
             self.result.problems.append(suspect.message())
+
+
+def _combine_pending(state: _TensorState) -> None:
+    if state.pending:
+        state.row = combine(torch.cat([state.row.view(1, -1), *state.pending]))
+        state.pending.clear()
 
 
 @dataclass

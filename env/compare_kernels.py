@@ -7,9 +7,12 @@ passes of 8-byte values per compared element, and six more passes per degenerate
 KernelBench's published sizes that was over half a second of trusted GPU work per 6.4 GB
 output, taken under the worker's GPU lock that every other evaluation's measurement and
 comparison waits for. These kernels read each element once, compute in float64 in registers
-and write a few partial sums per program, which PyTorch then combines on the device.
+and write a few partial sums per program. A chunk's partial rows are not reduced on their own:
+at 32-MiB slots a 6.4 GB output is some two hundred chunks, and a dozen small PyTorch ops per
+chunk cost the host more, under that same lock, than the kernel costs the GPU. The rows of many
+chunks are combined at once (``combine``).
 
-The arithmetic, and where NaN and infinity go, is the PyTorch version's (``torch_chunk_totals``
+The arithmetic, and where NaN and infinity go, is the PyTorch version's (``torch_chunk_partials``
 and ``torch_group_sums``, which still run on a CPU and for dtypes Triton cannot load);
 tests/env/test_compare_kernels.py checks the two agree, under Triton's interpreter, on values
 chosen to reach every branch. These kernels are the trusted side's own code, compiled into the
@@ -25,9 +28,15 @@ import torch
 import triton
 import triton.language as tl
 
-# The columns of the chunk kernel's partials, per program.
-_MISMATCHED, _NONFINITE, _MAX_DIFF, _DIFF_NANS, _MAX_REL, _REL_NANS, _SCALE, _FIRST, _SSE = range(9)
-_COLUMNS = 9
+# The columns of a chunk's partial rows: one row per program of the chunk kernel, one row from
+# the PyTorch path, and one row for an output's running totals (``combine``). The first five
+# combine by sums, the next three by maxima (which leave NaN out: it is counted in the sums),
+# and FIRST, the first mismatch's index in the whole output (inf when there is none), by a
+# minimum that GOT, the answer's value there, follows.
+MISMATCHED, NONFINITE, DIFF_NANS, REL_NANS, SSE = range(5)
+MAX_DIFF, MAX_REL, SCALE = range(5, 8)
+FIRST, GOT = 8, 9
+COLUMNS = 10
 _CHUNK_BLOCK = 1024
 _CHUNK_PROGRAMS = 1024  # enough to fill any current GPU; each loops over its share
 _GROUP_TILE = 2048  # elements per program step of the group kernel
@@ -56,7 +65,15 @@ def fused(*tensors: torch.Tensor) -> bool:
 
 @triton.jit
 def _chunk_kernel(
-    out_ptr, ref_ptr, n, atol, rtol, partial_ptr, BLOCK: tl.constexpr, COLUMNS: tl.constexpr
+    out_ptr,
+    ref_ptr,
+    n,
+    offset,
+    atol,
+    rtol,
+    partial_ptr,
+    BLOCK: tl.constexpr,
+    COLUMNS: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)  # offsets past 2**31 (a 6.4 GB output's are)
     step = tl.num_programs(0) * BLOCK
@@ -70,6 +87,8 @@ def _chunk_kernel(
     rel_nans = zero
     scale = zero
     sse = zero
+    got = zero
+    # Each lane's first mismatch: a lane's positions only grow from one step to the next.
     first = tl.full([BLOCK], n, dtype=tl.int64)
     for start in range(pid * BLOCK, n, step):
         offsets = start + lanes
@@ -94,58 +113,57 @@ def _chunk_kernel(
         rel_nans += rel_nan.to(tl.float64)
         max_rel = tl.maximum(max_rel, tl.where(inside & ~rel_nan, rel, 0.0))
         scale = tl.maximum(scale, tl.where(inside & finite_ref, magnitude, 0.0))
-        first = tl.minimum(first, tl.where(bad, offsets, n))
+        lane_first = bad & (first == n)
+        got = tl.where(lane_first, out, got)
+        first = tl.where(lane_first, offsets, first)
         kept = tl.where(inside & finite_ref, diff, 0.0)
         sse += kept * kept
-    row = partial_ptr + pid * COLUMNS  # in the order of the _MISMATCHED... names
+    program_first = tl.min(first, 0)
+    row = partial_ptr + pid * COLUMNS  # in the order of the MISMATCHED... names
     tl.store(row + 0, tl.sum(mismatched, 0))
     tl.store(row + 1, tl.sum(nonfinite, 0))
-    tl.store(row + 2, tl.max(max_diff, 0))
-    tl.store(row + 3, tl.sum(diff_nans, 0))
-    tl.store(row + 4, tl.max(max_rel, 0))
-    tl.store(row + 5, tl.sum(rel_nans, 0))
-    tl.store(row + 6, tl.max(scale, 0))
-    tl.store(row + 7, tl.min(first, 0).to(tl.float64))
-    tl.store(row + 8, tl.sum(sse, 0))
+    tl.store(row + 2, tl.sum(diff_nans, 0))
+    tl.store(row + 3, tl.sum(rel_nans, 0))
+    tl.store(row + 4, tl.sum(sse, 0))
+    tl.store(row + 5, tl.max(max_diff, 0))
+    tl.store(row + 6, tl.max(max_rel, 0))
+    tl.store(row + 7, tl.max(scale, 0))
+    found = program_first < n
+    tl.store(row + 8, tl.where(found, (program_first + offset).to(tl.float64), float("inf")))
+    # One lane holds the program's first mismatch (none: every lane's got is still 0).
+    tl.store(row + 9, tl.sum(tl.where(first == program_first, got, 0.0), 0))
 
 
-def chunk_totals(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
-    """[mismatched, nonfinite, max |diff|, max relative diff, reference scale, first mismatch
-    (numel when none), sum of squared diffs] of one chunk against the same slice of the
-    reference, as ``torch_chunk_totals``, on the device and without waiting for it."""
-    if not fused(out, ref):
-        return torch_chunk_totals(out, ref, atol, rtol)
-    return triton_chunk_totals(out, ref, atol, rtol)
-
-
-def triton_chunk_totals(
-    out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float
+def chunk_partials(
+    out: torch.Tensor, ref: torch.Tensor, offset: int, atol: float, rtol: float
 ) -> torch.Tensor:
-    """``chunk_totals`` by the kernel, wherever Triton runs (a GPU, or its interpreter)."""
+    """The partial rows (``COLUMNS`` wide) of one chunk compared with the same slice of the
+    reference, ``offset`` elements into the output: on the device and without waiting for it.
+    Rows of many chunks combine into an output's totals (``combine``), so a chunk costs one
+    kernel launch and no reduction of its own."""
+    if not fused(out, ref):
+        return torch_chunk_partials(out, ref, offset, atol, rtol)
+    return triton_chunk_partials(out, ref, offset, atol, rtol)
+
+
+def triton_chunk_partials(
+    out: torch.Tensor, ref: torch.Tensor, offset: int, atol: float, rtol: float
+) -> torch.Tensor:
+    """``chunk_partials`` by the kernel, wherever Triton runs (a GPU, or its interpreter)."""
     n = ref.numel()
     programs = max(1, min(_CHUNK_PROGRAMS, triton.cdiv(n, _CHUNK_BLOCK)))
-    partial = torch.empty(programs, _COLUMNS, dtype=torch.float64, device=ref.device)
+    partial = torch.empty(programs, COLUMNS, dtype=torch.float64, device=ref.device)
     _chunk_kernel[(programs,)](
-        out, ref, n, float(atol), float(rtol), partial, _CHUNK_BLOCK, _COLUMNS
+        out, ref, n, offset, float(atol), float(rtol), partial, _CHUNK_BLOCK, COLUMNS
     )
-    columns = partial.unbind(1)
-    return torch.stack(
-        [
-            columns[_MISMATCHED].sum(),
-            columns[_NONFINITE].sum(),
-            torch.where(columns[_DIFF_NANS].sum() > 0, math.nan, columns[_MAX_DIFF].max()),
-            torch.where(columns[_REL_NANS].sum() > 0, math.nan, columns[_MAX_REL].max()),
-            columns[_SCALE].max(),
-            columns[_FIRST].min(),
-            columns[_SSE].sum(),
-        ]
-    )
+    return partial
 
 
-def torch_chunk_totals(
-    out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float
+def torch_chunk_partials(
+    out: torch.Tensor, ref: torch.Tensor, offset: int, atol: float, rtol: float
 ) -> torch.Tensor:
-    """``chunk_totals`` in PyTorch ops (a CPU, complex outputs, and the kernel's yardstick)."""
+    """``chunk_partials`` in PyTorch ops, as one row (a CPU, complex outputs, and the kernel's
+    yardstick)."""
     ref = ref.double()
     out = out.to(ref.device).double()
     finite_ref = torch.isfinite(ref)
@@ -153,19 +171,55 @@ def torch_chunk_totals(
     diff = (out - ref).abs()
     diff = torch.where(finite_ref, diff, torch.where(out == ref, 0.0, float("inf")))
     mismatched = diff > atol + rtol * ref.abs()
-    positions = torch.arange(ref.numel(), device=ref.device, dtype=torch.float64)
-    first = torch.where(mismatched, positions, float(ref.numel())).min()
+    rel = diff / ref.abs().clamp_min(atol)
+    positions = torch.arange(ref.numel(), device=ref.device)
+    at = torch.where(mismatched, positions, ref.numel()).min().clamp(max=ref.numel() - 1)
+    found = mismatched.any()
     return torch.stack(
         [
             mismatched.sum().double(),
             nonfinite.double(),
-            diff.max(),
-            (diff / ref.abs().clamp_min(atol)).max(),
-            torch.where(finite_ref, ref.abs(), 0.0).max(),
-            first,
+            diff.isnan().sum().double(),
+            rel.isnan().sum().double(),
             torch.where(finite_ref, diff, 0.0).square().sum(),
+            torch.where(diff.isnan(), 0.0, diff).max(),
+            torch.where(rel.isnan(), 0.0, rel).max(),
+            torch.where(finite_ref, ref.abs(), 0.0).max(),
+            torch.where(found, (at + offset).double(), math.inf),
+            torch.where(found, out[at], 0.0),
         ]
-    )
+    ).view(1, COLUMNS)
+
+
+def no_rows(device: torch.device) -> torch.Tensor:
+    """The combined row of nothing compared yet."""
+    row = torch.zeros(COLUMNS, dtype=torch.float64, device=device)
+    row[FIRST] = math.inf
+    return row
+
+
+def combine(rows: torch.Tensor) -> torch.Tensor:
+    """Partial rows (any number, in any order) as one row of the same columns: sums, maxima,
+    and the first mismatch with the value found there. On the device, without waiting."""
+    at = rows[:, FIRST].argmin()
+    return torch.cat([rows[:, :MAX_DIFF].sum(0), rows[:, MAX_DIFF:FIRST].amax(0), rows[at, FIRST:]])
+
+
+def totals(row: torch.Tensor) -> dict[str, float]:
+    """A combined row read on the host, NaN put back into the maxima it was counted beside,
+    and ``first`` -1 where nothing mismatched."""
+    values = row.tolist()
+    first = values[FIRST]
+    return {
+        "mismatched": values[MISMATCHED],
+        "nonfinite": values[NONFINITE],
+        "max_diff": math.nan if values[DIFF_NANS] else values[MAX_DIFF],
+        "max_rel": math.nan if values[REL_NANS] else values[MAX_REL],
+        "scale": values[SCALE],
+        "first": int(first) if math.isfinite(first) else -1,
+        "got": values[GOT],
+        "sse": values[SSE],
+    }
 
 
 @triton.jit

@@ -143,6 +143,11 @@ class Evaluator(ChildRunPhases):
 
     def warm(self) -> None:
         self.children.warm()
+        if self.device_kind == "cuda":
+            # A task's memory plan runs it on the meta device, whose decompositions import
+            # torch._dynamo (2 s) on the first call: paid here, at the pool's start, rather than
+            # by the first evaluations' admission, all waiting on that one import.
+            import torch._dynamo  # noqa: F401
 
     def close(self) -> None:
         self.children.close()

@@ -185,7 +185,7 @@ class Child:
         to other evaluations, whose out-of-memory errors would otherwise read as ours."""
         if gpu is None:
             return
-        held = gpu.over_share(self.pids())
+        held = gpu.over_share(self.pids)
         if held is not None:
             self.kill("gpu memory")
             raise ChildDied(

@@ -16,7 +16,7 @@ import ctypes
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -216,14 +216,16 @@ class GpuShare:
     before_solution: int | None = None
     _next_check: float = 0.0
 
-    def over_share(self, pids: list[int]) -> int | None:
+    def over_share(self, pids: Callable[[], list[int]]) -> int | None:
         """The bytes the child holds when that is more than its share; looked at no more often
-        than every ``CHECK_INTERVAL_S``."""
+        than every ``CHECK_INTERVAL_S``. ``pids`` is asked only then: walking the child's
+        process tree in /proc, for every chunk of an output streamed, cost more than the chunk's
+        comparison."""
         now = time.monotonic()
         if now < self._next_check:
             return None
         self._next_check = now + CHECK_INTERVAL_S
-        held = self.watch.held_by(pids)
+        held = self.watch.held_by(pids())
         return held if held is not None and held > self.admitted else None
 
     def note_before_solution(self, pids: list[int]) -> None:

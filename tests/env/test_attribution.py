@@ -174,7 +174,7 @@ def test_the_trusted_side_s_own_failure_after_the_solution_ran_is_ours(
     def broken(*_: object) -> None:
         raise RuntimeError("Triton Error [CUDA]: invalid argument")
 
-    monkeypatch.setattr(compare, "chunk_totals", broken)
+    monkeypatch.setattr(compare, "chunk_partials", broken)
     (result,) = _evaluate(RELU, [GOOD])
     assert result.status is Status.HARNESS_ERROR, result.error
     assert "trusted side failed computing or comparing" in result.error
@@ -225,7 +225,7 @@ def test_the_watch_reads_this_process_s_gpu_memory() -> None:
     assert GpuShare(watch, mine + free + 2**30).shortfall([os.getpid()]) is not None
     assert GpuShare(watch, mine + 2**30).shortfall([os.getpid()]) is None
     assert GpuShare(watch, 2**20).shortfall([os.getpid()]) is None  # above its share: not ours
-    assert GpuShare(watch, 2**20).over_share([os.getpid()]) == mine
+    assert GpuShare(watch, 2**20).over_share(lambda: [os.getpid()]) == mine
 
 
 @pytest.mark.gpu

@@ -172,12 +172,18 @@ def test_an_approximate_log_sum_exp_under_a_loose_rtol_is_incorrect() -> None:
 def test_streaming_in_chunks_gives_the_verdict_of_one_chunk(
     wide: tuple[torch.Tensor, torch.Tensor],
 ) -> None:
+    """Hundreds of chunks, their rows combined many at a time (``COMBINE_EVERY``): the same
+    problems, the first mismatch and the value found there included, as in one chunk."""
     x, ref = wide
-    answers = [ref.clone(), torch.zeros_like(ref), ref * (1 + 0.05 * torch.randn_like(ref))]
+    off = ref.clone()
+    off.view(-1)[[1_500_000, 900_001, 2_000_000]] += torch.tensor([1.0, 2.5, 1.0])
+    answers = [ref.clone(), torch.zeros_like(ref), ref * (1 + 0.05 * torch.randn_like(ref)), off]
     for output in answers:
         whole, chunked = judge(ref, output), judge(ref, output, chunk=4097)
         assert whole.correct == chunked.correct and whole.problems == chunked.problems
         assert whole.information_ratio == pytest.approx(chunked.information_ratio, rel=1e-9)
+    assert "3/2097152 values outside" in chunked.problems[0]
+    assert f"first at index [27, 15265]: got {float(off[27, 15265]):.6g}" in chunked.problems[0]
 
 
 def test_nonfinite_reference_values_are_left_out() -> None:

@@ -51,23 +51,40 @@ def _same(a: torch.Tensor, b: torch.Tensor, loose: tuple[int, ...] = ()) -> None
         torch.testing.assert_close(a[i], b[i], rtol=rtol, atol=0.0, equal_nan=True)
 
 
-MAX_REL = (3,)  # chunk_totals' maximum relative error
+MAX_REL = (compare_kernels.MAX_REL,)  # the maximum relative error, computed by a division
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.uint8]
 
 
-def check_chunk_totals(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _pieces(out: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    """The kernel's rows of ``out`` cut in three chunks at their offsets, latest first."""
+    cuts = [0, out.numel() // 3, out.numel() // 2, out.numel()]
+    rows = [
+        compare_kernels.triton_chunk_partials(out[a:b], ref[a:b], a, atol, rtol)
+        for a, b in zip(cuts, cuts[1:], strict=False)
+        if b > a
+    ]
+    return torch.cat(rows[::-1])
+
+
+def check_chunk_partials(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel's rows, combined, are the PyTorch path's one row: whole, and in chunks at
+    their offsets combined in any order (the first mismatch and its value included)."""
     monkeypatch.setattr(compare_kernels, "_CHUNK_PROGRAMS", 3)  # every program loops
+    combine = compare_kernels.combine
     for seed, dtype in enumerate(DTYPES):
         for n in (1, 700, 5000):
             ref, out = _values(n, dtype, seed, device)
             for atol, rtol in ((1e-4, 1e-4), (1e-2, 0.0)):
-                got = compare_kernels.triton_chunk_totals(out, ref, atol, rtol)
-                _same(got, compare_kernels.torch_chunk_totals(out, ref, atol, rtol), MAX_REL)
+                expected = compare_kernels.torch_chunk_partials(out, ref, 0, atol, rtol)[0]
+                whole = compare_kernels.triton_chunk_partials(out, ref, 0, atol, rtol)
+                _same(combine(whole), expected, MAX_REL)
+                _same(combine(_pieces(out, ref, atol, rtol)), expected, MAX_REL)
+                assert n == 1 or expected[compare_kernels.FIRST] < n  # a mismatch to find
     ref, out = _values(5000, torch.float32, 9, device)
     bool_ref, bool_out = ref > 0, out > 0.1
     _same(
-        compare_kernels.triton_chunk_totals(bool_out, bool_ref, 0.0, 0.0),
-        compare_kernels.torch_chunk_totals(bool_out, bool_ref, 0.0, 0.0),
+        combine(compare_kernels.triton_chunk_partials(bool_out, bool_ref, 7, 0.0, 0.0)),
+        compare_kernels.torch_chunk_partials(bool_out, bool_ref, 7, 0.0, 0.0)[0],
         MAX_REL,
     )
 
@@ -95,8 +112,8 @@ def check_degenerate_errors(device: str, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @in_interpreter
-def test_chunk_totals_match_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
-    check_chunk_totals("cpu", monkeypatch)
+def test_chunk_partials_match_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
+    check_chunk_partials("cpu", monkeypatch)
 
 
 @in_interpreter
@@ -121,6 +138,6 @@ def test_kernels_under_interpreter() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRETED or not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compiled_kernels_match_pytorch(monkeypatch: pytest.MonkeyPatch) -> None:
-    check_chunk_totals("cuda", monkeypatch)
+    check_chunk_partials("cuda", monkeypatch)
     check_degenerate_errors("cuda", monkeypatch)
     assert compare_kernels.fused(torch.zeros(1, device="cuda"))
