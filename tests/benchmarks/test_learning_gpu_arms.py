@@ -16,7 +16,7 @@ STAND_IN = """#!/usr/bin/env bash
 bench=$1 sft=$2; shift 2
 echo "gpu=${CUDA_VISIBLE_DEVICES:-${SWEEP_GPUS// /,}} tag=$RL_TAG set=[$RL_SET] variants=[${RL_VARIANTS:-}] sft=$sft $*" >> "$bench/calls.txt"
 stage=${2:-$1}
-python3 -c 'import os, sys; print(sys.argv[1], *sorted(os.sched_getaffinity(0)))' "${CUDA_VISIBLE_DEVICES:-}" >> "$bench/cores.txt"
+python3 -c 'import os, sys; os.write(1, " ".join([sys.argv[1], *map(str, sorted(os.sched_getaffinity(0)))]).encode() + b"\\n")' "${CUDA_VISIBLE_DEVICES:-}" >> "$bench/cores.txt"  # one write: variants append at once
 if [ "$1" = sft ]; then echo '{"select_sft": {"chosen": "/gpu/ck-75"}}' > "$bench/stages.json"; fi
 if [ "$stage" = select_variant ]; then echo '{"select_variant": {"chosen": "gpu_hot"}}' > "$bench/stages.json"; fi
 if [ "$RL_TAG" = "${FAIL_TAG:-}" ] && [ "$1" = rl ]; then exit 3; fi
