@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kernelrl.env.compare_kernels import TRITON_DTYPES, chunk_partials, combine, no_rows, totals
+from kernelrl.env.compare_kernels import TRITON_DTYPES, chunk_partials, combine, totals
 from kernelrl.env.information import degenerate_answers, degenerate_errors, rms_difference
 from kernelrl.env.task import Task
 
@@ -121,12 +121,13 @@ class _TensorState:
     shape: tuple[int, ...]
     atol: float
     rtol: float
-    row: torch.Tensor  # the running totals (``compare_kernels.combine``)
+    # The running totals (``compare_kernels.combine``), None until a chunk's rows are combined:
+    # nothing is made on the device before the first chunk, where the caller holds it.
+    row: torch.Tensor | None = None
     pending: list[torch.Tensor] = field(default_factory=list)  # chunks' rows not yet in ``row``
     received: int = 0
     # Floating outputs: the degenerate answers (name, constants fitted), and once every value
-    # arrived, the
-    # reference's statistics (``degenerate_errors``) on its device.
+    # arrived, the reference's statistics (``degenerate_errors``) on its device.
     answers: list[tuple[str, int]] = field(default_factory=list)
     statistics: torch.Tensor | None = None
 
@@ -198,7 +199,7 @@ class OutputMatcher:
                 atol, rtol = self.task.tolerances(_dtype_name(ref.dtype))
                 answers = degenerate_answers(shape) if ref.dtype in _FLOATS else []
                 self._tensors[k] = _TensorState(
-                    name, ref.reshape(-1), shape, atol, rtol, no_rows(ref.device), answers=answers
+                    name, ref.reshape(-1), shape, atol, rtol, answers=answers
                 )
         return streams
 
@@ -323,7 +324,8 @@ class OutputMatcher:
 
 def _combine_pending(state: _TensorState) -> None:
     if state.pending:
-        state.row = combine(torch.cat([state.row.view(1, -1), *state.pending]))
+        rows = state.pending if state.row is None else [state.row.view(1, -1), *state.pending]
+        state.row = combine(torch.cat(rows))
         state.pending.clear()
 
 

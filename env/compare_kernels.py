@@ -172,8 +172,7 @@ def torch_chunk_partials(
     diff = torch.where(finite_ref, diff, torch.where(out == ref, 0.0, float("inf")))
     mismatched = diff > atol + rtol * ref.abs()
     rel = diff / ref.abs().clamp_min(atol)
-    positions = torch.arange(ref.numel(), device=ref.device)
-    at = torch.where(mismatched, positions, ref.numel()).min().clamp(max=ref.numel() - 1)
+    at = mismatched.to(torch.uint8).argmax()  # the first mismatch (argmax takes the first)
     found = mismatched.any()
     return torch.stack(
         [
@@ -191,13 +190,6 @@ def torch_chunk_partials(
     ).view(1, COLUMNS)
 
 
-def no_rows(device: torch.device) -> torch.Tensor:
-    """The combined row of nothing compared yet."""
-    row = torch.zeros(COLUMNS, dtype=torch.float64, device=device)
-    row[FIRST] = math.inf
-    return row
-
-
 def combine(rows: torch.Tensor) -> torch.Tensor:
     """Partial rows (any number, in any order) as one row of the same columns: sums, maxima,
     and the first mismatch with the value found there. On the device, without waiting."""
@@ -205,10 +197,10 @@ def combine(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([rows[:, :MAX_DIFF].sum(0), rows[:, MAX_DIFF:FIRST].amax(0), rows[at, FIRST:]])
 
 
-def totals(row: torch.Tensor) -> dict[str, float]:
-    """A combined row read on the host, NaN put back into the maxima it was counted beside,
-    and ``first`` -1 where nothing mismatched."""
-    values = row.tolist()
+def totals(row: torch.Tensor | None) -> dict[str, float]:
+    """A combined row read on the host (None: nothing compared), NaN put back into the maxima
+    it was counted beside, and ``first`` -1 where nothing mismatched."""
+    values = [0.0] * FIRST + [math.inf, 0.0] if row is None else row.tolist()
     first = values[FIRST]
     return {
         "mismatched": values[MISMATCHED],
