@@ -40,7 +40,7 @@ from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
-from kernelrl.env.timing import L2_FLUSHES, TimingConfig
+from kernelrl.env.timing import HOLDS, L2_FLUSHES, TimingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe, resolve_gpus  # noqa: E402
@@ -64,7 +64,14 @@ PHASES = (
     ("gpu_wait", "worker", "queued behind other measurements"),
     ("gpu_pause", "worker", "pausing the other children"),
     ("gpu_quiet", "worker", "until the GPU runs no child's work (probe)"),
+    ("child_timing_inputs", "child", "timing's input sets made, one per placement"),
     ("child_timing", "child", "timing (CUDA events, L2 flush, placements)"),
+    ("child_timing_setup", "child", "of timing: first calls and the estimate of one"),
+    ("child_timing_warmup", "child", "of timing: warm-up"),
+    ("child_timing_reps", "child", "of timing: timed repetitions, batch by batch"),
+    ("child_timing_hold", "child", "of those: GPU holds queued before each call"),
+    ("child_timing_between", "child", "of timing: spot audits between batches"),
+    ("child_timing_host_call", "child", "host time of one call with its new contents"),
     ("child_profile", "child", "CUPTI profile"),
     ("reference_timing", "worker", "reference timing (eager and compiled), in the window"),
     ("gpu_exclusive", "GPU to itself", "whole exclusive window (pause to resume)"),
@@ -294,6 +301,13 @@ def parse_args() -> argparse.Namespace:
         help="how L2 is emptied before every timed call (TimingConfig)",
     )
     parser.add_argument(
+        "--hold",
+        choices=HOLDS,
+        default=TimingConfig.hold,
+        help="where the GPU is held before every timed call: before its new contents, or "
+        "right before the call (TimingConfig)",
+    )
+    parser.add_argument(
         "--reference-timing",
         choices=("cached", "each-evaluation"),
         default="cached",
@@ -321,6 +335,7 @@ def main() -> None:
             placement_warmup_ms=args.placement_warmup_ms,
             placements=args.placements,
             l2_flush=args.l2_flush,
+            hold=args.hold,
         ),
     )
     started = time.perf_counter()

@@ -97,6 +97,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--per-gpu", type=int, default=4, help="kernelrl evaluations in flight per GPU")
     p.add_argument("--kernelrl-timeout-s", type=float, default=180.0)
+    p.add_argument(
+        "--hold",
+        choices=("refresh", "call"),
+        default="refresh",
+        help="kernelrl's timing: where the GPU is held before each timed call (TimingConfig)",
+    )
+    p.add_argument(
+        "--enough-timed-ms",
+        type=float,
+        default=0.0,
+        help="kernelrl's timing: a placement whose timed calls add up to this may stop before "
+        "its minimum repetitions (TimingConfig; 0: never)",
+    )
     p.add_argument("--kb-correct-trials", type=int, default=3)
     p.add_argument("--kb-perf-trials", type=int, default=20)
     p.add_argument("--time-budget-s", type=float, default=450.0, help="for all three phases")

@@ -143,11 +143,13 @@ def run_kernelrl_phase(
     from kernelrl.env.evaluator import EvalConfig
     from kernelrl.env.pools.local import LocalPool
     from kernelrl.env.task import task_from_source
+    from kernelrl.env.timing import TimingConfig
 
     heavy = [m for m in ("trl", "ray", "datasets", "vllm") if m in sys.modules]
     tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
     started = time.perf_counter()
-    config = EvalConfig(device="cuda", timeout_s=args.kernelrl_timeout_s)
+    timing = TimingConfig(hold=args.hold, enough_timed_ms=args.enough_timed_ms)
+    config = EvalConfig(device="cuda", timeout_s=args.kernelrl_timeout_s, timing=timing)
     pool = LocalPool(config, per_gpu=args.per_gpu)
     ready = time.perf_counter()
     futures = []

@@ -30,6 +30,7 @@ from kernelrl.env.result import TimingStats
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of any current GPU (H100: 50 MB)
 L2_FLUSHES = ("read", "write", "none")
+HOLDS = ("refresh", "call")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class TimingConfig:
     # at clock, so only the new input set's first touches remain to warm.
     placement_warmup_ms: float = 2.0
     min_reps: int = 30
+    # A placement whose timed calls add up to this many milliseconds may stop before min_reps,
+    # once its error target is met (0: never). A long kernel's median is steady in few calls,
+    # and its repetitions are most of an exclusive window at KernelBench's published sizes.
+    enough_timed_ms: float = 0.0
     max_reps: int = 2000
     target_rel_err: float = 0.005
     budget_s: float = 1.0
@@ -47,6 +52,10 @@ class TimingConfig:
     # "write" zeroes it (Triton's do_bench), leaving L2 full of dirty lines that the timed
     # call then pays to write back; "none" keeps L2 warm.
     l2_flush: str = "read"
+    # Where the GPU's hold before each timed call is queued (with fresh inputs only): "refresh"
+    # before the new contents, sized to the host's time for contents and call together;
+    # "call" after the L2 flush, right before the start event, sized to the call's launch alone.
+    hold: str = "refresh"
     batch: int = 10  # repetitions recorded between two host synchronisations
     placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
     fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
@@ -58,11 +67,31 @@ class TimingConfig:
             raise ValueError(
                 f"l2_flush must be one of {', '.join(L2_FLUSHES)}, not {self.l2_flush!r}"
             )
+        if self.hold not in HOLDS:
+            raise ValueError(f"hold must be one of {', '.join(HOLDS)}, not {self.hold!r}")
 
     def fingerprint(self) -> str:
         """Names the procedure in cache keys: a timing taken another way is not reused."""
         text = json.dumps(asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass
+class TimingSteps:
+    """Where a timing run's wall time went, summed over its placements. The exclusive window a
+    solution is timed in holds all of it: what is not the timed calls themselves is what a
+    shorter window would have to cut."""
+
+    setup_s: float = 0.0  # first calls and the estimate of one (GPU: the L2 flush buffer too)
+    warmup_s: float = 0.0
+    reps_s: float = 0.0  # timed repetitions, queued and synchronised, batch by batch
+    hold_s: float = 0.0  # of those, the GPU's holds queued before each call (as sized)
+    between_s: float = 0.0  # between batches (``between_batches``: spot audits)
+    host_call_s: float = 0.0  # the host's time for one call and its refresh (largest placement)
+
+    def phases(self) -> dict[str, float]:
+        """As an evaluation's phases: ``timing_setup``, ``timing_warmup``, ..."""
+        return {f"timing_{key.removesuffix('_s')}": value for key, value in asdict(self).items()}
 
 
 def summarize(samples_ms: list[float]) -> TimingStats:
@@ -86,8 +115,11 @@ def summarize(samples_ms: list[float]) -> TimingStats:
 
 # Fresh inputs cost the host more per call than many kernels take on the GPU, which would then
 # wait for each launch with the start event already recorded, and time the host's latency.
-# A spin on the GPU, queued before the refresh and longer than the host's time for one call,
-# keeps the GPU behind the host, so each call's kernels are queued before its start event runs.
+# A spin on the GPU longer than the host's time for what follows it keeps the GPU behind the
+# host, so each call's kernels are queued before its start event runs. Queued before the
+# refresh (``hold="refresh"``) it covers the refresh too, and every repetition costs the GPU
+# 1.5 times the host's whole time per call; queued after the flush (``hold="call"``) it covers
+# only the call's launch, and the GPU runs the refresh while the host makes it.
 HOLD_FACTOR = 1.5
 HOLD_MARGIN_US = 20.0
 HOLD_MAX_US = 5000.0
@@ -125,15 +157,23 @@ def time_cuda(
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
     after_call: Callable[[], None] | None = None,
+    steps: TimingSteps | None = None,
 ) -> TimingStats:
     """``between_batches`` runs after each batch's synchronisation, ``prepare`` before every
     call and ``after_call`` right after every call (after its end event is recorded), warm-up
     included, all outside every timed span (the L2 flush comes after ``prepare``): no call can
-    tell a warm-up from a measured one by its inputs."""
+    tell a warm-up from a measured one by its inputs. ``steps`` adds up where the time went."""
     collecting = gc.isenabled()
     gc.disable()  # a collection while the GPU waits for the next launch would be timed
     try:
-        return _time_cuda(fn, config, between_batches, prepare or _nothing, after_call or _nothing)
+        return _time_cuda(
+            fn,
+            config,
+            between_batches,
+            prepare or _nothing,
+            after_call or _nothing,
+            steps if steps is not None else TimingSteps(),
+        )
     finally:
         if collecting:
             gc.enable()
@@ -145,7 +185,9 @@ def _time_cuda(
     between_batches: Callable[[], None] | None,
     prepare: Callable[[], None],
     after_call: Callable[[], None],
+    steps: TimingSteps,
 ) -> TimingStats:
+    started = time.perf_counter()
     flush = _l2_flush(config.l2_flush)
     prepare()
     fn()
@@ -158,43 +200,85 @@ def _time_cuda(
     torch.cuda.synchronize()
     estimate_ms = max((time.perf_counter() - start) * 1e3, 1e-3)
     after_call()
-    host_s = []
-    for _ in range(min(max(int(config.warmup_ms / estimate_ms), 1), 100)):
-        start = time.perf_counter()
-        prepare()
-        fn()
-        host_s.append(time.perf_counter() - start)
-        after_call()
-    torch.cuda.synchronize()
-    hold_cycles = 0
-    if prepare is not _nothing:
-        hold_us = min(HOLD_FACTOR * statistics.median(host_s) * 1e6 + HOLD_MARGIN_US, HOLD_MAX_US)
-        hold_cycles = int(hold_us * _sleep_cycles_per_us())
+    warming = time.perf_counter()
+    steps.setup_s += warming - started
+    host_s, call_s = _warm_up(
+        fn, prepare, after_call, min(max(int(config.warmup_ms / estimate_ms), 1), 100)
+    )
+    hold_us = _hold_us(config.hold, host_s, call_s) if prepare is not _nothing else 0.0
+    hold_cycles = int(hold_us * _sleep_cycles_per_us()) if hold_us else 0
+    before_refresh = hold_cycles if config.hold == "refresh" else 0
+    before_call = hold_cycles if config.hold == "call" else 0
+    steps.host_call_s = max(steps.host_call_s, statistics.median(host_s))
 
     samples: list[float] = []
-    deadline = time.perf_counter() + config.budget_s
+    batch_started = time.perf_counter()
+    steps.warmup_s += batch_started - warming
+    deadline = batch_started + config.budget_s
     while len(samples) < config.max_reps:
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
         for begin, end in zip(starts, ends, strict=True):
-            if hold_cycles:
-                torch.cuda._sleep(hold_cycles)
+            if before_refresh:
+                torch.cuda._sleep(before_refresh)
             prepare()
             flush()
+            if before_call:
+                torch.cuda._sleep(before_call)
             begin.record()
             fn()
             end.record()
             after_call()
         torch.cuda.synchronize()
         samples.extend(b.elapsed_time(e) for b, e in zip(starts, ends, strict=True))
+        between_started = time.perf_counter()
+        steps.reps_s += between_started - batch_started
+        steps.hold_s += config.batch * hold_us / 1e6
         if between_batches is not None:
             between_batches()
             torch.cuda.synchronize()
-        if len(samples) >= config.min_reps and (
-            summarize(samples).rel_err <= config.target_rel_err or time.perf_counter() > deadline
+        batch_started = time.perf_counter()
+        steps.between_s += batch_started - between_started
+        if _enough(samples, config) and (
+            summarize(samples).rel_err <= config.target_rel_err or batch_started > deadline
         ):
             break
     return summarize(samples)
+
+
+def _enough(samples: list[float], config: TimingConfig) -> bool:
+    """Enough timed calls to stop once the error target is met: ``min_reps``, or timed calls
+    adding up to ``enough_timed_ms``."""
+    if len(samples) >= config.min_reps:
+        return True
+    return 0 < config.enough_timed_ms <= sum(samples)
+
+
+def _warm_up(
+    fn: Callable[[], object],
+    prepare: Callable[[], None],
+    after_call: Callable[[], None],
+    calls: int,
+) -> tuple[list[float], list[float]]:
+    """``calls`` untimed calls; the host's time for each call with its refresh, and for the
+    call alone (what each way of holding the GPU is sized from)."""
+    host_s, call_s = [], []
+    for _ in range(calls):
+        start = time.perf_counter()
+        prepare()
+        called = time.perf_counter()
+        fn()
+        done = time.perf_counter()
+        host_s.append(done - start)
+        call_s.append(done - called)
+        after_call()
+    torch.cuda.synchronize()
+    return host_s, call_s
+
+
+def _hold_us(hold: str, host_s: list[float], call_s: list[float]) -> float:
+    covered = host_s if hold == "refresh" else call_s
+    return min(HOLD_FACTOR * statistics.median(covered) * 1e6 + HOLD_MARGIN_US, HOLD_MAX_US)
 
 
 def time_cpu(
@@ -203,15 +287,22 @@ def time_cpu(
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
     after_call: Callable[[], None] | None = None,
+    steps: TimingSteps | None = None,
 ) -> TimingStats:
     """``between_batches`` runs between repetitions, ``prepare`` before every call and
-    ``after_call`` right after it, the untimed first one included, outside the timed spans."""
+    ``after_call`` right after it, the untimed first one included, outside the timed spans;
+    ``steps`` adds up where the time went (no warm-up, no hold)."""
     prepare, after_call = prepare or _nothing, after_call or _nothing
+    steps = steps if steps is not None else TimingSteps()
+    started = time.perf_counter()
     prepare()
     fn()
     after_call()
     samples: list[float] = []
-    deadline = time.perf_counter() + config.cpu_budget_s
+    host_s: list[float] = []
+    rep_started = time.perf_counter()
+    steps.setup_s += rep_started - started
+    deadline = rep_started + config.cpu_budget_s
     while len(samples) < config.cpu_min_reps or (
         time.perf_counter() < deadline and len(samples) < config.max_reps
     ):
@@ -220,8 +311,14 @@ def time_cpu(
         fn()
         samples.append((time.perf_counter() - start) * 1e3)
         after_call()
+        between_started = time.perf_counter()
+        host_s.append(between_started - rep_started)
         if between_batches is not None:
             between_batches()
+        rep_started = time.perf_counter()
+        steps.between_s += rep_started - between_started
+    steps.reps_s += sum(host_s)
+    steps.host_call_s = max(steps.host_call_s, statistics.median(host_s))
     return summarize(samples)
 
 
@@ -247,13 +344,14 @@ def time_placement(
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
     after_call: Callable[[], None] | None = None,
+    steps: TimingSteps | None = None,
 ) -> TimingStats:
     """Input set ``index`` of ``count`` timed on its own: one step of ``time_fn``, which the
     trusted side also takes one at a time to time the reference between the solution's sets."""
     if device.type != "cuda":
-        return time_cpu(call, config, between_batches, prepare, after_call)
+        return time_cpu(call, config, between_batches, prepare, after_call, steps)
     placed = placement_config(config, index, count)
-    return time_cuda(call, placed, between_batches, prepare, after_call)
+    return time_cuda(call, placed, between_batches, prepare, after_call, steps)
 
 
 def time_fn(
@@ -264,11 +362,13 @@ def time_fn(
     prepares: Sequence[Callable[[], None]] | None = None,
     after_call: Callable[[], None] | None = None,
     after_placement: Callable[[int], None] | None = None,
+    steps: TimingSteps | None = None,
 ) -> TimingStats:
     """Time each call (one per input set, ``placements`` of them; the first only on a CPU) and
     average their medians; ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before
     each call of ``calls[i]``, ``after_call`` after every call, and ``after_placement(i)``
-    once input set ``i`` is timed (where the reference is timed interleaved with them)."""
+    once input set ``i`` is timed (where the reference is timed interleaved with them);
+    ``steps`` adds up where the time went, over every placement."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
     count = len(calls) if device.type == "cuda" else 1
@@ -284,6 +384,7 @@ def time_fn(
                 between_batches,
                 prepares[index],
                 after_call,
+                steps,
             )  # fmt: skip
         )
         if after_placement is not None:

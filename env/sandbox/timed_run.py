@@ -31,7 +31,7 @@ from kernelrl.env.integrity.audit import (
 )
 from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.failures import SolutionFailure, solution_failure
-from kernelrl.env.timing import TimingConfig, placements, time_fn
+from kernelrl.env.timing import TimingConfig, TimingSteps, placements, time_fn
 
 # Between two timed batches, an audited call runs with this probability, on a random input set:
 # the solution cannot tell from the outside which of its calls are watched.
@@ -123,7 +123,9 @@ class TimedRun:
     def __init__(self, served: Served, seed: int) -> None:
         self.served = served
         self.config = TimingConfig(**served.job["timing"])
+        start = time.perf_counter()
         self.timed = served.timed_inputs(seed, placements(served.device, self.config))
+        served.phase["timing_inputs"] = time.perf_counter() - start
         self.calls_made = 0  # forward calls of the timing phase: timed, warm-up, spot audits
         self.spot = AtenAudit(served.counter, served.scalars)
         self.spot_calls = 0
@@ -196,11 +198,13 @@ class TimedRun:
         prepares = [partial(served.refresh, self.timed, index) for index in sets]
         gpu_only_before = len(served.gpu_only)
         served.counter.counts.clear()
+        steps = TimingSteps()
         start = time.perf_counter()
         timing = partial(
             time_fn, calls, device, self.config, self.spot_audit, prepares,
             after_call=self.after_call,
             after_placement=self.reference_turn if served.job.get("interleave") else None,
+            steps=steps,
         )  # fmt: skip
         if device.type == "cuda":
             stats = timing()
@@ -209,6 +213,7 @@ class TimedRun:
             reads = self.calls_made * served.scalars.reads_per_call
             profile = {"aten_ops": aten_compute(events, allowed_scalar_reads=reads)}
         served.phase["timing"] = time.perf_counter() - start - self.waited
+        served.phase.update(steps.phases())
         launches, calls_made = served.counter.total(), self.calls_made
         start = time.perf_counter()
         if device.type == "cuda":

@@ -380,6 +380,10 @@ def test_the_reference_s_turns_are_not_the_child_s_timing(monkeypatch: pytest.Mo
     assert result.ref_eager is not None
     assert result.phase_seconds["reference_timing"] >= 1.5
     assert result.phase_seconds["child_timing"] < 1.5
+    # Where the child's timing went, step by step, none of it the reference's turns either.
+    steps = [f"child_timing_{step}" for step in ("setup", "warmup", "reps", "between")]
+    assert sum(result.phase_seconds[step] for step in steps) <= result.phase_seconds["child_timing"]
+    assert result.phase_seconds["child_timing_inputs"] > 0
 
 
 def test_the_first_call_says_how_long_it_was_held_paused_for_others(
