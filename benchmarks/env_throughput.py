@@ -53,6 +53,7 @@ PHASES = (
     ("child_wait", "slot", "waiting for a ready child"),
     ("child_load", "child", "load the solution"),
     ("child_first_call", "child", "first call: Triton compile and first run"),
+    ("child_compile_ahead", "child", "of the first call: waiting for the compile companion"),
     ("first_call_paused", "worker", "of the first call, held paused while others were measured"),
     ("child_correctness", "child", "correctness on 3 input sets (first call included)"),
     ("paused_for_others", "child", "held paused while others were measured (in the rows above)"),
@@ -98,6 +99,19 @@ BACKGROUND = (
     ("ring_map_seconds", "device output ring mapped"),
     ("cpu_seconds", "CPU time of the child when ready"),
 )
+
+
+def companions(results: list[EvalResult]) -> str:
+    """What the compile companions did (``--compile-ahead``), as the children report it."""
+    records = [r.sandbox.get("compile_ahead", {}) for r in results]
+    handed = sum(record.get("companion") == "handed to the child" for record in records)
+    kernels = Counter()
+    for record in records:
+        kernels.update({key: record.get(key, 0) for key in ("found", "compiled_here")})
+    return (
+        f"compile companions: {handed} of {len(records)} handed to their child; kernels found "
+        f"compiled by one {kernels['found']}, compiled in the child {kernels['compiled_here']}"
+    )
 
 
 def distinct_source(source: str, label: str) -> str:
@@ -183,6 +197,8 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool
     print(f"GPU held exclusively for measurements: {exclusive / wall:.1%} of the wall time")
     rings = Counter(str(r.sandbox.get("output_ring")) for r in results)
     print(f"output rings: {dict(rings)}")
+    if any("compile_ahead" in r.sandbox for r in results):
+        print(companions(results))
     print("| phase | where | what | median s |")
     print("| --- | --- | --- | ---: |")
     phases = {}
@@ -301,6 +317,12 @@ def parse_args() -> argparse.Namespace:
         help="how L2 is emptied before every timed call (TimingConfig)",
     )
     parser.add_argument(
+        "--compile-ahead",
+        action="store_true",
+        help="Triton kernels compiled by a companion sandbox without a GPU, never paused "
+        "(EvalConfig.compile_ahead)",
+    )
+    parser.add_argument(
         "--hold",
         choices=HOLDS,
         default=TimingConfig.hold,
@@ -330,6 +352,7 @@ def main() -> None:
         device=args.device,
         run_importing_during_measurement=args.run_importing,
         cache_reference_timing=args.reference_timing == "cached",
+        compile_ahead=args.compile_ahead,
         timing=TimingConfig(
             fresh_inputs=not args.stale_inputs,
             placement_warmup_ms=args.placement_warmup_ms,

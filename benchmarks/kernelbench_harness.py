@@ -98,6 +98,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--per-gpu", type=int, default=4, help="kernelrl evaluations in flight per GPU")
     p.add_argument("--kernelrl-timeout-s", type=float, default=180.0)
     p.add_argument(
+        "--compile-ahead",
+        action="store_true",
+        help="kernelrl: Triton kernels compiled by a companion sandbox without a GPU",
+    )
+    p.add_argument(
         "--hold",
         choices=("refresh", "call"),
         default="refresh",

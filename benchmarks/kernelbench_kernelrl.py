@@ -149,7 +149,12 @@ def run_kernelrl_phase(
     tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
     started = time.perf_counter()
     timing = TimingConfig(hold=args.hold, enough_timed_ms=args.enough_timed_ms)
-    config = EvalConfig(device="cuda", timeout_s=args.kernelrl_timeout_s, timing=timing)
+    config = EvalConfig(
+        device="cuda",
+        timeout_s=args.kernelrl_timeout_s,
+        timing=timing,
+        compile_ahead=args.compile_ahead,
+    )
     pool = LocalPool(config, per_gpu=args.per_gpu)
     ready = time.perf_counter()
     futures = []

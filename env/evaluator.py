@@ -69,6 +69,9 @@ class EvalConfig:
     gpu_quiet_timeout_s: float = 2.0
     # Let sandboxes still importing torch run during a measurement (sandbox.processes.ChildPool).
     run_importing_during_measurement: bool = False
+    # A GPU child's Triton kernels compiled by a companion sandbox without a GPU, which other
+    # evaluations' measurements never pause (``sandbox.compiler``).
+    compile_ahead: bool = False
     # Off only to test that the sandbox and the dynamic checks hold on their own.
     static_checks: bool = True
     timing: TimingConfig = field(default_factory=TimingConfig)
@@ -233,8 +236,13 @@ class Evaluator(ChildRunPhases):
                 "cpu_seconds",
             )
         }
+        companion = self._companion(task)
         session = SandboxSession(
-            child, self.config.timeout_s, self.config.host_memory_bytes, self._gpu_share(plan)
+            child,
+            self.config.timeout_s,
+            self.config.host_memory_bytes,
+            self._gpu_share(plan),
+            companion,
         )
         if session.gpu is not None:
             result.sandbox["gpu_memory_watch"] = session.gpu.watch.describe()
@@ -272,6 +280,8 @@ class Evaluator(ChildRunPhases):
             # it was held paused while other evaluations were measured.
             result.phase_seconds["paused_for_others"] = child.paused_seconds - paused_before
             self.children.retire(child, then=release)
+            if companion is not None:
+                companion.retire(self.children.retire, result.sandbox)
 
     def _gpu_share(self, plan: MemoryPlan | None) -> GpuShare | None:
         """The GPU memory the child is held to (a GPU task whose footprint was measured)."""

@@ -29,6 +29,7 @@ from kernelrl.env.integrity import dynamic_checks
 from kernelrl.env.reference import REFERENCE_KINDS, PlacementTimer
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.sandbox import harness
+from kernelrl.env.sandbox.companion import Companion, child_report
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.side_by_side import InterleavedReference
 from kernelrl.env.task import Task, TaskError
@@ -65,8 +66,13 @@ def _charge(result: EvalResult, phase: str, started: float) -> None:
     seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - started
 
 
-def _child_phases(message: dict[str, Any]) -> dict[str, float]:
-    return {f"child_{k}": v for k, v in message.get("phase", {}).items()}
+def _take_child_record(message: dict[str, Any], result: EvalResult) -> None:
+    """The child's phases, and what its compile companion did for it (its own word, kept
+    for the record only: nothing is decided on it)."""
+    result.phase_seconds.update({f"child_{k}": v for k, v in message.get("phase", {}).items()})
+    if "compile_ahead" in message:
+        record = result.sandbox.setdefault("compile_ahead", {})
+        record.update(child_report(message["compile_ahead"]))
 
 
 class ChildRunPhases:
@@ -78,6 +84,7 @@ class ChildRunPhases:
     device_kind: str
     references: Any
     gpu_claim: Any
+    children: Any
     _compare: Callable[..., Comparison]
     _violate: Callable[[EvalResult, list[tuple[str, str]]], None]
     _trusted_gpu_work: Callable[[], AbstractContextManager]
@@ -101,7 +108,7 @@ class ChildRunPhases:
         timing_config = self._timing_config(plan)
         model_seed = self.references.model_seed(task)  # an untrusted reference's child has it
         loaded = session.start(self._child_job(task, source, model_seed, timing_config))
-        result.phase_seconds.update(_child_phases(loaded))
+        _take_child_record(loaded, result)
         if self._stopped_early(loaded, result, session, task):
             return
         violations = dynamic_checks.check_tampering(loaded["tampered"])
@@ -120,6 +127,16 @@ class ChildRunPhases:
             self._timed_phase(
                 task, own_names, session, result, reference, timing_config, glue_is_task
             )
+
+    def _companion(self, task: Task) -> Companion | None:
+        """A compile companion for a Triton solution on a GPU, where the config asks for one
+        (``sandbox.compiler``), held to the limits its child is."""
+        if not (self.config.compile_ahead and self.device_kind == "cuda"):
+            return None
+        if task.backend != "triton":
+            return None
+        limits = self._child_job(task, "", 0, self.config.timing)["limits"]
+        return Companion(self.device_kind, self.children.gpu_index, limits)
 
     def _timing_config(self, plan: MemoryPlan | None) -> TimingConfig:
         """The timing procedure, on no more input sets than the memory plan counted."""
@@ -206,7 +223,7 @@ class ChildRunPhases:
                 if _looks_like_reduced_precision(expected_dtypes, comparison):
                     result.error += "\n" + REDUCED_PRECISION_HINT
                 return False
-        result.phase_seconds.update(_child_phases(report))
+        _take_child_record(report, result)
         result.custom_kernel_launches = (
             min(evidence.launches)
             if evidence.launches and get_backend(task.backend).counts_launches
@@ -233,7 +250,7 @@ class ChildRunPhases:
             self._side_by_side(task, timing_config, session, timers) as side_by_side,
         ):
             timing, timing_wall = self._time_solution(session, timing_seed, side_by_side)
-            result.phase_seconds.update(_child_phases(timing))
+            _take_child_record(timing, result)
             if self._stopped_early(timing, result, session, task):
                 return
             result.runtime = TimingStats(**timing["runtime"])

@@ -71,7 +71,8 @@ class Child:
     sock: socket.socket
     scratch: Path
     started: float
-    ring: Ring  # where its outputs' bytes come through (sandbox.stream)
+    ring: Ring | None  # where its outputs' bytes come through (sandbox.stream); a compile
+    # companion (sandbox.compiler) has none
     device_ring: DeviceRing | None = None  # or there, on the GPU, once it mapped it (device_ring)
     ready_info: dict[str, Any] = field(default_factory=dict)
     killed_for: str = ""
@@ -379,7 +380,8 @@ class Child:
         if self.cgroup is not None:
             cgroups.release(self.cgroup)
         self.sock.close()
-        self.ring.close()
+        if self.ring is not None:
+            self.ring.close()
         if self.device_ring is not None:
             self.device_ring.close()
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -146,11 +146,12 @@ class ForkServer:
         raise ForkServerError(f"fork server failed to {doing}\n{tail}")
 
     def fork(
-        self, cwd: Path, env: dict[str, str], channel: socket.socket, log: int
+        self, cwd: Path, env: dict[str, str], channel: socket.socket, log: int, entry: str = "child"
     ) -> ForkedProcess:
         """A new child in ``cwd`` with exactly ``env``, ``channel`` as its standard input and
-        ``log`` as its output. Called from one thread at a time (the spawner)."""
-        request = json.dumps({"cwd": str(cwd), "env": env}).encode()
+        ``log`` as its output, running ``kernelrl.env.sandbox.<entry>`` (the child, or a compile
+        companion). Called from one thread at a time (the spawner)."""
+        request = json.dumps({"cwd": str(cwd), "env": env, "entry": entry}).encode()
         try:
             socket.send_fds(self._control, [request], [channel.fileno(), log])
         except OSError as exc:

@@ -22,7 +22,8 @@ import torch
 
 from kernelrl.env import compare, sizes
 from kernelrl.env.integrity.audit import AtenAudit, LaunchCounter, ScalarParameters, nbytes
-from kernelrl.env.sandbox import compile_only, failures, harness, timed_run
+from kernelrl.env.sandbox import compile_ahead, compile_only, failures, harness, timed_run
+from kernelrl.env.sandbox.compile_ahead import CompileAhead
 from kernelrl.env.sandbox.compile_only import (
     refuse_libdevice_in_interpreter,
     stub_load_inline_for_cpu,
@@ -157,9 +158,11 @@ class Job:
         self.calls = 0
         self.previous: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
         self.gpu_only: list[str] = []  # launches skipped as only a GPU can run them (CPU)
+        self.compile_ahead: CompileAhead | None = None  # the companion's, if one was handed
 
     def send(self, message: dict[str, Any]) -> None:
-        send_message(self.sock, {**message, "phase": self.phase})
+        extra = {"compile_ahead": self.compile_ahead.report()} if self.compile_ahead else {}
+        send_message(self.sock, {**message, "phase": self.phase, **extra})
 
     def expect(self, kind: str) -> dict[str, Any]:
         """The trusted side's next message, which must be a ``kind``: the two sides take turns."""
@@ -182,7 +185,11 @@ class Job:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()  # the worker reads what the device has left for us
         self.send({"type": "task_loaded"})
-        self.job["solution_source"] = str(self.expect("solution")["solution_source"])
+        solution = self.expect("solution")
+        self.job["solution_source"] = str(solution["solution_source"])
+        if solution.get("compile_ahead"):
+            channel = compile_ahead.receive_companion(self.sock)
+            self.compile_ahead = CompileAhead(channel, self.phase)
 
     def serve(self) -> None:
         job = self.job
@@ -202,8 +209,10 @@ class Job:
             refuse_libdevice_in_interpreter()
             defer_gpu_only_launches(self.gpu_only)
         self.guard = harness_guard(
-            [self.entry, sys.modules[__name__], failures, compile_only, timed_run]
+            [self.entry, sys.modules[__name__], failures, compile_only, compile_ahead, timed_run]
         )
+        if self.compile_ahead is not None:
+            self.compile_ahead.install(job["solution_source"])
 
         start = time.perf_counter()
         # Compute at import (a module-level table) is judged as the constructor's is: one audit

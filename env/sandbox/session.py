@@ -4,7 +4,9 @@ A session drives one sandboxed child through one job:
 
     start(job[, admit]) -> "loaded" | "error" | "not_run"      (load the task; with admit, after
                                                                  the GPU memory it reports is
-                                                                 reserved; then the solution:
+                                                                 reserved; then the solution,
+                                                                 with the compile companion's
+                                                                 channel if there is one:
                                                                  compile, build the model)
     send_call(seed); receive()  -> "outputs" | "error"           (one forward call on fresh inputs)
     read_tensors(described, on_chunk)                            (that call's output bytes)
@@ -30,7 +32,9 @@ from typing import Any
 import torch
 
 from kernelrl.env.compare import DTYPES
+from kernelrl.env.sandbox import compile_ahead
 from kernelrl.env.sandbox.child_process import Child, ChildDied
+from kernelrl.env.sandbox.companion import Companion
 from kernelrl.env.sandbox.gpu_memory import GpuShare
 from kernelrl.env.sandbox.protocol import CHUNK_BYTES, TASK_MODULE
 from kernelrl.env.sandbox.stream import StreamError, read_tensor_bytes
@@ -52,13 +56,16 @@ class SandboxSession:
         timeout_s: float,
         max_rss_bytes: int | None,
         gpu: GpuShare | None = None,
+        companion: Companion | None = None,
     ) -> None:
         """``gpu``: the GPU memory admitted for this evaluation, which the child is held to
-        while the session waits for it (``Child.receive``)."""
+        while the session waits for it (``Child.receive``); ``companion``: the compile
+        companion handed to the child with the solution, if it is fit to be."""
         self.child = child
         self.deadline = time.monotonic() + timeout_s
         self.max_rss_bytes = max_rss_bytes
         self.gpu = gpu
+        self.companion = companion
         self.solution_sent = False
         self._buffer: torch.Tensor | None = None
 
@@ -88,8 +95,22 @@ class SandboxSession:
             return message  # the task failed to load or make its inputs: no solution code ran
         if self.gpu is not None:
             self.gpu.note_before_solution(self.child.pids())
+        channel = self.companion.channel() if self.companion is not None else None
         self.solution_sent = True
-        self.child.send({"type": "solution", "solution_source": job["solution_source"]})
+        self.child.send(
+            {
+                "type": "solution",
+                "solution_source": job["solution_source"],
+                "compile_ahead": channel is not None,
+            }
+        )
+        if channel is not None:
+            try:  # the child waits for it before it loads the solution: a failure is ours
+                compile_ahead.send_companion(self.child.sock, channel)
+            except OSError as exc:
+                self.child.kill("protocol")
+                why = f"could not be handed its compile companion ({exc})"
+                raise ChildDied(why, ours=True) from exc
         return self.receive()
 
     def memory_shortfall(self) -> str | None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +56,21 @@ def spawn_child(device: str, gpu_index: int | None) -> Child:
     The child asks the kernel for SIGKILL when the thread that forked it ends
     (``PR_SET_PDEATHSIG`` is per thread, not per process): forked by an evaluation's thread, a
     child would die with that thread. The spawner thread lives until the process exits."""
+    return _spawner_thread().submit(_spawn, device, gpu_index, CHILD).result()
+
+
+def spawn_companion(device: str, gpu_index: int | None) -> Future[Child]:
+    """A compile companion (``sandbox.compiler``) for a child of that device, started by the
+    spawner thread while the caller goes on: a sandbox like a CPU child, with no GPU."""
+    return _spawner_thread().submit(_spawn, device, gpu_index, COMPANION)
+
+
+def _spawner_thread() -> ThreadPoolExecutor:
     global _spawner
     with _spawner_lock:
         if _spawner is None or _spawner[0] != os.getpid():  # a forked process starts its own
             _spawner = (os.getpid(), ThreadPoolExecutor(1, "kernelrl-sandbox-spawner"))
-        spawner = _spawner[1]
-    return spawner.submit(_spawn_child, device, gpu_index).result()
+        return _spawner[1]
 
 
 def visible_device(gpu_index: int) -> str:
@@ -82,6 +91,14 @@ def _package_view() -> str:
     """What of kernelrl's package the child's filesystem shows (``isolation_view``): computed
     once per worker, not once per child."""
     return package_view()
+
+
+def _companion_env(home: Path) -> dict[str, str]:
+    """A CPU child's environment (no GPU device in its view, none visible to CUDA), without
+    Triton's interpreter: it compiles for the GPU its child reports."""
+    env = _child_env("cpu", None, home)
+    del env["TRITON_INTERPRET"]
+    return env
 
 
 def _child_env(device: str, gpu_index: int | None, home: Path) -> dict[str, str]:
@@ -125,11 +142,13 @@ def _fork_server(device: str, gpu_index: int | None) -> ForkServer:
     return server
 
 
-def _exec_child(scratch: Path, env: dict[str, str], channel: socket.socket, log: int) -> Any:
+def _exec_child(
+    scratch: Path, env: dict[str, str], channel: socket.socket, log: int, entry: str
+) -> Any:
     """A child started on its own interpreter: what the fork server saves (its imports), kept
     to measure that saving side by side and as the way round a host where forking fails."""
     return subprocess.Popen(
-        [sys.executable, "-m", "kernelrl.env.sandbox.child", "stdin", str(os.getpid())],
+        [sys.executable, "-m", f"kernelrl.env.sandbox.{entry}", "stdin", str(os.getpid())],
         cwd=scratch,
         env=env,
         stdin=channel,
@@ -139,28 +158,34 @@ def _exec_child(scratch: Path, env: dict[str, str], channel: socket.socket, log:
     )
 
 
-def _spawn_child(device: str, gpu_index: int | None) -> Child:
-    """Children come from the fork server unless ``KERNELRL_SANDBOX_SPAWN=exec``."""
-    start = (
-        _exec_child if os.environ.get(SPAWN_ENV) == "exec" else _fork_server(device, gpu_index).fork
-    )
-    scratch = make_scratch("sbx")
+CHILD, COMPANION = "child", "compiler"  # what a sandbox process runs: its entry module
+
+
+def _spawn(device: str, gpu_index: int | None, entry: str) -> Child:
+    """Children come from the fork server unless ``KERNELRL_SANDBOX_SPAWN=exec``; a companion
+    from the same one, as it holds no CUDA context."""
+    if os.environ.get(SPAWN_ENV) == "exec":
+        start = functools.partial(_exec_child, entry=entry)
+    else:
+        start = functools.partial(_fork_server(device, gpu_index).fork, entry=entry)
+    scratch = make_scratch("sbx" if entry == CHILD else "cmp")
     parent_sock, child_sock = socket.socketpair()
-    env = _child_env(device, gpu_index, scratch)
+    env = _child_env(device, gpu_index, scratch) if entry == CHILD else _companion_env(scratch)
     cgroup, why_not = cgroups.make()
     if cgroup is not None:
         env[cgroups.CGROUP_ENV] = str(cgroup.path)
     else:
         env[cgroups.UNAVAILABLE_ENV] = why_not
     log = open(scratch / "child.log", "wb")  # noqa: SIM115 - handed to the child
-    ring = Ring.create()
+    ring = Ring.create() if entry == CHILD else None  # a companion's outputs never come back
     try:
-        seed = triton_seed(device, gpu_index)
+        seed = triton_seed(device, gpu_index) if entry == CHILD else None
         if seed is not None:  # its own copy: what it compiles stays its own
             shutil.copytree(seed, env["TRITON_CACHE_DIR"])
         process = start(scratch, env, child_sock, log.fileno())
     except BaseException:
-        ring.close()
+        if ring is not None:
+            ring.close()
         if cgroup is not None:
             cgroups.release(cgroup)
         parent_sock.close()

@@ -14,7 +14,8 @@ isolates itself exactly as a child started with ``python -m kernelrl.env.sandbox
 single-threaded, as ``unshare`` needs.
 
 Protocol, on a ``SOCK_SEQPACKET`` pair (one message per datagram, descriptors attached):
-worker -> server ``{"cwd", "env"}`` with [channel, log]; server -> worker
+worker -> server ``{"cwd", "env", "entry"}`` with [channel, log] (``entry``: ``child``, or
+``compiler`` for a compile companion); server -> worker
 ``{"type": "forked", "pid"}`` with a pidfd of the child (safe against pid reuse), or
 ``{"type": "failed", "error"}``; and ``{"type": "exit", "pid", "status"}`` when a child ends
 (only its parent can read its wait status).
@@ -45,6 +46,11 @@ PRELOADED = (
     "triton.compiler.code_generator",
 )
 REAP_INTERVAL_S = 0.02
+# What a forked process runs, by the request's ``entry``: a sandbox child or a compile companion.
+ENTRIES = {
+    "child": "kernelrl.env.sandbox.child",
+    "compiler": "kernelrl.env.sandbox.compiler",
+}
 
 
 def _send(control: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
@@ -83,10 +89,9 @@ def _become_child(request: dict, channel: int, log: int, server_pid: int) -> Non
         os.chdir(request["cwd"])
         tempfile.tempdir = None  # gettempdir() reads the child's TMPDIR, not the server's
         sys.path.insert(0, request["cwd"])  # as ``python -m`` in that directory would have
-        sys.argv = ["kernelrl.env.sandbox.child", "stdin", str(server_pid)]
-        from kernelrl.env.sandbox import child
-
-        child.run_forked(server_pid)
+        entry = ENTRIES[request.get("entry", "child")]
+        sys.argv = [entry, "stdin", str(server_pid)]
+        importlib.import_module(entry).run_forked(server_pid)
     except BaseException as exc:  # noqa: BLE001 - the worker reads the log and the exit code
         with contextlib.suppress(OSError):
             os.write(2, f"forked sandbox child failed to start: {exc!r}\n".encode())
@@ -138,7 +143,8 @@ def main() -> None:
     os.close(devnull)
     # Torch starts a thread at import; fork copies only ours, which is what the child needs.
     warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
-    from kernelrl.env.sandbox import child  # noqa: F401 - torch, triton, the harness, the audit
+    # torch, triton, the harness, the audit; a compile companion's own code
+    from kernelrl.env.sandbox import child, compiler  # noqa: F401
 
     for name in PRELOADED:
         importlib.import_module(name)

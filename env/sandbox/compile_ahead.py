@@ -1,0 +1,128 @@
+"""The child's side of its compile companion (``sandbox.compiler``): before Triton compiles one of
+the solution's kernels, the companion compiles it, and its files go into this child's own Triton
+cache, where Triton's compile then finds them under the key it computes itself.
+
+While the child waits for the companion it launches nothing, so the pauses other evaluations'
+measurements put it in cost it nothing: the companion, which has no GPU, is never paused. Where
+the companion fails, is slow past ``WAIT_S`` or compiled the kernel any other way (its files
+then sit under another key), Triton compiles the kernel here as it would have without one.
+Nothing the companion sends is trusted beyond that: it runs the same solution's code, and its
+files reach only this child's cache.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, recv_message, send_message
+
+WAIT_S = 120.0  # for one kernel; Triton's own compile of a large kernel takes seconds
+_HASH = re.compile(r"[0-9a-f]{64}")
+_FILE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+_MARK = b"C"
+
+
+def send_companion(sock: socket.socket, channel: socket.socket) -> None:
+    """The worker's side: the companion's channel to the child, right after the solution."""
+    socket.send_fds(sock, [_MARK], [channel.fileno()])
+
+
+def receive_companion(sock: socket.socket) -> socket.socket:
+    """The child's side of ``send_companion``."""
+    data, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if data != _MARK or len(fds) != 1:
+        raise ConnectionError("expected the compile companion's channel")
+    return socket.socket(fileno=fds[0])
+
+
+class CompileAhead:
+    """Installed in the child once the solution is known and before it is loaded: Triton's
+    ``jit_cache_hook`` asks the companion first, and its compile listener counts what was then
+    found in the cache (``report``, the child's word, for the evaluation's record)."""
+
+    def __init__(self, channel: socket.socket, phase: dict[str, float]) -> None:
+        self.channel = channel
+        self.phase = phase
+        self.counts: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.broken = False
+
+    def install(self, source: str) -> None:
+        """The companion loads ``source`` while this child does; Triton asks it from now on."""
+        from triton import knobs
+
+        try:
+            send_message(self.channel, {"type": "solution", "source": source})
+        except OSError as exc:  # gone already: Triton compiles here, as without one
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+            return
+        previous_hook = knobs.runtime.jit_cache_hook
+        previous_listener = knobs.compilation.listener
+
+        def hook(**kwargs: Any) -> Any:
+            skipped = previous_hook(**kwargs) if previous_hook is not None else None
+            if not skipped and getattr(kwargs.get("fn"), "module", "") == SOLUTION_MODULE:
+                self.ask(kwargs["compile"]["specialization_data"])
+            return skipped
+
+        def listener(**kwargs: Any) -> None:
+            if previous_listener is not None:
+                previous_listener(**kwargs)
+            function = getattr(kwargs.get("src"), "fn", None)  # a JITFunction, or IR text
+            if getattr(function, "__module__", "") == SOLUTION_MODULE:
+                self.counts["found" if kwargs.get("cache_hit") else "compiled_here"] += 1
+
+        knobs.runtime.jit_cache_hook = hook
+        knobs.compilation.listener = listener
+
+    def ask(self, specialization: str) -> None:
+        """The companion compiles one kernel for this GPU; its files go into our cache."""
+        if self.broken:
+            return
+        from triton.runtime import driver
+
+        started = time.perf_counter()
+        target = driver.active.get_current_target()
+        try:
+            send_message(
+                self.channel,
+                {
+                    "type": "compile",
+                    "specialization": specialization,
+                    "target": [target.backend, target.arch, target.warp_size],
+                },
+            )
+            self.channel.settimeout(WAIT_S)
+            reply = recv_message(self.channel)
+            if reply.get("type") == "compiled":
+                self.put(reply)
+                self.counts["compiled_ahead"] += 1
+            else:
+                self.errors.append(str(reply.get("error", reply.get("type")))[:300])
+        except Exception as exc:  # noqa: BLE001 - any failure: Triton compiles here instead
+            self.broken = True
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        finally:
+            self.phase["compile_ahead"] = (
+                self.phase.get("compile_ahead", 0.0) + time.perf_counter() - started
+            )
+
+    @staticmethod
+    def put(reply: dict[str, Any]) -> None:
+        """A compiled kernel's files into this process's Triton cache, listed as one group."""
+        from triton.runtime.cache import get_cache_manager
+
+        key, group, files = str(reply["hash"]), str(reply["group"]), dict(reply["files"])
+        names = [group, *files]
+        if not _HASH.fullmatch(key) or not all(_FILE.fullmatch(str(n)) for n in names):
+            raise ValueError("the companion named a file outside its kernel's cache folder")
+        manager = get_cache_manager(key)
+        paths = {str(name): manager.put(bytes(data), str(name)) for name, data in files.items()}
+        manager.put_group(group, paths)
+
+    def report(self) -> dict[str, Any]:
+        return {**self.counts, "errors": self.errors[:5]}

@@ -1,0 +1,173 @@
+"""Compiling ahead (``sandbox.compiler``, ``sandbox.compile_ahead``): a companion sandbox without a
+GPU compiles a solution's Triton kernel for the child's GPU, and Triton in another process finds
+it under the key it computes itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+
+from kernelrl.data.bundled import bundled_pairs, bundled_solution_path
+from kernelrl.env.evaluator import EvalConfig, Evaluator
+from kernelrl.env.result import Status
+from kernelrl.env.sandbox import harness
+from kernelrl.env.sandbox.child_process import Child
+from kernelrl.env.sandbox.companion import child_report
+from kernelrl.env.sandbox.compile_ahead import CompileAhead
+from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, send_message
+from kernelrl.env.sandbox.spawn import spawn_companion
+
+# The bundled ReLU solution, launched as its forward launches it on float32 inputs.
+SOLUTION = bundled_solution_path("01_relu", "triton").read_text()
+TARGET = GPUTarget("cuda", 90, 32)  # an H100's or H200's
+TARGET_LIST = [TARGET.backend, TARGET.arch, TARGET.warp_size]  # as a child sends it
+SIGNATURE = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n_elements": "i32", "BLOCK_SIZE": "constexpr"}
+CONSTANTS = {(3,): 1024}  # paths of arguments, as the launcher gives them
+ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+LIMITS = {"file_bytes": 2**30, "cpu_seconds": 300, "address_space_bytes": 16 * 2**30}
+
+
+def _specialization(name: str) -> str:
+    """What Triton's launcher gives its ``jit_cache_hook`` for this launch, written as it does."""
+    options = make_backend(TARGET).parse_options({"num_warps": 4})
+    return json.dumps(
+        {
+            "name": f"{SOLUTION_MODULE}.{name}",
+            "signature": SIGNATURE,
+            "constant_keys": [list(key) for key in CONSTANTS],
+            "constant_vals": list(CONSTANTS.values()),
+            "attrs_keys": [list(key) for key in ATTRS],
+            "attrs_vals": list(ATTRS.values()),
+            "options": options.__dict__,
+            "key": "",
+        }
+    )
+
+
+@pytest.fixture
+def companion() -> Child:
+    started = spawn_companion("cpu", None).result(timeout=120)
+    yield started
+    started.close()
+
+
+def _ready(companion: Child) -> dict:
+    companion.send({"type": "limits", "limits": LIMITS})
+    return companion.receive(time.monotonic() + 60)
+
+
+def test_a_companion_sees_no_gpu_and_compiles_what_triton_here_then_finds(
+    companion: Child, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The companion compiles for an sm_90 GPU from the solution's source and the launch's
+    specialization; its files, put into an empty cache, are what Triton's own compile of the
+    same kernel finds in this process: a cache hit, nothing compiled here."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    ready = _ready(companion)
+    assert ready["type"] == "ready" and ready["gpu_devices"] == [], ready
+    # The process that runs the solution's code here takes only CPU time nobody else wants.
+    job = companion._tree()[-1]
+    assert (
+        os.sched_getscheduler(job) == os.SCHED_IDLE and os.getpriority(os.PRIO_PROCESS, job) == 19
+    )
+    send_message(companion.sock, {"type": "solution", "source": SOLUTION})
+    send_message(
+        companion.sock,
+        {
+            "type": "compile",
+            "specialization": _specialization("relu_kernel"),
+            "target": TARGET_LIST,
+        },
+    )
+    reply = companion.receive(time.monotonic() + 120)
+    assert reply["type"] == "compiled", reply
+    assert any(name.endswith(".cubin") for name in reply["files"])
+    CompileAhead.put(reply)
+
+    hits: list[bool] = []
+    module = harness.load_module(SOLUTION, SOLUTION_MODULE)
+    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
+    try:
+        options = make_backend(TARGET).parse_options({"num_warps": 4}).__dict__
+        source = ASTSource(module.relu_kernel, SIGNATURE, CONSTANTS, ATTRS)
+        kernel = triton.compile(source, target=TARGET, options=options)
+    finally:
+        sys.modules.pop(SOLUTION_MODULE, None)
+    assert hits == [True] and kernel.hash == reply["hash"]
+
+
+def test_what_the_companion_cannot_compile_is_said_and_it_goes_on(companion: Child) -> None:
+    """A kernel it cannot find, then one it can: a failure is a reply, never its end."""
+    _ready(companion)
+    send_message(companion.sock, {"type": "solution", "source": SOLUTION})
+    for name, expected in (("no_such_kernel", "failed"), ("relu_kernel", "compiled")):
+        send_message(
+            companion.sock,
+            {"type": "compile", "specialization": _specialization(name), "target": TARGET_LIST},
+        )
+        reply = companion.receive(time.monotonic() + 120)
+        assert reply["type"] == expected, reply
+    # A solution that does not load here (its own SystemExit included): each request is
+    # answered with why, and the companion is still there for the next.
+    send_message(companion.sock, {"type": "solution", "source": "raise SystemExit(3)\n"})
+    for _ in range(2):
+        send_message(
+            companion.sock,
+            {
+                "type": "compile",
+                "specialization": _specialization("relu_kernel"),
+                "target": TARGET_LIST,
+            },
+        )
+        reply = companion.receive(time.monotonic() + 60)
+        assert reply["type"] == "failed" and "did not load here: SystemExit" in reply["error"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"hash": "../" + "0" * 61, "group": "k.json", "files": {}},
+        {"hash": "0" * 64, "group": "k.json", "files": {"../../x.so": b""}},
+        {"hash": "0" * 64, "group": "/etc/k.json", "files": {}},
+    ],
+)
+def test_a_companion_s_files_go_into_the_kernel_s_cache_folder_only(reply: dict) -> None:
+    with pytest.raises(ValueError, match="outside its kernel's cache folder"):
+        CompileAhead.put(reply)
+
+
+def test_the_child_s_report_of_its_companion_is_kept_as_plain_counts() -> None:
+    assert child_report({"compiled_ahead": 2, "found": 2, "errors": ["x" * 900] * 9}) == {
+        "compiled_ahead": 2,
+        "found": 2,
+        "errors": ["x" * 300] * 5,
+    }
+    assert child_report(["not", "a", "dict"]) == {}
+    assert child_report({"found": "many", "errors": "no"}) == {"errors": []}
+
+
+@pytest.mark.gpu
+def test_a_gpu_evaluation_finds_its_kernels_compiled_by_its_companion() -> None:
+    """On a GPU, every kernel of the bundled Triton solutions is compiled by the companion and
+    found in the child's cache; the verdicts are those without one."""
+    evaluator = Evaluator(EvalConfig(device="cuda", compile_ahead=True, spare_children=2))
+    try:
+        for task, solution in bundled_pairs("triton")[:4]:
+            result = evaluator.evaluate(task, solution)
+            assert result.status is Status.CORRECT, (task.id, result.error)
+            record = result.sandbox["compile_ahead"]
+            assert record["companion"] == "handed to the child", record
+            assert record["found"] >= 1 and record.get("compiled_here", 0) == 0, record
+            assert result.phase_seconds["child_compile_ahead"] > 0
+    finally:
+        evaluator.close()
