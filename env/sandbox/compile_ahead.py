@@ -44,9 +44,12 @@ class CompileAhead:
     ``jit_cache_hook`` asks the companion first, and its compile listener counts what was then
     found in the cache (``report``, the child's word, for the evaluation's record)."""
 
-    def __init__(self, channel: socket.socket, phase: dict[str, float]) -> None:
+    def __init__(self, channel: socket.socket, phase: dict[str, float], target: Any = None) -> None:
+        """``target``: the GPU to compile for (a ``GPUTarget``); by default the one Triton's
+        driver has here."""
         self.channel = channel
         self.phase = phase
+        self.target = target
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
         self.broken = False
@@ -86,8 +89,8 @@ class CompileAhead:
         from triton.runtime import driver
 
         started = time.perf_counter()
-        target = driver.active.get_current_target()
         try:
+            target = self.target or driver.active.get_current_target()
             send_message(
                 self.channel,
                 {

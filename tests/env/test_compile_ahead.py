@@ -15,6 +15,8 @@ import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
+from triton.runtime.cache import get_cache_manager
+from triton.runtime.jit import JitFunctionInfo
 
 from kernelrl.data.bundled import bundled_pairs, bundled_solution_path
 from kernelrl.env.evaluator import EvalConfig, Evaluator
@@ -65,45 +67,50 @@ def _ready(companion: Child) -> dict:
     return companion.receive(time.monotonic() + 60)
 
 
-def test_a_companion_sees_no_gpu_and_compiles_what_triton_here_then_finds(
-    companion: Child, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The companion compiles for an sm_90 GPU from the solution's source and the launch's
-    specialization; its files, put into an empty cache, are what Triton's own compile of the
-    same kernel finds in this process: a cache hit, nothing compiled here."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+def test_a_companion_sees_no_gpu_and_takes_only_idle_cpu_time(companion: Child) -> None:
     ready = _ready(companion)
     assert ready["type"] == "ready" and ready["gpu_devices"] == [], ready
-    # The process that runs the solution's code here takes only CPU time nobody else wants.
-    job = companion._tree()[-1]
-    assert (
-        os.sched_getscheduler(job) == os.SCHED_IDLE and os.getpriority(os.PRIO_PROCESS, job) == 19
-    )
-    send_message(companion.sock, {"type": "solution", "source": SOLUTION})
-    send_message(
-        companion.sock,
-        {
-            "type": "compile",
-            "specialization": _specialization("relu_kernel"),
-            "target": TARGET_LIST,
-        },
-    )
-    reply = companion.receive(time.monotonic() + 120)
-    assert reply["type"] == "compiled", reply
-    assert any(name.endswith(".cubin") for name in reply["files"])
-    CompileAhead.put(reply)
+    job = companion._tree()[-1]  # the process that will run the solution's code
+    assert os.sched_getscheduler(job) == os.SCHED_IDLE
+    assert os.getpriority(os.PRIO_PROCESS, job) == 19
 
-    hits: list[bool] = []
+
+def test_the_child_s_hook_has_the_companion_compile_what_triton_then_finds(
+    companion: Child, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's side as Triton's launcher drives it, with this process as the child: the
+    hook, called before a compile with the launch's specialization, has the companion compile
+    the kernel for an sm_90 GPU and puts its files into an empty cache; Triton's compile of the
+    same kernel here then finds them (a cache hit, the companion's hash), and the listener
+    counts it."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    monkeypatch.setattr(knobs.compilation, "listener", None)
+    _ready(companion)
+    phase: dict[str, float] = {}
+    ahead = CompileAhead(companion.sock, phase, target=TARGET)
+    ahead.install(SOLUTION)
     module = harness.load_module(SOLUTION, SOLUTION_MODULE)
-    monkeypatch.setattr(knobs.compilation, "listener", lambda **kw: hits.append(kw["cache_hit"]))
     try:
+        skipped = knobs.runtime.jit_cache_hook(
+            key=None,
+            repr="relu_kernel",
+            fn=JitFunctionInfo(SOLUTION_MODULE, "relu_kernel", module.relu_kernel),
+            compile={"specialization_data": _specialization("relu_kernel")},
+            is_manual_warmup=False,
+            already_compiled=False,
+        )
         options = make_backend(TARGET).parse_options({"num_warps": 4}).__dict__
         source = ASTSource(module.relu_kernel, SIGNATURE, CONSTANTS, ATTRS)
         kernel = triton.compile(source, target=TARGET, options=options)
     finally:
         sys.modules.pop(SOLUTION_MODULE, None)
-    assert hits == [True] and kernel.hash == reply["hash"]
+    assert not skipped
+    assert ahead.report() == {"compiled_ahead": 1, "found": 1, "errors": []}, ahead.report()
+    assert phase["compile_ahead"] > 0
+    folder = Path(get_cache_manager(kernel.hash).cache_dir)
+    assert folder.is_relative_to(tmp_path) and any(p.suffix == ".cubin" for p in folder.iterdir())
 
 
 def test_what_the_companion_cannot_compile_is_said_and_it_goes_on(companion: Child) -> None:
