@@ -23,9 +23,10 @@ from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.result import Status
 from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.child_process import Child
-from kernelrl.env.sandbox.companion import child_report
+from kernelrl.env.sandbox.companion import Companion, child_report
 from kernelrl.env.sandbox.compile_ahead import CompileAhead
 from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, send_message
+from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.sandbox.spawn import spawn_companion
 
 # The bundled ReLU solution, launched as its forward launches it on float32 inputs.
@@ -138,6 +139,37 @@ def test_what_the_companion_cannot_compile_is_said_and_it_goes_on(companion: Chi
         )
         reply = companion.receive(time.monotonic() + 60)
         assert reply["type"] == "failed" and "did not load here: SystemExit" in reply["error"]
+
+
+@pytest.mark.parametrize("companion_starts", [True, False])
+def test_a_child_is_handed_its_companion_with_the_solution_or_goes_on_without(
+    companion_starts: bool,
+) -> None:
+    """The worker's side on a CPU (where Triton interprets, so nothing is asked): a companion
+    that said it sees no GPU is handed to the child with the solution, which loads as before
+    and tells it the solution; one that died first is not handed, and the child loads alike."""
+    task, solution = bundled_pairs("triton")[0]
+    evaluator = Evaluator(EvalConfig(device="cpu", spare_children=0))
+    child = evaluator.children.acquire()
+    companion = Companion("cpu", None, LIMITS)
+    if not companion_starts:
+        companion.future.result(timeout=60).kill()
+    try:
+        session = SandboxSession(child, 120, None, None, companion)
+        job = evaluator._child_job(task, solution, 0, evaluator.config.timing)
+        loaded = session.start(job)
+    finally:
+        record: dict = {}
+        companion.retire(evaluator.children.retire, record)
+        evaluator.children.retire(child)
+        evaluator.close()
+    assert loaded["type"] == "loaded", loaded
+    if companion_starts:
+        assert record["compile_ahead"] == {"companion": "handed to the child"}
+        assert loaded["compile_ahead"] == {"errors": []}  # the child's word: nothing asked yet
+    else:
+        assert record["compile_ahead"]["companion"].startswith("not started: ")
+        assert "compile_ahead" not in loaded
 
 
 @pytest.mark.parametrize(
