@@ -23,10 +23,10 @@ found under the child's own key, and the child then compiles it itself, as witho
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import resource
+import stat
 import sys
 import types
 from pathlib import Path
@@ -54,9 +54,33 @@ from kernelrl.env.sandbox.protocol import (  # noqa: E402
 GROUP_PREFIX = "__grp__"  # Triton's name for the file listing a compiled kernel's files
 
 
-def gpu_devices() -> list[str]:
-    """The NVIDIA device files this process can see (none, in the view of a CPU sandbox)."""
-    return sorted(glob.glob("/dev/nvidia*"))
+def nvidia_majors() -> set[int]:
+    """The device numbers' majors NVIDIA's drivers registered on this host (/proc/devices)."""
+    try:
+        with open("/proc/devices") as table:
+            rows = [line.split() for line in table]
+    except OSError:
+        return set()
+    return {int(r[0]) for r in rows if len(r) == 2 and r[0].isdigit() and r[1].startswith("nvidia")}
+
+
+def gpu_devices(root: str = "/dev", majors: set[int] | None = None) -> list[str]:
+    """Every character device under ``root`` that is an NVIDIA GPU's, by its major number or
+    its name, whatever path leads to it (none in the view of a CPU sandbox)."""
+    majors = nvidia_majors() if majors is None else majors
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        for name in subfolders + files:
+            path = os.path.join(folder, name)
+            try:
+                status = os.stat(path)  # through a link too
+            except OSError:
+                continue
+            if stat.S_ISCHR(status.st_mode) and (
+                os.major(status.st_rdev) in majors or name.startswith("nvidia")
+            ):
+                found.append(path)
+    return sorted(found)
 
 
 def _tuples(value: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -74,6 +75,25 @@ def test_a_companion_sees_no_gpu_and_takes_only_idle_cpu_time(companion: Child) 
     job = companion._tree()[-1]  # the process that will run the solution's code
     assert os.sched_getscheduler(job) == os.SCHED_IDLE
     assert os.getpriority(os.PRIO_PROCESS, job) == 19
+
+
+def test_a_gpu_device_is_found_by_its_number_whatever_it_is_called(tmp_path: Path) -> None:
+    """Where a view showed a GPU's device under another name (a link, a copy of the node), the
+    companion's ready message still lists it: the number says what a device is."""
+    from kernelrl.env.sandbox.compiler import gpu_devices
+
+    try:
+        os.mknod(tmp_path / "renamed", 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's
+    except PermissionError:
+        pytest.skip("no permission to make a device node here")
+    (tmp_path / "nvidia0").write_text("a file, not a device")
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "1:3").symlink_to(tmp_path / "renamed")
+    assert gpu_devices(str(tmp_path), majors=set()) == []
+    assert gpu_devices(str(tmp_path), majors={1}) == [
+        str(tmp_path / "links" / "1:3"),
+        str(tmp_path / "renamed"),
+    ]
 
 
 def test_the_child_s_hook_has_the_companion_compile_what_triton_then_finds(
