@@ -126,6 +126,13 @@ class EnvPoolConfig:
             "slower)"
         },
     )
+    env_compile_ahead: bool = field(
+        default=False,
+        metadata={
+            "help": "compile each Triton solution's kernels in a companion sandbox without a "
+            "GPU, which measurements never pause (GPU; not yet measured, off by default)"
+        },
+    )
     env_ray_address: str | None = field(
         default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
     )
@@ -161,6 +168,7 @@ class EnvPoolConfig:
                 timeout_s=self.env_timeout_s,
                 time_reference_compile=self.env_time_reference_compile,
                 cache_reference_timing=self.env_cache_reference_timing,
+                compile_ahead=self.env_compile_ahead,
             ),
             workers=self.env_workers or None,
             per_gpu=self.env_per_gpu,
