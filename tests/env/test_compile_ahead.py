@@ -22,7 +22,7 @@ from triton.runtime.jit import JitFunctionInfo
 from kernelrl.data.bundled import bundled_pairs, bundled_solution_path
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.result import Status
-from kernelrl.env.sandbox import harness
+from kernelrl.env.sandbox import compile_ahead, harness
 from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.companion import Companion, child_report
 from kernelrl.env.sandbox.compile_ahead import CompileAhead
@@ -159,6 +159,24 @@ def test_what_the_companion_cannot_compile_is_said_and_it_goes_on(companion: Chi
         )
         reply = companion.receive(time.monotonic() + 60)
         assert reply["type"] == "failed" and "did not load here: SystemExit" in reply["error"]
+
+
+def test_a_companion_that_does_not_answer_in_time_is_asked_nothing_more(
+    companion: Child, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A companion given no CPU time (here: stopped) costs its child ``WAIT_S`` once; the child
+    then compiles that kernel and every later one itself."""
+    monkeypatch.setattr(compile_ahead, "WAIT_S", 0.5)
+    _ready(companion)
+    companion.pause()
+    phase: dict[str, float] = {}
+    ahead = CompileAhead(companion.sock, phase, target=TARGET)
+    ahead.ask(_specialization("relu_kernel"))
+    waited = phase["compile_ahead"]
+    ahead.ask(_specialization("relu_kernel"))
+    assert ahead.broken and ahead.errors[0].startswith("TimeoutError")
+    assert 0.5 <= waited < 2.0 and phase["compile_ahead"] - waited < 0.1
+    companion.resume()
 
 
 @pytest.mark.parametrize("companion_starts", [True, False])
