@@ -257,6 +257,41 @@ def _spread(values: list[float]) -> float | None:
     return round(max(values) / min(values), 3) if len(values) > 1 else None
 
 
+def add_timing_args(parser: argparse.ArgumentParser) -> None:
+    """The timing procedure's options (``TimingConfig``) and compiling ahead."""
+    parser.add_argument(
+        "--placement-warmup-ms",
+        type=float,
+        default=TimingConfig.placement_warmup_ms,
+        help="warm-up before each placement after the first (TimingConfig)",
+    )
+    parser.add_argument(
+        "--placements",
+        type=int,
+        default=TimingConfig.placements,
+        help="input sets each timing is averaged over (TimingConfig)",
+    )
+    parser.add_argument(
+        "--l2-flush",
+        choices=L2_FLUSHES,
+        default=TimingConfig.l2_flush,
+        help="how L2 is emptied before every timed call (TimingConfig)",
+    )
+    parser.add_argument(
+        "--compile-ahead",
+        action="store_true",
+        help="Triton kernels compiled by a companion sandbox without a GPU, never paused "
+        "(EvalConfig.compile_ahead)",
+    )
+    parser.add_argument(
+        "--hold",
+        choices=HOLDS,
+        default=TimingConfig.hold,
+        help="where the GPU is held before every timed call: before its new contents, or "
+        "right before the call (TimingConfig)",
+    )
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
@@ -298,37 +333,7 @@ def parse_args() -> argparse.Namespace:
         default="local",
         help="LocalPool or RayPool (one actor per GPU)",
     )
-    parser.add_argument(
-        "--placement-warmup-ms",
-        type=float,
-        default=TimingConfig.placement_warmup_ms,
-        help="warm-up before each placement after the first (TimingConfig)",
-    )
-    parser.add_argument(
-        "--placements",
-        type=int,
-        default=TimingConfig.placements,
-        help="input sets each timing is averaged over (TimingConfig)",
-    )
-    parser.add_argument(
-        "--l2-flush",
-        choices=L2_FLUSHES,
-        default=TimingConfig.l2_flush,
-        help="how L2 is emptied before every timed call (TimingConfig)",
-    )
-    parser.add_argument(
-        "--compile-ahead",
-        action="store_true",
-        help="Triton kernels compiled by a companion sandbox without a GPU, never paused "
-        "(EvalConfig.compile_ahead)",
-    )
-    parser.add_argument(
-        "--hold",
-        choices=HOLDS,
-        default=TimingConfig.hold,
-        help="where the GPU is held before every timed call: before its new contents, or "
-        "right before the call (TimingConfig)",
-    )
+    add_timing_args(parser)
     parser.add_argument(
         "--reference-timing",
         choices=("cached", "each-evaluation"),

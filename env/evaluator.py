@@ -80,6 +80,23 @@ class EvalConfig:
         return resolve_device(self.device)
 
 
+# What an evaluation records of its child's ready message (from our code alone, before any
+# solution ran there): how it is isolated, and what its start cost ahead of time.
+SANDBOX_RECORD = (
+    "network",
+    "isolation",
+    "import_seconds",
+    "cuda_init_seconds",
+    "profiler_init_seconds",
+    "audit_init_seconds",
+    "ring_lock_seconds",
+    "output_ring",
+    "ring_map_seconds",
+    "device_ring_refused",
+    "gate_seconds",
+    "import_cpu_seconds",
+    "cpu_seconds",
+)
 # What the trusted side's work may raise that already says whose failure it is.
 _SAYS_WHOSE = (TaskError, torch.OutOfMemoryError, ChildDied, ReferenceStateError)
 
@@ -218,24 +235,7 @@ class Evaluator(ChildRunPhases):
             raise
         result.phase_seconds["child_wait"] = time.perf_counter() - wait_started
         paused_before = child.paused_seconds
-        result.sandbox = {
-            key: child.ready_info.get(key)
-            for key in (
-                "network",
-                "isolation",
-                "import_seconds",
-                "cuda_init_seconds",
-                "profiler_init_seconds",
-                "audit_init_seconds",
-                "ring_lock_seconds",
-                "output_ring",
-                "ring_map_seconds",
-                "device_ring_refused",
-                "gate_seconds",
-                "import_cpu_seconds",
-                "cpu_seconds",
-            )
-        }
+        result.sandbox = {key: child.ready_info.get(key) for key in SANDBOX_RECORD}
         companion = self._companion(task)
         session = SandboxSession(
             child,

@@ -68,13 +68,15 @@ def test_a_key_no_part_knows_is_refused() -> None:
 def _key_before_fresh_inputs(config) -> str:
     """The validate key as computed before timed calls got fresh input contents
     (``TimingConfig.fresh_inputs``), later placements a short warm-up of their own
-    (``placement_warmup_ms``) and L2 was flushed by reading (``l2_flush``, then the boolean
-    ``flush_l2``): the journals below were written then."""
+    (``placement_warmup_ms``), L2 was flushed by reading (``l2_flush``, then the boolean
+    ``flush_l2``) and the GPU's hold and a long kernel's repetitions became settings (``hold``,
+    ``enough_timed_ms``): the journals below were written then."""
     settings = pipeline.validate_settings(config)
     timing = settings["config"]["timing"]
     assert timing.pop("fresh_inputs") is True
     assert timing.pop("placement_warmup_ms") == 2.0
     assert timing.pop("l2_flush") == "read"
+    assert timing.pop("hold") == "refresh" and timing.pop("enough_timed_ms") == 0.0
     timing["flush_l2"] = True
     return fingerprint("validate", settings)
 
@@ -83,8 +85,8 @@ def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes(
     """The validate journal's key for the bundled recipes (and with flags), as curation computed
     it when the step's keys were fields of one flat ``CurateConfig``: nothing else a verdict
     depends on has drifted since. A change of what a verdict depends on (``TimingConfig``: fresh
-    timed inputs, the later placements' warm-up, the L2 flush) changes it on purpose, so those
-    journals are not resumed now."""
+    timed inputs, the later placements' warm-up, the L2 flush; a new setting, even at the value
+    that times as before) changes it on purpose, so those journals are not resumed now."""
     expected = {
         (SMOKE,): "6a7373e1cdbb4327",
         (SMOKE, "--seed", "3", "--validate_timeout_s", "7", "--validate_workers", "9"): (
