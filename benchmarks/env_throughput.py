@@ -397,6 +397,7 @@ def finish(
     summary["device_name"] = first.device_name
     summary["versions"] = first.versions
     summary["new_kernels"] = args.new_kernels
+    summary["options"] = vars(args)  # the timing procedure, compiling ahead, the pool's sizing
     kind = "new-kernel" if args.new_kernels else "repeated-kernel"
     gpu = first.device_name.replace("NVIDIA ", "").split()[0] if args.device != "cpu" else "CPU"
     print(

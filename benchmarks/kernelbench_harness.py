@@ -178,6 +178,10 @@ def kernelrl_phase(
         rows[stem].kernelrl = runs
     statuses = [r["status"] for runs in kr.values() for r in runs]
     return {
+        "kernelrl options": (
+            f"hold={args.hold}, enough_timed_ms={args.enough_timed_ms}, "
+            f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}"
+        ),
         "kernelrl evaluations": stats["evaluations"],
         "kernelrl evals/min (pool warm)": _fmt(stats["evals_per_min"], ".1f"),
         "kernelrl evals/min (first repeat)": _fmt(stats["evals_per_min_first_repeat"], ".1f"),
