@@ -2,6 +2,12 @@
 the solution's kernels, the companion compiles it, and its files go into this child's own Triton
 cache, where Triton's compile then finds them under the key it computes itself.
 
+The child wraps ``triton.compiler.compile``, which Triton's launcher calls with the kernel's
+source, signature, constants, attributes and options when a launch needs a kernel it has not
+compiled; what the wrapper sends is exactly those, written so that the companion remakes the
+same objects. Anything it cannot write that way (a constant of a kind it does not know) is not
+sent, and Triton compiles that kernel here: the wrapper never makes a launch fail.
+
 While the child waits for the companion it launches nothing, so the pauses other evaluations'
 measurements put it in cost it nothing: the companion, which has no GPU, is never paused. Where
 the companion fails, is slow past ``WAIT_S`` or compiled the kernel any other way (its files
@@ -42,23 +48,57 @@ def receive_companion(sock: socket.socket) -> socket.socket:
     return socket.socket(fileno=fds[0])
 
 
-class CompileAhead:
-    """Installed in the child once the solution is known and before it is loaded: Triton's
-    ``jit_cache_hook`` asks the companion first, and its compile listener counts what was then
-    found in the cache (``report``, the child's word, for the evaluation's record)."""
+class Unwritable(TypeError):
+    """A value of a compile's arguments that ``written`` has no form for."""
 
-    def __init__(self, channel: socket.socket, phase: dict[str, float], target: Any = None) -> None:
-        """``target``: the GPU to compile for (a ``GPUTarget``); by default the one Triton's
-        driver has here."""
+
+def written(value: Any) -> Any:
+    """A compile argument in a form the protocol carries (plain values, lists and tuples as
+    they are) from which ``compiler.remade`` makes the same object again."""
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if type(value) in (list, tuple):
+        return type(value)(written(v) for v in value)
+    if isinstance(value, tl.dtype):
+        return {"dtype": str(value)}
+    if isinstance(value, tl.constexpr):
+        return {"constexpr": written(value.value)}
+    if isinstance(value, JITFunction) and value.__module__ == SOLUTION_MODULE:
+        return {"jit_function": value.__qualname__}
+    raise Unwritable(f"a compile argument of type {type(value).__name__}")
+
+
+def compile_request(source: Any, target: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """What the companion needs to compile ``source`` (an ``ASTSource``) as Triton here would."""
+    return {
+        "type": "compile",
+        "name": source.fn.__qualname__,
+        "signature": {key: written(value) for key, value in source.signature.items()},
+        "constants": [(path, written(value)) for path, value in source.constants.items()],
+        "attrs": [(path, written(value)) for path, value in source.attrs.items()],
+        "options": {key: written(value) for key, value in options.items()},
+        "target": [target.backend, target.arch, target.warp_size],
+    }
+
+
+class CompileAhead:
+    """Installed in the child once the solution is known and before it is loaded; counts what
+    the companion compiled and what Triton then found in the cache (``report``, the child's
+    word, for the evaluation's record)."""
+
+    def __init__(self, channel: socket.socket, phase: dict[str, float]) -> None:
         self.channel = channel
         self.phase = phase
-        self.target = target
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
         self.broken = False
 
     def install(self, source: str) -> None:
         """The companion loads ``source`` while this child does; Triton asks it from now on."""
+        import triton.compiler
         from triton import knobs
 
         try:
@@ -66,14 +106,14 @@ class CompileAhead:
         except OSError as exc:  # gone already: Triton compiles here, as without one
             self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
             return
-        previous_hook = knobs.runtime.jit_cache_hook
+        original = triton.compiler.compile
         previous_listener = knobs.compilation.listener
 
-        def hook(**kwargs: Any) -> Any:
-            skipped = previous_hook(**kwargs) if previous_hook is not None else None
-            if not skipped and getattr(kwargs.get("fn"), "module", "") == SOLUTION_MODULE:
-                self.ask(kwargs["compile"]["specialization_data"])
-            return skipped
+        def compile(src: Any, target: Any = None, options: Any = None, **kwargs: Any) -> Any:
+            function = getattr(src, "fn", None)  # a JITFunction, or none for IR text
+            if target is not None and getattr(function, "__module__", "") == SOLUTION_MODULE:
+                self.ask(src, target, options)
+            return original(src, target=target, options=options, **kwargs)
 
         def listener(**kwargs: Any) -> None:
             if previous_listener is not None:
@@ -82,26 +122,21 @@ class CompileAhead:
             if getattr(function, "__module__", "") == SOLUTION_MODULE:
                 self.counts["found" if kwargs.get("cache_hit") else "compiled_here"] += 1
 
-        knobs.runtime.jit_cache_hook = hook
+        triton.compiler.compile = compile  # what Triton's launcher calls (``create_binder``)
         knobs.compilation.listener = listener
 
-    def ask(self, specialization: str) -> None:
-        """The companion compiles one kernel for this GPU; its files go into our cache."""
+    def ask(self, source: Any, target: Any, options: Any) -> None:
+        """The companion compiles one kernel for ``target``; its files go into our cache."""
         if self.broken:
             return
-        from triton.runtime import driver
-
         started = time.perf_counter()
         try:
-            target = self.target or driver.active.get_current_target()
-            send_message(
-                self.channel,
-                {
-                    "type": "compile",
-                    "specialization": specialization,
-                    "target": [target.backend, target.arch, target.warp_size],
-                },
-            )
+            request = compile_request(source, target, dict(options or {}))
+        except Exception as exc:  # noqa: BLE001 - not written (Unwritable): compiled here
+            self.errors.append(f"not sent: {exc}"[:300])
+            return
+        try:
+            send_message(self.channel, request)
             self.channel.settimeout(WAIT_S)
             reply = recv_message(self.channel)
             if reply.get("type") == "compiled":

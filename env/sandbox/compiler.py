@@ -17,7 +17,8 @@ found under the child's own key, and the child then compiles it itself, as witho
     companion -> worker     {"type": "ready", "gpu_devices", "isolation"}
     (the worker hands its end of the channel to the child)
     child     -> companion  {"type": "solution", "source"}
-    child     -> companion  {"type": "compile", "specialization", "target"}
+    child     -> companion  {"type": "compile", "name", "signature", "constants", "attrs",
+                             "options", "target"}           (``compile_ahead.compile_request``)
     companion -> child      {"type": "compiled", "hash", "group", "files"} | {"type": "failed", "error"}
 """
 
@@ -83,52 +84,45 @@ def gpu_devices(root: str = "/dev", majors: set[int] | None = None) -> list[str]
     return sorted(found)
 
 
-def _tuples(value: Any) -> Any:
-    """JSON made Python's tuples lists; Triton's signatures and options hold tuples."""
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
 def _jit_function(module: types.ModuleType, name: str) -> Any:
-    """The solution's ``@triton.jit`` function called ``name`` (module-qualified)."""
-    qualified = name.removeprefix(f"{SOLUTION_MODULE}.")
+    """The solution's ``@triton.jit`` function whose qualified name is ``name``."""
     found: Any = module
-    for part in qualified.split("."):
+    for part in name.split("."):
         found = getattr(found, part, None)
     if not isinstance(found, triton.runtime.jit.JITFunction):
         raise LookupError(f"{name} is no Triton kernel of the solution's module")
     return found
 
 
-def _constant(value: Any, module: types.ModuleType) -> Any:
-    """A constexpr as Triton's specialization data writes it, made the object again."""
-    if isinstance(value, str) and tl.dtype.is_dtype(value):
-        return tl.dtype(value)
-    if isinstance(value, dict) and "constexpr" in value:
-        return tl.constexpr(_tuples(value["constexpr"]))
-    if isinstance(value, dict) and "jit_function" in value:
-        return _jit_function(module, str(value["jit_function"]).split(":")[-1])
-    return _tuples(value)
+def remade(value: Any, module: types.ModuleType) -> Any:
+    """The object ``compile_ahead.written`` wrote: plain values, lists and tuples as they
+    are, a dtype, a constexpr, or one of the solution's kernels."""
+    if type(value) in (list, tuple):
+        return type(value)(remade(v, module) for v in value)
+    if type(value) is not dict:
+        return value
+    if "dtype" in value:
+        return tl.dtype(str(value["dtype"]))
+    if "constexpr" in value:
+        return tl.constexpr(remade(value["constexpr"], module))
+    return _jit_function(module, str(value["jit_function"]))
 
 
 def compile_kernel(module: types.ModuleType, message: dict[str, Any]) -> dict[str, Any]:
-    """One kernel compiled for the child's GPU from the specialization its launch asked for;
+    """One kernel compiled for the child's GPU from what its launch gave Triton's compile;
     the files Triton cached for it, by name."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.cache import get_cache_manager
 
-    data = json.loads(message["specialization"])
-    function = _jit_function(module, str(data["name"]))
-    constants = {
-        tuple(key): _constant(value, module)
-        for key, value in zip(data["constant_keys"], data["constant_vals"], strict=True)
-    }
-    attrs = {
-        tuple(key): value for key, value in zip(data["attrs_keys"], data["attrs_vals"], strict=True)
-    }
-    signature = {key: _tuples(value) for key, value in data["signature"].items()}
-    options = {k: tuple(v) if isinstance(v, list) else v for k, v in data["options"].items()}
-    source = ASTSource(function, signature, constants, attrs)
+    function = _jit_function(module, str(message["name"]))
+    source = ASTSource(
+        function,
+        {key: remade(value, module) for key, value in message["signature"].items()},
+        {tuple(path): remade(value, module) for path, value in message["constants"]},
+        {tuple(path): remade(value, module) for path, value in message["attrs"]},
+    )
+    options = {key: remade(value, module) for key, value in message["options"].items()}
     kernel = triton.compile(source, target=GPUTarget(*message["target"]), options=options)
     folder = Path(get_cache_manager(kernel.hash).cache_dir)
     files = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}

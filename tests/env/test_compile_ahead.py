@@ -4,7 +4,6 @@ it under the key it computes itself."""
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
@@ -13,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import triton
+import triton.compiler
+import triton.language as tl
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.cache import get_cache_manager
-from triton.runtime.jit import JitFunctionInfo
 
 from kernelrl.data.bundled import bundled_pairs, bundled_solution_path
 from kernelrl.env.evaluator import EvalConfig, Evaluator
@@ -25,36 +25,46 @@ from kernelrl.env.result import Status
 from kernelrl.env.sandbox import compile_ahead, harness
 from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.companion import Companion, child_report
-from kernelrl.env.sandbox.compile_ahead import CompileAhead
+from kernelrl.env.sandbox.compile_ahead import CompileAhead, Unwritable, compile_request, written
+from kernelrl.env.sandbox.compiler import remade
 from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, send_message
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.sandbox.spawn import spawn_companion
 
-# The bundled ReLU solution, launched as its forward launches it on float32 inputs.
+# The bundled ReLU solution, compiled as its forward's launch asks on float32 inputs.
 SOLUTION = bundled_solution_path("01_relu", "triton").read_text()
 TARGET = GPUTarget("cuda", 90, 32)  # an H100's or H200's
-TARGET_LIST = [TARGET.backend, TARGET.arch, TARGET.warp_size]  # as a child sends it
 SIGNATURE = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n_elements": "i32", "BLOCK_SIZE": "constexpr"}
 CONSTANTS = {(3,): 1024}  # paths of arguments, as the launcher gives them
 ATTRS = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
 LIMITS = {"file_bytes": 2**30, "cpu_seconds": 300, "address_space_bytes": 16 * 2**30}
 
 
-def _specialization(name: str) -> str:
-    """What Triton's launcher gives its ``jit_cache_hook`` for this launch, written as it does."""
-    options = make_backend(TARGET).parse_options({"num_warps": 4})
-    return json.dumps(
-        {
-            "name": f"{SOLUTION_MODULE}.{name}",
-            "signature": SIGNATURE,
-            "constant_keys": [list(key) for key in CONSTANTS],
-            "constant_vals": list(CONSTANTS.values()),
-            "attrs_keys": [list(key) for key in ATTRS],
-            "attrs_vals": list(ATTRS.values()),
-            "options": options.__dict__,
-            "key": "",
-        }
-    )
+@triton.jit
+def _not_the_solutions(x):  # a kernel of another module: not the solution's to send
+    pass
+
+
+@pytest.fixture
+def solution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The solution's module in this process, compiled (not interpreted) into an empty cache."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    yield harness.load_module(SOLUTION, SOLUTION_MODULE)
+    sys.modules.pop(SOLUTION_MODULE, None)
+
+
+def _source(module, name: str = "relu_kernel") -> ASTSource:
+    return ASTSource(getattr(module, name), SIGNATURE, CONSTANTS, ATTRS)
+
+
+def _options() -> dict:
+    return make_backend(TARGET).parse_options({"num_warps": 4}).__dict__
+
+
+def _request(module, name: str = "relu_kernel") -> dict:
+    request = compile_request(_source(module), TARGET, _options())
+    return {**request, "name": name}
 
 
 @pytest.fixture
@@ -96,73 +106,57 @@ def test_a_gpu_device_is_found_by_its_number_whatever_it_is_called(tmp_path: Pat
     ]
 
 
-def test_the_child_s_hook_has_the_companion_compile_what_triton_then_finds(
-    companion: Child, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_compile_s_arguments_are_written_and_remade_as_they_were(solution) -> None:
+    """What Triton's compile is given, through the protocol and back: dtypes, constexprs, the
+    solution's own kernels, tuples and lists as they were; anything else is not sent."""
+    values = [tl.float16, tl.constexpr(8), (1, (2, "x")), [["tt.divisibility", 16]], None, 2.5]
+    values.append(solution.relu_kernel)
+    assert [remade(written(value), solution) for value in values] == values
+    for unknown in (object(), {"a": 1}, _not_the_solutions):
+        with pytest.raises(Unwritable):
+            written(unknown)
+
+
+def test_the_child_s_compile_has_the_companion_compile_what_triton_then_finds(
+    companion: Child, solution, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The child's side as Triton's launcher drives it, with this process as the child: the
-    hook, called before a compile with the launch's specialization, has the companion compile
-    the kernel for an sm_90 GPU and puts its files into an empty cache; Triton's compile of the
-    same kernel here then finds them (a cache hit, the companion's hash), and the listener
-    counts it."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
+    """The child's side with this process as the child, called as Triton's launcher calls its
+    compile: the companion compiles the kernel for an sm_90 GPU, its files go into an empty
+    cache, and Triton's own compile, right after, finds them (a cache hit; the listener
+    counts it). Only the solution's kernels are asked about."""
+    monkeypatch.setattr(triton.compiler, "compile", triton.compiler.compile)
     monkeypatch.setattr(knobs.compilation, "listener", None)
     _ready(companion)
     phase: dict[str, float] = {}
-    ahead = CompileAhead(companion.sock, phase, target=TARGET)
+    ahead = CompileAhead(companion.sock, phase)
     ahead.install(SOLUTION)
-    module = harness.load_module(SOLUTION, SOLUTION_MODULE)
-    try:
-        skipped = knobs.runtime.jit_cache_hook(
-            key=None,
-            repr="relu_kernel",
-            fn=JitFunctionInfo(SOLUTION_MODULE, "relu_kernel", module.relu_kernel),
-            compile={"specialization_data": _specialization("relu_kernel")},
-            is_manual_warmup=False,
-            already_compiled=False,
-        )
-        options = make_backend(TARGET).parse_options({"num_warps": 4}).__dict__
-        source = ASTSource(module.relu_kernel, SIGNATURE, CONSTANTS, ATTRS)
-        kernel = triton.compile(source, target=TARGET, options=options)
-    finally:
-        sys.modules.pop(SOLUTION_MODULE, None)
-    assert not skipped
+    kernel = triton.compiler.compile(_source(solution), target=TARGET, options=_options())
     assert ahead.report() == {"compiled_ahead": 1, "found": 1, "errors": []}, ahead.report()
     assert phase["compile_ahead"] > 0
     folder = Path(get_cache_manager(kernel.hash).cache_dir)
     assert folder.is_relative_to(tmp_path) and any(p.suffix == ".cubin" for p in folder.iterdir())
 
 
-def test_what_the_companion_cannot_compile_is_said_and_it_goes_on(companion: Child) -> None:
-    """A kernel it cannot find, then one it can: a failure is a reply, never its end."""
+def test_what_the_companion_cannot_compile_is_said_and_it_goes_on(
+    companion: Child, solution
+) -> None:
+    """A kernel it cannot find, then one it can; a solution that does not load there (its own
+    SystemExit included): each request is answered with why, and it is there for the next."""
     _ready(companion)
     send_message(companion.sock, {"type": "solution", "source": SOLUTION})
     for name, expected in (("no_such_kernel", "failed"), ("relu_kernel", "compiled")):
-        send_message(
-            companion.sock,
-            {"type": "compile", "specialization": _specialization(name), "target": TARGET_LIST},
-        )
+        send_message(companion.sock, _request(solution, name))
         reply = companion.receive(time.monotonic() + 120)
         assert reply["type"] == expected, reply
-    # A solution that does not load here (its own SystemExit included): each request is
-    # answered with why, and the companion is still there for the next.
     send_message(companion.sock, {"type": "solution", "source": "raise SystemExit(3)\n"})
     for _ in range(2):
-        send_message(
-            companion.sock,
-            {
-                "type": "compile",
-                "specialization": _specialization("relu_kernel"),
-                "target": TARGET_LIST,
-            },
-        )
+        send_message(companion.sock, _request(solution))
         reply = companion.receive(time.monotonic() + 60)
         assert reply["type"] == "failed" and "did not load here: SystemExit" in reply["error"]
 
 
 def test_a_companion_that_does_not_answer_in_time_is_asked_nothing_more(
-    companion: Child, monkeypatch: pytest.MonkeyPatch
+    companion: Child, solution, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A companion given no CPU time (here: stopped) costs its child ``WAIT_S`` once; the child
     then compiles that kernel and every later one itself."""
@@ -170,10 +164,10 @@ def test_a_companion_that_does_not_answer_in_time_is_asked_nothing_more(
     _ready(companion)
     companion.pause()
     phase: dict[str, float] = {}
-    ahead = CompileAhead(companion.sock, phase, target=TARGET)
-    ahead.ask(_specialization("relu_kernel"))
+    ahead = CompileAhead(companion.sock, phase)
+    ahead.ask(_source(solution), TARGET, _options())
     waited = phase["compile_ahead"]
-    ahead.ask(_specialization("relu_kernel"))
+    ahead.ask(_source(solution), TARGET, _options())
     assert ahead.broken and ahead.errors[0].startswith("TimeoutError")
     assert 0.5 <= waited < 2.0 and phase["compile_ahead"] - waited < 0.1
     companion.resume()
