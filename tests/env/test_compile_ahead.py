@@ -137,6 +137,47 @@ def test_the_child_s_compile_has_the_companion_compile_what_triton_then_finds(
     assert folder.is_relative_to(tmp_path) and any(p.suffix == ".cubin" for p in folder.iterdir())
 
 
+# A kernel given another of the solution's kernels as a constexpr: the case Triton 3.6's own
+# serialisation of a launch (for its jit_cache_hook) has no form for.
+KERNEL_AS_CONSTANT = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def square(x):
+    return x * x
+
+
+@triton.jit
+def apply(x_ptr, out_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(out_ptr + offsets, FN(tl.load(x_ptr + offsets, mask=mask)), mask=mask)
+"""
+
+
+def test_a_kernel_passed_as_a_constant_is_compiled_ahead_too(
+    companion: Child, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(triton.compiler, "compile", triton.compiler.compile)
+    monkeypatch.setattr(knobs.compilation, "listener", None)
+    _ready(companion)
+    ahead = CompileAhead(companion.sock, {})
+    ahead.install(KERNEL_AS_CONSTANT)
+    module = harness.load_module(KERNEL_AS_CONSTANT, SOLUTION_MODULE)
+    try:
+        signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
+        signature |= {"FN": "constexpr", "BLOCK": "constexpr"}
+        source = ASTSource(module.apply, signature, {(3,): module.square, (4,): 256}, ATTRS)
+        triton.compiler.compile(source, target=TARGET, options=_options())
+    finally:
+        sys.modules.pop(SOLUTION_MODULE, None)
+    assert ahead.report() == {"compiled_ahead": 1, "found": 1, "errors": []}, ahead.report()
+
+
 def test_what_the_companion_cannot_compile_is_said_and_it_goes_on(
     companion: Child, solution
 ) -> None:
