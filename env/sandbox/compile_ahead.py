@@ -62,7 +62,7 @@ def written(value: Any) -> Any:
         return value
     if type(value) in (list, tuple):
         return type(value)(written(v) for v in value)
-    if isinstance(value, tl.dtype):
+    if type(value) is tl.dtype:  # a scalar type by its name (pointer and block types are not)
         return {"dtype": str(value)}
     if isinstance(value, tl.constexpr):
         return {"constexpr": written(value.value)}

@@ -112,7 +112,7 @@ def test_a_compile_s_arguments_are_written_and_remade_as_they_were(solution) -> 
     values = [tl.float16, tl.constexpr(8), (1, (2, "x")), [["tt.divisibility", 16]], None, 2.5]
     values.append(solution.relu_kernel)
     assert [remade(written(value), solution) for value in values] == values
-    for unknown in (object(), {"a": 1}, _not_the_solutions):
+    for unknown in (object(), {"a": 1}, _not_the_solutions, tl.pointer_type(tl.float32)):
         with pytest.raises(Unwritable):
             written(unknown)
 
