@@ -19,7 +19,9 @@ from kernelrl.env.sandbox.child_process import Child, ChildDied
 from kernelrl.env.sandbox.protocol import ProtocolError
 from kernelrl.env.sandbox.spawn import spawn_companion
 
-START_S = 5.0  # from the evaluation's start to the solution's: more is not waited for
+# When the solution is sent, how long a companion not yet ready is waited for (one started
+# with the evaluation is ready long before, its message waiting on the channel).
+START_S = 5.0
 
 
 class Companion:
@@ -27,24 +29,25 @@ class Companion:
     it was handed to the child, or why not (for the evaluation's record)."""
 
     def __init__(self, device: str, gpu_index: int | None, limits: dict[str, Any]) -> None:
-        self.started = time.monotonic()
         self.future: Future[Child] = spawn_companion(device, gpu_index)
         self.limits = limits
         self.status = "not reached: the solution was never sent"
 
     def channel(self) -> socket.socket | None:
         """Its channel, for the child, once it said it sees no GPU device; None otherwise."""
-        deadline = self.started + START_S
+        deadline = time.monotonic() + START_S
         try:
-            process = self.future.result(timeout=max(deadline - time.monotonic(), 0.0))
+            process = self.future.result(timeout=START_S)
             process.send({"type": "limits", "limits": self.limits})
             ready = process.receive(deadline)
         except (FutureTimeout, ChildDied, ProtocolError, OSError, RuntimeError) as exc:
             self.status = f"not started: {type(exc).__name__}: {exc}"[:300]
             return None
-        devices = ready.get("gpu_devices")
-        if ready.get("type") != "ready" or devices != []:
-            self.status = f"refused: it can open GPU devices ({devices})"[:300]
+        if ready.get("type") != "ready":
+            self.status = f"not started: it said {ready.get('type')!r}"[:300]
+            return None
+        if ready.get("gpu_devices") != []:
+            self.status = f"refused: it can open GPU devices ({ready.get('gpu_devices')})"[:300]
             return None
         self.status = "handed to the child"
         return process.sock

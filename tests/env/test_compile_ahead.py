@@ -22,6 +22,7 @@ from triton.runtime.cache import get_cache_manager
 from kernelrl.data.bundled import bundled_pairs, bundled_solution_path
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.result import Status
+from kernelrl.env.sandbox import companion as companion_module
 from kernelrl.env.sandbox import compile_ahead, harness
 from kernelrl.env.sandbox.child_process import Child
 from kernelrl.env.sandbox.companion import Companion, child_report
@@ -212,6 +213,23 @@ def test_a_companion_that_does_not_answer_in_time_is_asked_nothing_more(
     assert ahead.broken and ahead.errors[0].startswith("TimeoutError")
     assert 0.5 <= waited < 2.0 and phase["compile_ahead"] - waited < 0.1
     companion.resume()
+
+
+def test_a_companion_ready_long_before_the_solution_is_still_handed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large task takes its child seconds to load: the wait for the companion starts when
+    the solution is sent, and one started long before is handed at once."""
+    monkeypatch.setattr(companion_module, "START_S", 0.5)
+    companion = Companion("cpu", None, LIMITS)
+    try:
+        companion.future.result(timeout=120)  # started (the first also starts the fork server)
+        time.sleep(1.0)  # the task loads in the child meanwhile
+        started = time.monotonic()
+        assert companion.channel() is not None, companion.status
+        assert companion.status == "handed to the child" and time.monotonic() - started < 0.5
+    finally:
+        companion.future.result().close()
 
 
 @pytest.mark.parametrize("companion_starts", [True, False])
