@@ -135,8 +135,7 @@ class ChildRunPhases:
             return None
         if task.backend != "triton":
             return None
-        limits = self._child_job(task, "", 0, self.config.timing)["limits"]
-        return Companion(self.device_kind, self.children.gpu_index, limits)
+        return Companion(self.device_kind, self.children.gpu_index, self._sandbox_limits())
 
     def _timing_config(self, plan: MemoryPlan | None) -> TimingConfig:
         """The timing procedure, on no more input sets than the memory plan counted."""
@@ -164,12 +163,17 @@ class ChildRunPhases:
             "check_timed_outputs": True,
             "interleave": self._interleaves(task),
             "stop_at_compute": True,
-            "limits": {
-                "file_bytes": config.file_bytes,
-                "cpu_seconds": int(config.timeout_s * 2) + 30,
-                "address_space_bytes": config.host_memory_bytes,
-                "gpu_memory_fraction": config.gpu_memory_fraction,
-            },
+            "limits": self._sandbox_limits(),
+        }
+
+    def _sandbox_limits(self) -> dict[str, Any]:
+        """What a sandbox process of this evaluator may use: its child and its companion."""
+        config = self.config
+        return {
+            "file_bytes": config.file_bytes,
+            "cpu_seconds": int(config.timeout_s * 2) + 30,
+            "address_space_bytes": config.host_memory_bytes,
+            "gpu_memory_fraction": config.gpu_memory_fraction,
         }
 
     def _checked_calls(

@@ -47,12 +47,21 @@ def _not_the_solutions(x):  # a kernel of another module: not the solution's to 
 
 
 @pytest.fixture
-def solution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """The solution's module in this process, compiled (not interpreted) into an empty cache."""
+def compiling(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """This process compiles (not interprets) into an empty cache, as a child on a GPU does;
+    what a child's side installs in Triton, and the solution's module, are gone after."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    yield harness.load_module(SOLUTION, SOLUTION_MODULE)
+    monkeypatch.setattr(triton.compiler, "compile", triton.compiler.compile)
+    monkeypatch.setattr(knobs.compilation, "listener", None)
+    yield
     sys.modules.pop(SOLUTION_MODULE, None)
+
+
+@pytest.fixture
+def solution(compiling):
+    """The solution's module in this process."""
+    return harness.load_module(SOLUTION, SOLUTION_MODULE)
 
 
 def _source(module, name: str = "relu_kernel") -> ASTSource:
@@ -119,14 +128,12 @@ def test_a_compile_s_arguments_are_written_and_remade_as_they_were(solution) -> 
 
 
 def test_the_child_s_compile_has_the_companion_compile_what_triton_then_finds(
-    companion: Child, solution, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    companion: Child, solution, tmp_path: Path
 ) -> None:
     """The child's side with this process as the child, called as Triton's launcher calls its
     compile: the companion compiles the kernel for an sm_90 GPU, its files go into an empty
     cache, and Triton's own compile, right after, finds them (a cache hit; the listener
     counts it). Only the solution's kernels are asked about."""
-    monkeypatch.setattr(triton.compiler, "compile", triton.compiler.compile)
-    monkeypatch.setattr(knobs.compilation, "listener", None)
     _ready(companion)
     phase: dict[str, float] = {}
     ahead = CompileAhead(companion.sock, phase)
@@ -158,24 +165,15 @@ def apply(x_ptr, out_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
 """
 
 
-def test_a_kernel_passed_as_a_constant_is_compiled_ahead_too(
-    companion: Child, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(triton.compiler, "compile", triton.compiler.compile)
-    monkeypatch.setattr(knobs.compilation, "listener", None)
+def test_a_kernel_passed_as_a_constant_is_compiled_ahead_too(companion: Child, compiling) -> None:
     _ready(companion)
     ahead = CompileAhead(companion.sock, {})
     ahead.install(KERNEL_AS_CONSTANT)
     module = harness.load_module(KERNEL_AS_CONSTANT, SOLUTION_MODULE)
-    try:
-        signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
-        signature |= {"FN": "constexpr", "BLOCK": "constexpr"}
-        source = ASTSource(module.apply, signature, {(3,): module.square, (4,): 256}, ATTRS)
-        triton.compiler.compile(source, target=TARGET, options=_options())
-    finally:
-        sys.modules.pop(SOLUTION_MODULE, None)
+    signature = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32"}
+    signature |= {"FN": "constexpr", "BLOCK": "constexpr"}
+    source = ASTSource(module.apply, signature, {(3,): module.square, (4,): 256}, ATTRS)
+    triton.compiler.compile(source, target=TARGET, options=_options())
     assert ahead.report() == {"compiled_ahead": 1, "found": 1, "errors": []}, ahead.report()
 
 
