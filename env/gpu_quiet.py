@@ -18,12 +18,15 @@ slowing a memory-bound reference without delaying a one-element kernel. Each pro
 also reads a block larger than the L2 cache, timed on the GPU, and counts only when that read
 came within ``READ_FACTOR`` of a quiet one: the memory's bandwidth is ours too.
 
-The read is timed on the GPU, between two events, queued behind ``CUSHION_READS`` untimed
-reads of the same block: the host then queues it before the GPU reaches it, and the events
-time the GPU's work alone, not how quickly a busy host issued it (an event recorded on an idle
-GPU is reached at once, so without the cushion the read's time included the host's dispatch of
-the read, and the interpreter lock another thread held meanwhile). A read the host queued too
-late to be timed alone counts as obstructed. Probes are timed by a process that also runs
+The read is timed on the GPU, between two events, queued behind untimed reads of the same
+block (its cushion): the host then queues it before the GPU reaches it, and the events time the
+GPU's work alone, not how quickly a busy host issued it (an event recorded on an idle GPU is
+reached at once, so without the cushion the read's time included the host's dispatch of the
+read, and the interpreter lock another thread held meanwhile). A read the host queued too late
+to be timed alone counts as obstructed. How many reads make a cushion is the host's property,
+not the GPU's: calibration starts with ``CUSHION_READS`` and doubles them while most reads come
+too late (a slower host, or launches slowed by a profiler in this process), so a host slower
+than the one the constant was chosen on still calibrates. Probes are timed by a process that also runs
 other threads: a launch held up on this host (the interpreter lock, preemption) counts as
 obstructed too, the safe side; the tally says how many probes spent time off the CPU.
 """
@@ -55,8 +58,10 @@ CALIBRATION_ATTEMPTS = 8  # probes tried per one needed, before calibration give
 # never reach.
 READ_BYTES = 128 << 20
 READ_FACTOR = 1.2
-# Untimed reads queued before the timed one, long enough for the host to queue the rest.
+# Untimed reads queued before the timed one, long enough for the host to queue the rest; doubled
+# by calibration, up to CUSHION_READS_MAX, while most of a round's reads come too late.
 CUSHION_READS = 2
+CUSHION_READS_MAX = 64
 
 
 @dataclass
@@ -105,20 +110,27 @@ class QuietProbe:
         self._read_ended = torch.cuda.Event(enable_timing=True)
         self.fastest_s = float("inf")
         self.quiet_read_s = float("inf")  # no read is slow until calibrated
+        self.cushion_reads = CUSHION_READS
         self.tally = ProbeTally()  # the last wait's
         self._calibrate()
 
     def _calibrate(self) -> None:
         """The fastest launch and a quiet read, from probes until CALIBRATION_PROBES reads
-        were timed (queued within their cushion)."""
-        for _ in range(CALIBRATION_ATTEMPTS * CALIBRATION_PROBES):
-            self._probe(float("inf"))
-            if len(self.tally.read_s) == CALIBRATION_PROBES:
-                self.quiet_read_s = statistics.median(self.tally.read_s)
-                return
+        were timed (queued within their cushion), in rounds of CALIBRATION_PROBES probes; a
+        round whose reads mostly came too late doubles the cushion."""
+        for _ in range(CALIBRATION_ATTEMPTS):
+            late_before = self.tally.queued_late
+            for _ in range(CALIBRATION_PROBES):
+                self._probe(float("inf"))
+                if len(self.tally.read_s) == CALIBRATION_PROBES:
+                    self.quiet_read_s = statistics.median(self.tally.read_s)
+                    return
+            if self.tally.queued_late - late_before > CALIBRATION_PROBES // 2:
+                self.cushion_reads = min(2 * self.cushion_reads, CUSHION_READS_MAX)
         found = self.describe_last_wait()
         raise RuntimeError(
-            f"the quiet-GPU probe could not be calibrated ({found}): a busy host or "
+            f"the quiet-GPU probe could not be calibrated ({found}, cushion of "
+            f"{self.cushion_reads} reads): a busy host or "
             "interpreter, or another context's work on the GPU"
         )
 
@@ -138,7 +150,7 @@ class QuietProbe:
             seconds = time.perf_counter() - start
             off_cpu = seconds - (time.thread_time() - cpu_start)
             queuing = time.perf_counter()
-            for _ in range(CUSHION_READS):
+            for _ in range(self.cushion_reads):
                 torch.sum(self._block, dim=0, out=self._total)
             self._read_began.record(self._stream)
             torch.sum(self._block, dim=0, out=self._total)
@@ -164,7 +176,7 @@ class QuietProbe:
         self.fastest_s = min(self.fastest_s, seconds)
         late = seconds > self.limit_s()
         tally.late_launches += late
-        if queued_s > CUSHION_READS * min(read_s, self.quiet_read_s):
+        if queued_s > self.cushion_reads * min(read_s, self.quiet_read_s):
             tally.queued_late += 1
             return False
         tally.read_s.append(read_s)
