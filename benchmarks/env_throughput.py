@@ -40,7 +40,7 @@ from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
-from kernelrl.env.timing import HOLDS, L2_FLUSHES, TimingConfig
+from kernelrl.env.timing import L2_FLUSHES, TimingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe, resolve_gpus  # noqa: E402
@@ -284,11 +284,11 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
         "(EvalConfig.compile_ahead)",
     )
     parser.add_argument(
-        "--hold",
-        choices=HOLDS,
-        default=TimingConfig.hold,
-        help="where the GPU is held before every timed call: before its new contents, or "
-        "right before the call (TimingConfig)",
+        "--enough-timed-ms",
+        type=float,
+        default=TimingConfig.enough_timed_ms,
+        help="a placement whose timed calls add up to this may stop before its minimum "
+        "repetitions (TimingConfig; 0: never)",
     )
 
 
@@ -363,7 +363,7 @@ def main() -> None:
             placement_warmup_ms=args.placement_warmup_ms,
             placements=args.placements,
             l2_flush=args.l2_flush,
-            hold=args.hold,
+            enough_timed_ms=args.enough_timed_ms,
         ),
     )
     started = time.perf_counter()

@@ -103,17 +103,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="kernelrl: Triton kernels compiled by a companion sandbox without a GPU",
     )
     p.add_argument(
-        "--hold",
-        choices=("refresh", "call"),
-        default="refresh",
-        help="kernelrl's timing: where the GPU is held before each timed call (TimingConfig)",
-    )
-    p.add_argument(
         "--enough-timed-ms",
         type=float,
-        default=0.0,
+        default=None,
         help="kernelrl's timing: a placement whose timed calls add up to this may stop before "
-        "its minimum repetitions (TimingConfig; 0: never)",
+        "its minimum repetitions (TimingConfig's default where not given; 0: never)",
     )
     p.add_argument("--kb-correct-trials", type=int, default=3)
     p.add_argument("--kb-perf-trials", type=int, default=20)
@@ -179,7 +173,7 @@ def kernelrl_phase(
     statuses = [r["status"] for runs in kr.values() for r in runs]
     return {
         "kernelrl options": (
-            f"hold={args.hold}, enough_timed_ms={args.enough_timed_ms}, "
+            f"enough_timed_ms={stats['enough_timed_ms']}, "
             f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}"
         ),
         "kernelrl evaluations": stats["evaluations"],

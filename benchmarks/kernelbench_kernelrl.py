@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,9 @@ def run_kernelrl_phase(
     heavy = [m for m in ("trl", "ray", "datasets", "vllm") if m in sys.modules]
     tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
     started = time.perf_counter()
-    timing = TimingConfig(hold=args.hold, enough_timed_ms=args.enough_timed_ms)
+    timing = TimingConfig()
+    if args.enough_timed_ms is not None:
+        timing = replace(timing, enough_timed_ms=args.enough_timed_ms)
     config = EvalConfig(
         device="cuda",
         timeout_s=args.kernelrl_timeout_s,
@@ -196,6 +199,7 @@ def run_kernelrl_phase(
                 f.cancel()
     pool.close()
     stats = {
+        "enough_timed_ms": timing.enough_timed_ms,
         "evaluations": finished,
         "startup_s": ready - started,
         "wall_s": wall,

@@ -30,7 +30,6 @@ from kernelrl.env.result import TimingStats
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of any current GPU (H100: 50 MB)
 L2_FLUSHES = ("read", "write", "none")
-HOLDS = ("refresh", "call")
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,11 @@ class TimingConfig:
     placement_warmup_ms: float = 2.0
     min_reps: int = 30
     # A placement whose timed calls add up to this many milliseconds may stop before min_reps,
-    # once its error target is met (0: never). A long kernel's median is steady in few calls,
-    # and its repetitions are most of an exclusive window at KernelBench's published sizes.
-    enough_timed_ms: float = 0.0
+    # once its error target is met (0: never): a kernel over 1.7 ms is timed in fewer than 30
+    # calls, never fewer than one batch. A long kernel's median is steady in few calls, and its
+    # repetitions were most of an exclusive window at KernelBench's published sizes (measured
+    # side by side: docs/decisions.md).
+    enough_timed_ms: float = 50.0
     max_reps: int = 2000
     target_rel_err: float = 0.005
     budget_s: float = 1.0
@@ -52,10 +53,6 @@ class TimingConfig:
     # "write" zeroes it (Triton's do_bench), leaving L2 full of dirty lines that the timed
     # call then pays to write back; "none" keeps L2 warm.
     l2_flush: str = "read"
-    # Where the GPU's hold before each timed call is queued (with fresh inputs only): "refresh"
-    # before the new contents, sized to the host's time for contents and call together;
-    # "call" after the L2 flush, right before the start event, sized to the call's launch alone.
-    hold: str = "refresh"
     batch: int = 10  # repetitions recorded between two host synchronisations
     placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
     fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
@@ -67,8 +64,6 @@ class TimingConfig:
             raise ValueError(
                 f"l2_flush must be one of {', '.join(L2_FLUSHES)}, not {self.l2_flush!r}"
             )
-        if self.hold not in HOLDS:
-            raise ValueError(f"hold must be one of {', '.join(HOLDS)}, not {self.hold!r}")
 
     def fingerprint(self) -> str:
         """Names the procedure in cache keys: a timing taken another way is not reused."""
@@ -115,11 +110,10 @@ def summarize(samples_ms: list[float]) -> TimingStats:
 
 # Fresh inputs cost the host more per call than many kernels take on the GPU, which would then
 # wait for each launch with the start event already recorded, and time the host's latency.
-# A spin on the GPU longer than the host's time for what follows it keeps the GPU behind the
-# host, so each call's kernels are queued before its start event runs. Queued before the
-# refresh (``hold="refresh"``) it covers the refresh too, and every repetition costs the GPU
-# 1.5 times the host's whole time per call; queued after the flush (``hold="call"``) it covers
-# only the call's launch, and the GPU runs the refresh while the host makes it.
+# A spin on the GPU, queued before the refresh and longer than the host's time for one call,
+# keeps the GPU behind the host, so each call's kernels are queued before its start event runs.
+# (Queued after the flush and sized to the call's launch alone, it timed small kernels up to 10%
+# apart from this one on an H200, for no rate measurably gained: docs/decisions.md.)
 HOLD_FACTOR = 1.5
 HOLD_MARGIN_US = 20.0
 HOLD_MAX_US = 5000.0
@@ -202,13 +196,13 @@ def _time_cuda(
     after_call()
     warming = time.perf_counter()
     steps.setup_s += warming - started
-    host_s, call_s = _warm_up(
+    host_s = _warm_up(
         fn, prepare, after_call, min(max(int(config.warmup_ms / estimate_ms), 1), 100)
     )
-    hold_us = _hold_us(config.hold, host_s, call_s) if prepare is not _nothing else 0.0
+    hold_us = 0.0
+    if prepare is not _nothing:
+        hold_us = min(HOLD_FACTOR * statistics.median(host_s) * 1e6 + HOLD_MARGIN_US, HOLD_MAX_US)
     hold_cycles = int(hold_us * _sleep_cycles_per_us()) if hold_us else 0
-    before_refresh = hold_cycles if config.hold == "refresh" else 0
-    before_call = hold_cycles if config.hold == "call" else 0
     steps.host_call_s = max(steps.host_call_s, statistics.median(host_s))
 
     samples: list[float] = []
@@ -219,12 +213,10 @@ def _time_cuda(
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(config.batch)]
         for begin, end in zip(starts, ends, strict=True):
-            if before_refresh:
-                torch.cuda._sleep(before_refresh)
+            if hold_cycles:
+                torch.cuda._sleep(hold_cycles)
             prepare()
             flush()
-            if before_call:
-                torch.cuda._sleep(before_call)
             begin.record()
             fn()
             end.record()
@@ -259,26 +251,18 @@ def _warm_up(
     prepare: Callable[[], None],
     after_call: Callable[[], None],
     calls: int,
-) -> tuple[list[float], list[float]]:
-    """``calls`` untimed calls; the host's time for each call with its refresh, and for the
-    call alone (what each way of holding the GPU is sized from)."""
-    host_s, call_s = [], []
+) -> list[float]:
+    """``calls`` untimed calls; the host's time for each call with its refresh (what the
+    GPU's hold is sized from)."""
+    host_s = []
     for _ in range(calls):
         start = time.perf_counter()
         prepare()
-        called = time.perf_counter()
         fn()
-        done = time.perf_counter()
-        host_s.append(done - start)
-        call_s.append(done - called)
+        host_s.append(time.perf_counter() - start)
         after_call()
     torch.cuda.synchronize()
-    return host_s, call_s
-
-
-def _hold_us(hold: str, host_s: list[float], call_s: list[float]) -> float:
-    covered = host_s if hold == "refresh" else call_s
-    return min(HOLD_FACTOR * statistics.median(covered) * 1e6 + HOLD_MARGIN_US, HOLD_MAX_US)
+    return host_s
 
 
 def time_cpu(

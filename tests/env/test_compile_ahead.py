@@ -285,6 +285,11 @@ def test_the_child_s_report_of_its_companion_is_kept_as_plain_counts() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(
+    reason="on an H200 the companion compiled every kernel, but later evaluations of a pool did "
+    "not find it in the child's cache (docs/decisions.md); compiling ahead stays off until found",
+    strict=False,
+)
 def test_a_gpu_evaluation_finds_its_kernels_compiled_by_its_companion() -> None:
     """On a GPU, every kernel of the bundled Triton solutions is compiled by the companion and
     found in the child's cache; the verdicts are those without one."""
@@ -295,7 +300,7 @@ def test_a_gpu_evaluation_finds_its_kernels_compiled_by_its_companion() -> None:
             assert result.status is Status.CORRECT, (task.id, result.error)
             record = result.sandbox["compile_ahead"]
             assert record["companion"] == "handed to the child", record
-            assert record["found"] >= 1 and record.get("compiled_here", 0) == 0, record
+            assert record.get("found", 0) >= 1 and record.get("compiled_here", 0) == 0, record
             assert result.phase_seconds["child_compile_ahead"] > 0
     finally:
         evaluator.close()
