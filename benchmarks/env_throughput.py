@@ -108,9 +108,12 @@ def companions(results: list[EvalResult]) -> str:
     kernels = Counter()
     for record in records:
         kernels.update({key: record.get(key, 0) for key in ("found", "compiled_here")})
+    errors = Counter(error for record in records for error in record.get("errors", []))
+    said = "".join(f"\n  {count} x {error}" for error, count in errors.most_common(3))
     return (
         f"compile companions: {handed} of {len(records)} handed to their child; kernels found "
         f"compiled by one {kernels['found']}, compiled in the child {kernels['compiled_here']}"
+        + said
     )
 
 

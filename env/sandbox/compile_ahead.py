@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Any
 
 from kernelrl.env.sandbox.protocol import SOLUTION_MODULE, recv_message, send_message
+from kernelrl.env.sandbox.triton_key import differences, key_parts
 
 # For one kernel. Triton compiles one in under a few seconds; the companion takes only idle
 # CPU time, so on a host whose cores are all busy it may get none, and the child then compiles
@@ -95,6 +96,7 @@ class CompileAhead:
         self.counts: Counter[str] = Counter()
         self.errors: list[str] = []
         self.broken = False
+        self.put_under: set[str] = set()  # keys the companion's kernels were put under
 
     def install(self, source: str) -> None:
         """The companion loads ``source`` while this child does; Triton asks it from now on."""
@@ -121,6 +123,11 @@ class CompileAhead:
             function = getattr(kwargs.get("src"), "fn", None)  # a JITFunction, or IR text
             if getattr(function, "__module__", "") == SOLUTION_MODULE:
                 self.counts["found" if kwargs.get("cache_hit") else "compiled_here"] += 1
+                key = str((kwargs.get("metadata") or {}).get("hash", ""))
+                if not kwargs.get("cache_hit") and key in self.put_under:
+                    self.errors.append(
+                        f"the companion's kernel was put under key {key[:12]} and not found there"
+                    )
 
         triton.compiler.compile = compile  # what Triton's launcher calls (``create_binder``)
         knobs.compilation.listener = listener
@@ -142,6 +149,7 @@ class CompileAhead:
             if reply.get("type") == "compiled":
                 self.put(reply)
                 self.counts["compiled_ahead"] += 1
+                self.compare_keys(source, target, options, reply)
             else:
                 self.errors.append(str(reply.get("error", reply.get("type")))[:300])
         except Exception as exc:  # noqa: BLE001 - any failure: Triton compiles here instead
@@ -150,6 +158,21 @@ class CompileAhead:
         finally:
             self.phase["compile_ahead"] = (
                 self.phase.get("compile_ahead", 0.0) + time.perf_counter() - started
+            )
+
+    def compare_keys(self, source: Any, target: Any, options: Any, reply: dict[str, Any]) -> None:
+        """Triton's key for this compile here against the companion's, part by part: a kernel
+        put under another key is not found, and the record says which part differed."""
+        try:
+            here = key_parts(source, target, dict(options or {}))
+        except Exception as exc:  # noqa: BLE001 - a record's detail, never the compile's failure
+            self.errors.append(f"key parts not computed: {type(exc).__name__}: {exc}"[:300])
+            return
+        if here["hash"] == reply["hash"]:
+            self.put_under.add(here["hash"])
+        else:
+            self.errors.append(
+                f"the companion's key differs: {differences(here, reply.get('key_parts'))}"
             )
 
     @staticmethod

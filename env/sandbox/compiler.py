@@ -19,7 +19,8 @@ found under the child's own key, and the child then compiles it itself, as witho
     child     -> companion  {"type": "solution", "source"}
     child     -> companion  {"type": "compile", "name", "signature", "constants", "attrs",
                              "options", "target"}           (``compile_ahead.compile_request``)
-    companion -> child      {"type": "compiled", "hash", "group", "files"} | {"type": "failed", "error"}
+    companion -> child      {"type": "compiled", "hash", "group", "files", "key_parts"}
+                            | {"type": "failed", "error"}
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from kernelrl.env.sandbox.protocol import (  # noqa: E402
     recv_message,
     send_message,
 )
+from kernelrl.env.sandbox.triton_key import key_parts  # noqa: E402
 
 GROUP_PREFIX = "__grp__"  # Triton's name for the file listing a compiled kernel's files
 
@@ -123,7 +125,8 @@ def compile_kernel(module: types.ModuleType, message: dict[str, Any]) -> dict[st
         {tuple(path): remade(value, module) for path, value in message["attrs"]},
     )
     options = {key: remade(value, module) for key, value in message["options"].items()}
-    kernel = triton.compile(source, target=GPUTarget(*message["target"]), options=options)
+    target = GPUTarget(*message["target"])
+    kernel = triton.compile(source, target=target, options=options)
     folder = Path(get_cache_manager(kernel.hash).cache_dir)
     files = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
     groups = [name for name in files if name.startswith(GROUP_PREFIX)]
@@ -136,7 +139,17 @@ def compile_kernel(module: types.ModuleType, message: dict[str, Any]) -> dict[st
         "hash": kernel.hash,
         "group": groups[0].removeprefix(GROUP_PREFIX),
         "files": {name: data for name, data in files.items() if name in listed},
+        "key_parts": _key_parts(source, target, options),
     }
+
+
+def _key_parts(source: Any, target: Any, options: dict[str, Any]) -> dict[str, str]:
+    """``triton_key.key_parts``, or what kept it from being computed: a detail of the child's
+    record, never a reason to withhold a compiled kernel."""
+    try:
+        return key_parts(source, target, options)
+    except Exception as exc:  # noqa: BLE001
+        return {"unavailable": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def serve(channel: Any) -> None:

@@ -145,6 +145,46 @@ def test_the_child_s_compile_has_the_companion_compile_what_triton_then_finds(
     assert folder.is_relative_to(tmp_path) and any(p.suffix == ".cubin" for p in folder.iterdir())
 
 
+def test_a_companion_s_kernel_under_another_key_is_named_by_the_part_that_differed(
+    companion: Child, solution, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The companion compiles with one option other than the child's (as a companion whose
+    Triton saw another environment would): its files sit under another key, Triton compiles
+    the kernel here, and the child's record names the option with both values."""
+    _ready(companion)
+    ahead = CompileAhead(companion.sock, {})
+    ahead.install(SOLUTION)
+    request = compile_ahead.compile_request
+
+    def with_eight_warps(source, target, options):
+        return request(source, target, {**options, "num_warps": 8})
+
+    monkeypatch.setattr(compile_ahead, "compile_request", with_eight_warps)
+    triton.compiler.compile(_source(solution), target=TARGET, options=_options())
+    report = ahead.report()
+    assert report["compiled_ahead"] == 1 and report["compiled_here"] == 1, report
+    assert "found" not in report, report
+    [error] = report["errors"]
+    assert "option num_warps (4 here, 8 there)" in error, error
+
+
+def test_a_companion_s_kernel_missing_under_the_same_key_is_said_so(
+    companion: Child, solution, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keys agree but the files are not where Triton looks (here: never put): the record
+    says the kernel was put under that key and not found, the other cause of a miss."""
+    _ready(companion)
+    ahead = CompileAhead(companion.sock, {})
+    ahead.install(SOLUTION)
+    monkeypatch.setattr(CompileAhead, "put", staticmethod(lambda reply: None))
+    kernel = triton.compiler.compile(_source(solution), target=TARGET, options=_options())
+    report = ahead.report()
+    assert report["compiled_here"] == 1 and "found" not in report, report
+    assert report["errors"] == [
+        f"the companion's kernel was put under key {kernel.hash[:12]} and not found there"
+    ], report
+
+
 # A kernel given another of the solution's kernels as a constexpr: the case Triton 3.6's own
 # serialisation of a launch (for its jit_cache_hook) has no form for.
 KERNEL_AS_CONSTANT = """
