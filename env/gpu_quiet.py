@@ -26,9 +26,9 @@ read, and the interpreter lock another thread held meanwhile). A read the host q
 to be timed alone counts as obstructed. How many reads make a cushion is the host's property,
 not the GPU's: calibration starts with ``CUSHION_READS`` and doubles them while most reads come
 too late (a slower host, or launches slowed by a profiler in this process), so a host slower
-than the one the constant was chosen on still calibrates. Probes are timed by a process that also runs
-other threads: a launch held up on this host (the interpreter lock, preemption) counts as
-obstructed too, the safe side; the tally says how many probes spent time off the CPU.
+than the one the constant was chosen on still calibrates. Probes are timed by a process that
+also runs other threads: a launch held up on this host (the interpreter lock, preemption)
+counts as obstructed too, the safe side; the tally says how many probes spent time off the CPU.
 """
 
 from __future__ import annotations
