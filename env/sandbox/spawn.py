@@ -35,6 +35,13 @@ _PASSED_ENV = (
     "LD_LIBRARY_PATH",
     "TRITON_PTXAS_PATH",
 )
+# Their values as this process started: read once, at import. torch's compiler sets
+# TRITON_PTXAS_PATH (to the assembler torch ships) in any process that compiles with it, the
+# trusted reference's ``torch.compile`` included, so children started after a reference was
+# compiled assembled the same kernel text with another ptxas than those started before, and
+# than their compile companion (Triton keys its cache by the assembler's version): every child of
+# a worker gets the same toolchain.
+_STARTED_ENV = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
 # Hardware work queues of a child's CUDA context, unless the worker's environment says
 # otherwise. Every context's queues are made and torn down under the driver's lock, which all
 # children of a GPU share, so the default 8 per context is what limits how fast fresh children
@@ -102,7 +109,7 @@ def _companion_env(home: Path) -> dict[str, str]:
 
 
 def _child_env(device: str, gpu_index: int | None, home: Path) -> dict[str, str]:
-    env = {key: os.environ[key] for key in _PASSED_ENV if key in os.environ}
+    env = dict(_STARTED_ENV)
     env[VIEW_PACKAGE_ENV] = _package_view()
     env.update(
         HOME=str(home),

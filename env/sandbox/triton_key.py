@@ -11,11 +11,13 @@ compile. Each is named here on its own, an option or variable by its name.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 # Parts named in one child's record at most (each with its two values, cut short).
 SHOWN = 3
-VALUE_CHARS = 40
+VALUE_CHARS = 60
+CONTEXT_CHARS = 10  # shown of what the two values share before their first difference
 
 
 def key_parts(source: Any, target: Any, options: dict[str, Any] | None) -> dict[str, str]:
@@ -49,14 +51,19 @@ def differences(here: dict[str, str], there: Any) -> str:
         return "the companion sent no key parts"
     names = [n for n in sorted(set(here) | set(there)) if here.get(n) != there.get(n)]
     names = [n for n in names if n != "hash"] or names  # the whole key only if nothing else
-    shown = [
-        f"{name} ({_short(here.get(name))} here, {_short(there.get(name))} there)"
-        for name in names[:SHOWN]
-    ]
+    shown = [f"{name} ({_apart(here.get(name), there.get(name))})" for name in names[:SHOWN]]
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
     return "; ".join(shown) + more
 
 
-def _short(value: Any) -> str:
-    text = "none" if value is None else str(value)
-    return text if len(text) <= VALUE_CHARS else text[: VALUE_CHARS - 3] + "..."
+def _apart(here: Any, there: Any) -> str:
+    """The two values from a little before where they first differ: a tool's version text or a
+    path agrees for its first dozens of characters, and it is the rest that says which."""
+    a, b = ("none" if v is None else " ".join(str(v).split()) for v in (here, there))
+    start = max(len(os.path.commonprefix([a, b])) - CONTEXT_CHARS, 0)
+    return f"{_cut(a, start)} here, {_cut(b, start)} there"
+
+
+def _cut(text: str, start: int) -> str:
+    shown = text[start : start + VALUE_CHARS]
+    return ("..." if start else "") + shown + ("..." if start + VALUE_CHARS < len(text) else "")

@@ -325,14 +325,11 @@ def test_the_child_s_report_of_its_companion_is_kept_as_plain_counts() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(
-    reason="on an H200 the companion compiled every kernel, but later evaluations of a pool did "
-    "not find it in the child's cache (docs/decisions.md); compiling ahead stays off until found",
-    strict=False,
-)
 def test_a_gpu_evaluation_finds_its_kernels_compiled_by_its_companion() -> None:
     """On a GPU, every kernel of the bundled Triton solutions is compiled by the companion and
-    found in the child's cache; the verdicts are those without one."""
+    found in the child's cache; the verdicts are those without one. More evaluations than
+    spares: children started after the first reference was compiled (torch's compiler then
+    names its own ptxas in this process's environment) still assemble as their companion does."""
     evaluator = Evaluator(EvalConfig(device="cuda", compile_ahead=True, spare_children=2))
     try:
         for task, solution in bundled_pairs("triton")[:4]:

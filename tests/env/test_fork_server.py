@@ -227,3 +227,15 @@ def test_a_childs_gpu_is_named_as_this_process_sees_it(monkeypatch: pytest.Monke
     assert spawn.visible_device(1) == "GPU-11ab"
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert spawn.visible_device(3) == "3"
+
+
+def test_children_keep_the_toolchain_the_worker_started_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's compiler sets TRITON_PTXAS_PATH in the process that compiles (the trusted
+    reference's ``torch.compile``): a child started afterwards, or its compile companion, must
+    not assemble with another ptxas than the children started before."""
+    started = spawn._STARTED_ENV.get("TRITON_PTXAS_PATH")
+    monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "bin" / "ptxas"))
+    for env in (spawn._child_env("cuda", 0, tmp_path), spawn._companion_env(tmp_path)):
+        assert env.get("TRITON_PTXAS_PATH") == started
