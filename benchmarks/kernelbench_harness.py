@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernelbench_entries import Entry, Row, solution_entries  # noqa: E402
-from kernelbench_kb import kb_runner_main, run_kb_phase  # noqa: E402
+from kernelbench_kb import import_error, kb_runner_main, run_kb_phase  # noqa: E402
 from kernelbench_kernelrl import (  # noqa: E402
     REPO_ROOT,
     MemoryMonitor,
@@ -135,8 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.kb_runner:
         kb_runner_main(args)
         return 0
-    entries = solution_entries(Path(args.solutions), Path(args.kernelbench), set(args.only) or None)
     phases = args.phases.split(",")
+    if any(phase.startswith("kb-") for phase in phases):
+        why = import_error(args.kernelbench_src)
+        if why is not None:
+            raise SystemExit(
+                f"KernelBench's harness does not import here ({why}): install what it names, "
+                "or leave kb-inproc and kb-subproc out of --phases"
+            )
+    entries = solution_entries(Path(args.solutions), Path(args.kernelbench), set(args.only) or None)
     # by default kernelrl gets half the budget (it runs every solution `repeats` times),
     # KernelBench's two modes a quarter each
     shares = {k: float(v) for k, v in (item.split("=") for item in args.shares.split(","))}

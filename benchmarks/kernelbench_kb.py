@@ -48,6 +48,23 @@ def load_kernelbench_eval(src_dir: Path) -> tuple[types.ModuleType, list[str]]:
     return importlib.import_module("kernelbench.eval"), missing
 
 
+def import_error(src_dir: str) -> str | None:
+    """Why KernelBench's harness does not import in a runner's interpreter (the last line of
+    its error), or None. Asked before any phase runs: a package KernelBench's ``eval`` needs
+    and this machine lacks (pydantic, requests) otherwise shows only after kernelrl's phase has
+    spent its time, as every task's ``process_died``."""
+    done = subprocess.run(
+        [sys.executable, __file__, str(Path(src_dir).resolve())],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
 def _utils_subset(utils_path: Path, names: list[str]) -> types.ModuleType:
     """A ``kernelbench.utils`` holding only the named functions, compiled from KernelBench's
     own ``utils.py`` (their code, not ours), with ``torch`` in scope as there."""
@@ -179,3 +196,7 @@ def run_kb_phase(
                 }
     done = sum(1 for r in results.values() if not r["verdict"].startswith("skipped"))
     return results, time.perf_counter() - started, done
+
+
+if __name__ == "__main__":  # python kernelbench_kb.py KB/src: exits 0 if KernelBench imports
+    load_kernelbench_eval(Path(sys.argv[1]))

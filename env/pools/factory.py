@@ -130,7 +130,8 @@ class EnvPoolConfig:
         default=False,
         metadata={
             "help": "compile each Triton solution's kernels in a companion sandbox without a "
-            "GPU, which measurements never pause (GPU; not yet measured, off by default)"
+            "GPU, which measurements never pause (GPU; off by default: not faster at the sized "
+            "slots, docs/decisions.md)"
         },
     )
     env_ray_address: str | None = field(

@@ -6,9 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from kernelbench_harness import phase_sums  # noqa: E402
+from kernelbench_harness import main, phase_sums  # noqa: E402
+from kernelbench_kb import import_error  # noqa: E402
 from kernelbench_kernelrl import result_row, timing_shared  # noqa: E402
 
 from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY  # noqa: E402
@@ -36,3 +39,24 @@ def test_an_unused_timing_says_who_shared_the_gpu_or_why_nobody_could_tell() -> 
     evaluation = {"status": "correct", "sandbox": {SHARING_UNKNOWN_KEY: why}}
     row = result_row(evaluation, timing_shared(evaluation["sandbox"]))
     assert row["status"] == "correct" and row["timing_shared"] == why
+
+
+def test_a_kernelbench_that_does_not_import_stops_the_run_before_any_phase(
+    tmp_path: Path,
+) -> None:
+    """KernelBench's ``eval`` imports packages a GPU machine may lack (pydantic, requests):
+    the run says which at once, in one line, rather than after kernelrl's phase has run."""
+    package = tmp_path / "src" / "kernelbench"
+    package.mkdir(parents=True)
+    (package / "utils.py").write_text("def get_gpu_vendor():\n    return 'nvidia'\n")
+    (package / "eval.py").write_text("import kernelrl_test_absent_package\n")
+    out = tmp_path / "out"
+    argv = ["--kernelbench", str(tmp_path / "tasks"), "--kernelbench-src", str(tmp_path / "src")]
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--phases", "kernelrl,kb-inproc", "--out", str(out)])
+    said = str(stopped.value)
+    assert "No module named 'kernelrl_test_absent_package'" in said and "\n" not in said, said
+    assert not out.exists()
+    assert import_error(str(tmp_path / "src")) is not None
+    (package / "eval.py").write_text("import json\n")
+    assert import_error(str(tmp_path / "src")) is None
