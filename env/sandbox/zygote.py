@@ -128,6 +128,17 @@ def serve(control: socket.socket) -> None:
                 os.close(fd)
 
 
+def warm_triton() -> None:
+    """Triton's hash of its own build (``triton_key``: every file of its compiler and its
+    500-MB shared library), which it computes at a process's first compile and caches for the
+    process: computed here once, it is every forked process's without its 0.3 s of CPU. A
+    child's warm-up paid it off the evaluation's path, a compile companion on it, before the
+    kernel its child was waiting for."""
+    from triton.runtime.cache import triton_key
+
+    triton_key()
+
+
 def main() -> None:
     worker_pid = int(sys.argv[1])
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the worker's spawner thread...
@@ -148,6 +159,7 @@ def main() -> None:
 
     for name in PRELOADED:
         importlib.import_module(name)
+    warm_triton()
     _send(control, {"type": "ready", "modules": len(sys.modules)})
     serve(control)
 

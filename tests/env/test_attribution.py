@@ -19,6 +19,7 @@ from kernelrl.env import attribution, compare
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.reference import ReferenceRunner
 from kernelrl.env.result import EvalResult, Status
+from kernelrl.env.sandbox import spawn
 from kernelrl.env.task import load_task, task_from_source
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,9 +192,10 @@ def test_cuda_cpp_on_a_cpu_is_judged_up_to_its_first_call_into_cuda(
     """On a machine without a GPU, ``load_inline`` gives an extension whose functions say they
     need a GPU when called: the forward runs under the audit up to that call, so torch compute
     before it is a violation, and only a forward with nothing else found is ``not_run``. (The
-    sandbox is given no nvcc here: compiling torch's headers takes minutes on a CPU box.)"""
+    sandbox is given no nvcc here: compiling torch's headers takes minutes on a CPU box; a
+    child's environment is the worker's as it started, ``spawn``'s.)"""
     path = [d for d in os.environ["PATH"].split(os.pathsep) if not shutil.which("nvcc", path=d)]
-    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    monkeypatch.setitem(spawn._STARTED_ENV, "PATH", os.pathsep.join(path))
     after_torch = (
         SOLUTIONS / "attribution" / "torch_fallback_runtime__cuda_cpp_after_torch.py"
     ).read_text()

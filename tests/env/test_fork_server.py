@@ -239,3 +239,23 @@ def test_children_keep_the_toolchain_the_worker_started_with(
     monkeypatch.setenv("TRITON_PTXAS_PATH", str(tmp_path / "bin" / "ptxas"))
     for env in (spawn._child_env("cuda", 0, tmp_path), spawn._companion_env(tmp_path)):
         assert env.get("TRITON_PTXAS_PATH") == started
+
+
+def test_the_fork_server_hashes_triton_s_build_once_for_every_process_it_forks() -> None:
+    """Triton computes the hash of its own build at a process's first compile (0.3 s of CPU)
+    and caches it: computed by the fork server before it forks, it is cached in every child
+    and compile companion, and a companion's first kernel no longer waits for it. A child says
+    so through the only channel a solution has, its error (static checks off: the probe reads
+    Triton's internals, which they refuse)."""
+    root = Path(__file__).resolve().parents[2]
+    task = load_task(root / "data" / "tasks" / "01_relu.py")
+    probe = (
+        "import torch.nn as nn\n"
+        "from triton.runtime.cache import triton_key\n\n\n"
+        "class ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        raise RuntimeError(f'hashed: {triton_key.cache_info().currsize}')\n"
+    )
+    with Evaluator(EvalConfig(device="cpu", timeout_s=120, static_checks=False)) as evaluator:
+        result = evaluator.evaluate(task, probe)
+    assert result.status is Status.RUNTIME_ERROR and "hashed: 1" in result.error, result.error
