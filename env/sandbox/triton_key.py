@@ -59,9 +59,11 @@ def differences(here: dict[str, str], there: Any) -> str:
 def _apart(here: Any, there: Any) -> str:
     """The two values from a little before where they first differ: a tool's version text or a
     path agrees for its first dozens of characters, and it is the rest that says which."""
-    a, b = ("none" if v is None else " ".join(str(v).split()) for v in (here, there))
-    start = max(len(os.path.commonprefix([a, b])) - CONTEXT_CHARS, 0)
-    return f"{_cut(a, start)} here, {_cut(b, start)} there"
+    text_here, text_there = (
+        "none" if v is None else " ".join(str(v).split()) for v in (here, there)
+    )
+    start = max(len(os.path.commonprefix([text_here, text_there])) - CONTEXT_CHARS, 0)
+    return f"{_cut(text_here, start)} here, {_cut(text_there, start)} there"
 
 
 def _cut(text: str, start: int) -> str:
