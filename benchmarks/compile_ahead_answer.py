@@ -18,6 +18,7 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 TARGET = ("cuda", 90, 32)
 SIGNATURE = {"x_ptr": "*fp32", "out_ptr": "*fp32", "n_elements": "i32", "BLOCK_SIZE": "constexpr"}
@@ -35,9 +36,7 @@ def answer_and_compile(asks: int) -> tuple[list[float], list[float]]:
 
     from kernelrl.data.bundled import bundled_solution_path
     from kernelrl.env.sandbox import harness
-    from kernelrl.env.sandbox.compile_ahead import CompileAhead
     from kernelrl.env.sandbox.protocol import SOLUTION_MODULE
-    from kernelrl.env.sandbox.spawn import spawn_companion
 
     solution = bundled_solution_path("01_relu", "triton").read_text()
     module = harness.load_module(solution, SOLUTION_MODULE)
@@ -46,27 +45,39 @@ def answer_and_compile(asks: int) -> tuple[list[float], list[float]]:
     options = make_backend(target).parse_options({"num_warps": 4}).__dict__
     compile_here, listener = triton.compiler.compile, knobs.compilation.listener
     answers, compiles = [], []
-    for _ in range(asks):
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="answer-")
-        companion = spawn_companion("cpu", None).result(timeout=120)
-        try:
-            companion.send({"type": "limits", "limits": LIMITS})
-            companion.receive(time.monotonic() + 60)
-            ahead = CompileAhead(companion.sock, {})
-            ahead.install(solution)
+    with tempfile.TemporaryDirectory(prefix="compile-ahead-answer-") as caches:
+        for ask in range(asks):
+            try:  # the companion's side, installed in this process, undone after each answer
+                answers.append(_answer(solution, source, target, options, f"{caches}/answer-{ask}"))
+            finally:
+                triton.compiler.compile, knobs.compilation.listener = compile_here, listener
+            os.environ["TRITON_CACHE_DIR"] = f"{caches}/here-{ask}"
             started = time.perf_counter()
-            ahead.ask(source, target, options)
-            answers.append(time.perf_counter() - started)
-            if ahead.counts["compiled_ahead"] != 1:
-                raise SystemExit(f"the companion did not compile the kernel: {ahead.report()}")
-        finally:
-            companion.close()
-            triton.compiler.compile, knobs.compilation.listener = compile_here, listener
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="here-")
-        started = time.perf_counter()
-        compile_here(source, target=target, options=options)
-        compiles.append(time.perf_counter() - started)
+            compile_here(source, target=target, options=options)
+            compiles.append(time.perf_counter() - started)
     return answers, compiles
+
+
+def _answer(solution: str, source: Any, target: Any, options: dict, cache: str) -> float:
+    """Seconds from a new companion's being asked for the kernel to its files in ``cache``."""
+    from kernelrl.env.sandbox.compile_ahead import CompileAhead
+    from kernelrl.env.sandbox.spawn import spawn_companion
+
+    os.environ["TRITON_CACHE_DIR"] = cache
+    companion = spawn_companion("cpu", None).result(timeout=120)
+    try:
+        companion.send({"type": "limits", "limits": LIMITS})
+        companion.receive(time.monotonic() + 60)
+        ahead = CompileAhead(companion.sock, {})
+        ahead.install(solution)
+        started = time.perf_counter()
+        ahead.ask(source, target, options)
+        answered = time.perf_counter() - started
+    finally:
+        companion.close()
+    if ahead.counts["compiled_ahead"] != 1:
+        raise SystemExit(f"the companion did not compile the kernel: {ahead.report()}")
+    return answered
 
 
 def main() -> None:
