@@ -144,9 +144,11 @@ def cpu_busy_seconds() -> tuple[float, float]:
 
 
 def run_pass(
-    pool: Pool, pairs: Sequence, repeats: int, new_kernels: bool, tag: str
+    pool: Pool, pairs: Sequence, repeats: int, new_kernels: bool, tag: str, order: str = "pool"
 ) -> tuple[list[EvalResult], float, float]:
-    """Results, wall seconds and the host's mean busy cores during the pass."""
+    """Results, wall seconds and the host's mean busy cores during the pass. ``order``:
+    "pool", one batch the pool orders (longest-first); "submission", each evaluation a batch of
+    its own, so that the pool takes them as submitted (batches are served in order)."""
     tasks, solutions = [], []
     for r in range(repeats):  # repeat r of every task before repeat r + 1
         for task, solution in pairs:
@@ -157,7 +159,11 @@ def run_pass(
         assert len(set(solutions)) == len(solutions)
     busy0, _ = cpu_busy_seconds()
     started = time.perf_counter()
-    results = pool.evaluate(tasks, solutions)
+    if order == "pool":
+        results = pool.evaluate(tasks, solutions)
+    else:
+        futures = [pool.submit([t], [s])[0] for t, s in zip(tasks, solutions, strict=True)]
+        results = [future.result() for future in futures]
     wall = time.perf_counter() - started
     busy1, _ = cpu_busy_seconds()
     return results, wall, (busy1 - busy0) / wall
@@ -344,6 +350,13 @@ def parse_args() -> argparse.Namespace:
         help="reuse each task's reference timing, or time it in every evaluation's own "
         "exclusive window, interleaved with the solution (EvalConfig.cache_reference_timing)",
     )
+    parser.add_argument(
+        "--order",
+        choices=("pool", "submission"),
+        default="pool",
+        help="a pass as one batch the pool orders (longest first), or each evaluation its own "
+        "batch, taken in submission order",
+    )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
@@ -381,10 +394,12 @@ def main() -> None:
         cold: list[EvalResult] = []
         summary: dict = {"sizing": vars(sizing) if sizing else None, "gpus": args.workers}
         if not args.skip_cold:
-            cold, cold_s, cold_busy = run_pass(pool, pairs, 1, args.new_kernels, "cold")
+            cold, cold_s, cold_busy = run_pass(pool, pairs, 1, args.new_kernels, "cold", args.order)
             print(f"pass 1 ({PASS_ONE[args.reference_timing]}):")
             summary["cold"] = report(cold, cold_s, cold_busy, pool)
-        warm, warm_s, warm_busy = run_pass(pool, pairs, args.repeats, args.new_kernels, "warm")
+        warm, warm_s, warm_busy = run_pass(
+            pool, pairs, args.repeats, args.new_kernels, "warm", args.order
+        )
     print(f"device: {warm[0].device_name}; versions: {warm[0].versions}")
     print(f"pass 2 ({PASS_TWO[args.reference_timing]}), {args.repeats} repeats:")
     summary["warm"] = report(warm, warm_s, warm_busy, pool)

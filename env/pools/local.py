@@ -2,7 +2,10 @@
 
 Every evaluation runs its solution in a fresh sandboxed child, so a crashing or hanging solution
 costs one child, never a slot. Submission blocks when ``max_pending`` evaluations are queued
-(backpressure for trainers that produce faster than the GPUs evaluate). A ``harness_error`` is
+(backpressure for trainers that produce faster than the GPUs evaluate). Batches are served in
+submission order and each batch longest-first, as the Ray pool does (``CostModel``: a task's
+measured seconds, else its source size), so a batch does not end on one long evaluation while
+the other slots stand idle. A ``harness_error`` is
 evaluated once more in a fresh child (``verdicts.retried_harness_error``), as in every pool.
 
 A batch deadline (``submit(..., timeout_s=)``) answers what is not done by then: an evaluation
@@ -12,7 +15,9 @@ never started as a ``harness_error`` (nothing was learnt about the solution).
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import os
 import queue
 import threading
@@ -25,6 +30,7 @@ import torch
 
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.pools.base import SubmitPool, check_batch, own_config, settle
+from kernelrl.env.pools.scheduler import CostModel
 from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.pools.verdicts import (
     first_line,
@@ -112,7 +118,11 @@ class LocalPool(SubmitPool):
             first.device_name,
             first.versions,
         )
-        self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
+        # Entries (batch, -expected seconds, ticket, item): the ticket orders ties and keeps
+        # items from being compared.
+        self._queue: queue.PriorityQueue = queue.PriorityQueue(maxsize=max_pending)
+        self._costs = CostModel()
+        self._batches, self._tickets = itertools.count(), itertools.count()
         self._threads = [
             threading.Thread(target=self._serve, args=(ev,), name=f"kernelrl-slot-{i}", daemon=True)
             for i, ev in enumerate(slots)
@@ -129,7 +139,7 @@ class LocalPool(SubmitPool):
 
     def _serve(self, evaluator: Evaluator) -> None:
         while True:
-            item = self._queue.get()
+            *_, item = self._queue.get()
             if item is _STOP:
                 return
             try:  # a future cancelled by the caller, or answered by its deadline, is skipped
@@ -142,6 +152,7 @@ class LocalPool(SubmitPool):
             except BaseException as exc:  # a broken task: the caller sees the TaskError
                 settle(item.future, error=exc)
             else:
+                self._costs.observe(item.task.hash, result.phase_seconds.get("total", 0.0))
                 settle(item.future, result)
 
     def submit(
@@ -161,8 +172,11 @@ class LocalPool(SubmitPool):
             timer = threading.Timer(timeout_s, self._expire, args=(items, timeout_s))
             timer.daemon = True
             timer.start()
-        for item in items:
-            self._queue.put(item)  # blocks when max_pending are queued
+        batch = next(self._batches)
+        # Queued longest-first, so that under backpressure the expensive ones still go first.
+        for index, cost in self._costs.longest_first(tasks, solutions):
+            entry = (batch, -cost, next(self._tickets), items[index])
+            self._queue.put(entry)  # blocks when max_pending are queued
         return [item.future for item in items]
 
     def _expire(self, items: list[_Item], timeout_s: float) -> None:
@@ -186,8 +200,8 @@ class LocalPool(SubmitPool):
         if self._closed:
             return
         self._closed = True
-        for _ in self._threads:
-            self._queue.put(_STOP)
+        for _ in self._threads:  # after every batch: what was submitted is finished first
+            self._queue.put((math.inf, 0.0, next(self._tickets), _STOP))
         for thread in self._threads:
             thread.join()
         for evaluator in self.evaluators:

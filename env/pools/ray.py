@@ -198,15 +198,12 @@ class RayPool(SubmitPool):
         now = time.monotonic()
         deadline = now + timeout_s if timeout_s is not None else None
         batch = next(self._batches)
-        costs = self._costs.estimate(
-            [(t.hash, len(t.source) + len(s)) for t, s in zip(tasks, solutions, strict=True)]
-        )
         futures: list[Future[EvalResult]] = [Future() for _ in tasks]
         # Admitted longest-first, so that under backpressure the expensive ones still go first.
-        for index in sorted(range(len(tasks)), key=lambda i: -costs[i]):
+        for index, cost in self._costs.longest_first(tasks, solutions):
             self._room.acquire()  # backpressure: released when an item resolves
             item = _Item(tasks[index], solutions[index], futures[index], now, deadline)
-            job = Job(next(self._keys), batch, costs[index], item)
+            job = Job(next(self._keys), batch, cost, item)
             with self._admission:
                 if self._closing:  # closed while this submit waited for room
                     self._room.release()

@@ -1,4 +1,5 @@
-"""Which evaluation runs next, and on which worker: the part of the Ray pool that is ours.
+"""Which evaluation runs next, and on which worker: the part of the Ray pool that is ours (and
+the order LocalPool takes a batch in: ``CostModel.longest_first``).
 
 Pure bookkeeping, no Ray and no clock, so that tests drive every decision directly.
 
@@ -21,7 +22,10 @@ import itertools
 import statistics
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kernelrl.env.task import Task
 
 # Expected seconds per character of task + solution source before anything was measured.
 DEFAULT_SECONDS_PER_CHAR = 1e-3
@@ -41,6 +45,16 @@ class CostModel:
         rates = [known[h] / size for h, size in jobs if h in known and size]
         per_char = statistics.median(rates) if rates else DEFAULT_SECONDS_PER_CHAR
         return [known.get(h, size * per_char) for h, size in jobs]
+
+    def longest_first(
+        self, tasks: Sequence[Task], solutions: Sequence[str]
+    ) -> list[tuple[int, float]]:
+        """(index, expected seconds) of every item of a batch, the most expensive first, ties in
+        submission order: a batch taken in this order leaves no long evaluation for last."""
+        costs = self.estimate(
+            [(t.hash, len(t.source) + len(s)) for t, s in zip(tasks, solutions, strict=True)]
+        )
+        return sorted(enumerate(costs), key=lambda item: -item[1])
 
     def observe(self, task_hash: str, seconds: float) -> None:
         previous = self.seconds.get(task_hash, seconds)

@@ -4,6 +4,7 @@ deadlines, broken tasks, harness errors (retried once, never cached)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import signal
 import subprocess
@@ -30,6 +31,10 @@ GOOD = (ROOT / "data" / "solutions" / "triton" / "01_relu.py").read_text()
 SEGFAULT = (
     Path(__file__).parents[1] / "solutions" / "dynamic" / "runtime_error__segfault.py"
 ).read_text()
+
+
+def solution_hash(solution: str) -> str:
+    return hashlib.sha256(solution.encode()).hexdigest()[:16]
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +67,10 @@ def test_batch_deadline_answers_what_is_not_done() -> None:
         Path(__file__).parents[1] / "solutions" / "dynamic" / "timeout__infinite_loop.py"
     ).read_text()
     with LocalPool(EvalConfig(device="cpu", timeout_s=10), workers=1) as one_slot:
-        # One slot: the hanging solution runs when the deadline passes, the good one waits.
-        running, waiting = one_slot.submit([RELU, RELU], [hang, GOOD], timeout_s=4)
+        # One slot: the hanging solution runs when the deadline passes, the good one (a later
+        # batch) waits.
+        (running,) = one_slot.submit([RELU], [hang], timeout_s=4)
+        (waiting,) = one_slot.submit([RELU], [GOOD], timeout_s=4)
         ran, waited = running.result(timeout=60), waiting.result(timeout=60)
         assert ran.status is Status.TIMEOUT and ran.sandbox[POOL_ERROR_KEY] == "batch_timeout"
         # Never started: nothing is known about the solution, so it is not blamed for it.
@@ -73,6 +80,17 @@ def test_batch_deadline_answers_what_is_not_done() -> None:
         # already answered, and serves again.
         (after,) = one_slot.evaluate([RELU], [GOOD])
         assert after.status is Status.CORRECT and POOL_ERROR_KEY not in after.sandbox
+
+
+def test_a_batch_is_taken_longest_first_and_answered_in_input_order(pool: LocalPool) -> None:
+    # A task nothing measured yet: the larger source is expected to take longer.
+    task = task_from_source(RELU.source + "\n# not evaluated before\n", "relu_unmeasured")
+    padded = GOOD + "\n" + "# a longer text of the same kernel\n" * 200
+    results = pool.evaluate([task] * 3, [GOOD, padded, GOOD])
+    assert [r.solution_hash for r in results[:2]] == [solution_hash(GOOD), solution_hash(padded)]
+    assert all(r.status is Status.CORRECT for r in results)
+    started = [r.timestamp for r in results]
+    assert started[1] < started[0] < started[2]  # one slot: the padded one first, then in order
 
 
 def test_slot_survives_a_crashing_child(pool: LocalPool) -> None:

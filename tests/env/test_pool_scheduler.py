@@ -1,9 +1,11 @@
 """The Ray pool's scheduler, driven directly (no Ray): longest-first placement and blame
-isolation, the two decisions that are kernelrl's own."""
+isolation, the two decisions that are kernelrl's own, and the cost model both pools order a
+batch by."""
 
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 
@@ -191,3 +193,16 @@ def test_cost_model_uses_measurements_then_source_size() -> None:
     assert costs.estimate([("t1", 1000), ("t2", 500)]) == [4.0, pytest.approx(2.0)]
     costs.observe("t1", 2.0)
     assert costs.seconds["t1"] == pytest.approx(3.0)  # an average of its evaluations
+
+
+def test_a_batch_is_ordered_longest_first_by_measured_seconds_then_by_size() -> None:
+    costs = CostModel()
+    small, large = (SimpleNamespace(hash=h, source="x" * 100) for h in ("small", "large"))
+    # Nothing measured: the larger source first, equal ones in submission order.
+    order = costs.longest_first([small, large, small], ["y" * 10, "y" * 900, "y" * 10])
+    assert [index for index, _ in order] == [1, 0, 2]
+    # Measured: what a task took outranks its size.
+    costs.observe("small", 30.0)
+    costs.observe("large", 3.0)
+    order = costs.longest_first([large, small], ["y" * 900, "y" * 10])
+    assert order == [(1, 30.0), (0, 3.0)]

@@ -55,7 +55,8 @@ def test_a_broken_task_fails_its_own_future_only(pool: ProcessPool) -> None:
 
 def test_the_batch_deadline_holds_across_the_pipe() -> None:
     with ProcessPool(EvalConfig(device="cpu", timeout_s=10), workers=1) as one_slot:
-        running, waiting = one_slot.submit([RELU, RELU], [HANG, GOOD], timeout_s=4)
+        (running,) = one_slot.submit([RELU], [HANG], timeout_s=4)
+        (waiting,) = one_slot.submit([RELU], [GOOD], timeout_s=4)  # a later batch: it waits
         ran, waited = running.result(timeout=60), waiting.result(timeout=60)
         assert ran.status is Status.TIMEOUT and ran.sandbox[POOL_ERROR_KEY] == "batch_timeout"
         assert waited.status is Status.HARNESS_ERROR and not waited.scored
