@@ -88,14 +88,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             result = compare_orders(path)
         except SystemExit as skipped:
-            print(f"| {path.parent.name}/{path.stem} | {skipped} |")
+            print(f"| {path} | {skipped} |")
             continue
         rates = result["per_min"]
         cells = " | ".join(f"{w:.1f} s ({rates[k]:.1f}/min)" for k, w in result["walls"].items())
         gain = rates["replayed, longest first"] / rates["recorded"]
-        print(
-            f"| {path.stem} | {result['slots']} | {result['evaluations']} | {cells} | {gain:.2f} |"
-        )
+        print(f"| {path} | {result['slots']} | {result['evaluations']} | {cells} | {gain:.2f} |")
 
 
 if __name__ == "__main__":
