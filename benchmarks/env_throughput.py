@@ -23,13 +23,14 @@ import argparse
 import ast
 import json
 import os
+import resource
 import statistics
 import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -134,6 +135,20 @@ def distinct_source(source: str, label: str) -> str:
     return "".join(lines)
 
 
+class Busy(NamedTuple):
+    """Mean cores busy during a pass: the whole host's, and this process's own (the pool's
+    trusted side: its slots' threads share one interpreter)."""
+
+    host: float
+    trusted: float
+
+
+def trusted_cpu_seconds() -> float:
+    """CPU seconds of this process so far, its children left out."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def cpu_busy_seconds() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole host so far, from /proc/stat."""
     with open("/proc/stat") as f:
@@ -145,8 +160,8 @@ def cpu_busy_seconds() -> tuple[float, float]:
 
 def run_pass(
     pool: Pool, pairs: Sequence, repeats: int, new_kernels: bool, tag: str, order: str = "pool"
-) -> tuple[list[EvalResult], float, float]:
-    """Results, wall seconds and the host's mean busy cores during the pass. ``order``:
+) -> tuple[list[EvalResult], float, Busy]:
+    """Results, wall seconds and the cores busy during the pass. ``order``:
     "pool", one batch the pool orders (longest-first); "submission", each evaluation a batch of
     its own, so that the pool takes them as submitted (batches are served in order)."""
     tasks, solutions = [], []
@@ -157,7 +172,7 @@ def run_pass(
             solutions.append(distinct_source(solution, label) if new_kernels else solution)
     if new_kernels:
         assert len(set(solutions)) == len(solutions)
-    busy0, _ = cpu_busy_seconds()
+    busy0, trusted0 = cpu_busy_seconds()[0], trusted_cpu_seconds()
     started = time.perf_counter()
     if order == "pool":
         results = pool.evaluate(tasks, solutions)
@@ -165,8 +180,8 @@ def run_pass(
         futures = [pool.submit([t], [s])[0] for t, s in zip(tasks, solutions, strict=True)]
         results = [future.result() for future in futures]
     wall = time.perf_counter() - started
-    busy1, _ = cpu_busy_seconds()
-    return results, wall, (busy1 - busy0) / wall
+    busy1, trusted1 = cpu_busy_seconds()[0], trusted_cpu_seconds()
+    return results, wall, Busy((busy1 - busy0) / wall, (trusted1 - trusted0) / wall)
 
 
 def median_of(values: list[float]) -> float:
@@ -189,7 +204,7 @@ def open_pool(
     return RayPool(config, workers=args.workers, per_gpu=sizing.per_gpu), sizing
 
 
-def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool) -> dict:
+def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> dict:
     """Prints the pass's figures and returns them."""
     n = len(results)
     rate = n / wall * 60
@@ -198,9 +213,16 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool
         statuses[str(r.status)] += 1
     print(f"{n} evaluations in {wall:.1f} s = {rate:.1f}/min; statuses {dict(statuses)}")
     cores = len(os.sched_getaffinity(0))
+    # LocalPool's trusted side is this process; RayPool's is in its actors.
+    trusted = (
+        f"; the trusted process {busy.trusted:.2f} cores ({busy.trusted * wall / n:.2f} CPU s "
+        "per evaluation)"
+        if isinstance(pool, LocalPool)
+        else ""
+    )
     print(
-        f"host CPU: {busy_cores:.1f} of {cores} cores busy on average "
-        f"({busy_cores * wall / n:.2f} CPU s per evaluation)"
+        f"host CPU: {busy.host:.1f} of {cores} cores busy on average "
+        f"({busy.host * wall / n:.2f} CPU s per evaluation){trusted}"
     )
     exclusive = sum(r.phase_seconds.get("gpu_exclusive", 0.0) for r in results)
     print(f"GPU held exclusively for measurements: {exclusive / wall:.1%} of the wall time")
@@ -247,9 +269,10 @@ def report(results: list[EvalResult], wall: float, busy_cores: float, pool: Pool
         "wall_s": wall,
         "evals_per_min": rate,
         "statuses": dict(statuses),
-        "busy_cores": busy_cores,
+        "busy_cores": busy.host,
+        "trusted_cores": busy.trusted if isinstance(pool, LocalPool) else None,
         "host_cores": cores,
-        "cpu_s_per_eval": busy_cores * wall / n if n else None,
+        "cpu_s_per_eval": busy.host * wall / n if n else None,
         "gpu_exclusive_share": exclusive / wall,
         "phase_medians": phases,
         "spreads": spreads,

@@ -1,9 +1,12 @@
-"""What the throughput benchmark prints of the compile companions: counts, and the reasons the
-children gave for a kernel they compiled themselves, most frequent first."""
+"""What the throughput benchmark prints of the compile companions (counts, and the reasons the
+children gave for a kernel they compiled themselves, most frequent first) and of the trusted
+process's own CPU time."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,3 +40,22 @@ def test_the_companions_line_counts_kernels_and_names_the_reasons_for_misses() -
         "compiled in the child 2",
         f"  2 x {differs}",
     ]
+
+
+def test_the_trusted_process_counts_its_own_cpu_time_and_not_its_childrens() -> None:
+    before = env_throughput.trusted_cpu_seconds()
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass",
+        ],
+        check=True,
+    )
+    after_child = env_throughput.trusted_cpu_seconds()
+    spin = time.process_time()
+    while time.process_time() - spin < 0.3:
+        pass
+    after_own = env_throughput.trusted_cpu_seconds()
+    assert after_child - before < 0.2  # the child's 0.5 s are not the trusted process's
+    assert after_own - after_child >= 0.3
