@@ -5,8 +5,8 @@ costs one child, never a slot. Submission blocks when ``max_pending`` evaluation
 (backpressure for trainers that produce faster than the GPUs evaluate). Batches are served in
 submission order and each batch longest-first, as the Ray pool does (``CostModel``: a task's
 measured seconds, else its source size), so a batch does not end on one long evaluation while
-the other slots stand idle. A ``harness_error`` is
-evaluated once more in a fresh child (``verdicts.retried_harness_error``), as in every pool.
+the other slots stand idle. A ``harness_error`` is evaluated once more in a fresh child
+(``verdicts.retried_harness_error``), as in every pool.
 
 A batch deadline (``submit(..., timeout_s=)``) answers what is not done by then: an evaluation
 still running as ``timeout`` (its slot finishes it and the late verdict is dropped), one that
