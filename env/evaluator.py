@@ -41,6 +41,7 @@ from kernelrl.env.sandbox.gpu_memory import GpuShare, watch_for
 from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.sandboxed_reference import ReferenceStateError, TaskReferences
+from kernelrl.env.single_flight import SingleFlight
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig
 
@@ -157,6 +158,7 @@ class Evaluator(ChildRunPhases):
         # Other evaluators on this GPU time each other's kernels (gpu_claim.py).
         self.gpu_claim = GpuClaim.for_device(self.device) if self.device_kind == "cuda" else None
         self.timing_cache = timing_cache or ReferenceTimingCache()
+        self.reference_timings_in_flight = SingleFlight()
         self.gpu_lock = GpuLock()
         self.versions = library_versions()
         self.device_name = device_name(self.device)

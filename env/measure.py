@@ -32,6 +32,7 @@ from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.companion import Companion, child_report
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.side_by_side import InterleavedReference
+from kernelrl.env.single_flight import SingleFlight
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig, placements
 
@@ -95,6 +96,7 @@ class ChildRunPhases:
         tuple[TimingStats | None, Sharing],
     ]
     timing_cache: Any
+    reference_timings_in_flight: SingleFlight
 
     def _run_in_child(
         self,
@@ -249,7 +251,7 @@ class ChildRunPhases:
         computed, then what they answered."""
         timing_seed = secrets.randbits(31)
         with (
-            self._reference_prepared(task, timing_config, result.phase_seconds) as timers,
+            self._reference_prepared(task, timing_config, result.phase_seconds, session) as timers,
             self._device_to_itself(session, result.phase_seconds) as sharing,
             self._side_by_side(task, timing_config, session, timers) as side_by_side,
         ):
@@ -334,28 +336,47 @@ class ChildRunPhases:
 
     @contextlib.contextmanager
     def _reference_prepared(
-        self, task: Task, timing: TimingConfig, phases: dict[str, float]
+        self, task: Task, timing: TimingConfig, phases: dict[str, float], session: SandboxSession
     ) -> Iterator[dict[str, PlacementTimer | None]]:
         """The reference's timers made ready before the measurement's window: its model, its
         input sets and torch.compile's compilation are this process's own work, done while the
         other sandboxes run (under the lock every trusted GPU step takes, so never during a
         measurement) rather than inside a window that holds every sandbox paused. Their memory
-        goes back to the other sandboxes when the measurement ends, however it ends."""
+        goes back to the other sandboxes when the measurement ends, however it ends. A timing
+        another evaluation of the task is making now is waited for, then found cached."""
+        with self._reference_claimed(task, timing, session):
+            kinds = self._reference_kinds_to_time(task, timing)  # looked for again after a wait
+            if not kinds:
+                yield {}
+                return
+            started = time.perf_counter()
+            with self._trusted_gpu_work():
+                timers = self.references.runner.timers(task, timing, kinds)
+            phases["reference_prepare"] = time.perf_counter() - started
+            try:
+                yield timers
+            finally:
+                timers.clear()
+                if self.device_kind == "cuda":
+                    with self._trusted_gpu_work():
+                        torch.cuda.empty_cache()
+
+    @contextlib.contextmanager
+    def _reference_claimed(
+        self, task: Task, timing: TimingConfig, session: SandboxSession
+    ) -> Iterator[None]:
+        """The cached reference timings this evaluation would make, claimed until its window has
+        ended (``single_flight``): while another evaluation of the task makes them, this one
+        waits, holding no lock, for half of what its child's time limit has left at most (the
+        limit runs on while it waits, and the rest is its own measurement's)."""
         kinds = self._reference_kinds_to_time(task, timing)
-        if not kinds:
-            yield {}
+        if not kinds or self._interleaves(task):  # interleaved: every evaluation times its own
+            yield
             return
-        started = time.perf_counter()
-        with self._trusted_gpu_work():
-            timers = self.references.runner.timers(task, timing, kinds)
-        phases["reference_prepare"] = time.perf_counter() - started
-        try:
-            yield timers
-        finally:
-            timers.clear()
-            if self.device_kind == "cuda":
-                with self._trusted_gpu_work():
-                    torch.cuda.empty_cache()
+        keys = [self.timing_cache.key(task, self.device, kind, timing) for kind in kinds]
+        wait_s = max(session.deadline - time.monotonic(), 0.0) / 2
+        with self.reference_timings_in_flight.claim(keys, wait_s):
+            yield
 
     @contextlib.contextmanager
     def _side_by_side(
