@@ -158,7 +158,10 @@ class Evaluator(ChildRunPhases):
         # Other evaluators on this GPU time each other's kernels (gpu_claim.py).
         self.gpu_claim = GpuClaim.for_device(self.device) if self.device_kind == "cuda" else None
         self.timing_cache = timing_cache or ReferenceTimingCache()
-        self.reference_timings_in_flight = SingleFlight()
+        # On a GPU a reference's preparation holds the lock of every trusted GPU step and its
+        # timing an exclusive window: made once per task (single_flight.py). On a CPU neither
+        # is shared, and a twin waiting for the other would only be slower.
+        self.reference_timings_in_flight = SingleFlight() if self.device_kind == "cuda" else None
         self.gpu_lock = GpuLock()
         self.versions = library_versions()
         self.device_name = device_name(self.device)

@@ -96,7 +96,7 @@ class ChildRunPhases:
         tuple[TimingStats | None, Sharing],
     ]
     timing_cache: Any
-    reference_timings_in_flight: SingleFlight
+    reference_timings_in_flight: SingleFlight | None
 
     def _run_in_child(
         self,
@@ -369,13 +369,14 @@ class ChildRunPhases:
         ended (``single_flight``): while another evaluation of the task makes them, this one
         waits, holding no lock, for half of what its child's time limit has left at most (the
         limit runs on while it waits, and the rest is its own measurement's)."""
+        in_flight = self.reference_timings_in_flight
         kinds = self._reference_kinds_to_time(task, timing)
-        if not kinds or self._interleaves(task):  # interleaved: every evaluation times its own
+        if in_flight is None or not kinds or self._interleaves(task):  # interleaved: each its own
             yield
             return
         keys = [self.timing_cache.key(task, self.device, kind, timing) for kind in kinds]
         wait_s = max(session.deadline - time.monotonic(), 0.0) / 2
-        with self.reference_timings_in_flight.claim(keys, wait_s):
+        with in_flight.claim(keys, wait_s):
             yield
 
     @contextlib.contextmanager

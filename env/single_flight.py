@@ -3,9 +3,11 @@
 Evaluations of one task run side by side (a group's samples, a batch taken longest-first), and
 each finds the task's reference timing missing from the cache until the first of them has timed
 it. Without a claim every one of them would prepare the reference (its model, its input sets,
-torch.compile's compile: seconds under the lock every trusted GPU step takes) and most would
-time it again in their own exclusive windows. With one, the first evaluation times it and the
-others wait for it outside every lock, then find it cached.
+torch.compile's compile: seconds under the lock every trusted GPU step takes), and those whose
+windows came first would time it again in their own exclusive windows. With one, the first evaluation times it and the
+others wait for it outside every lock, then find it cached. Only on a GPU: on a CPU neither the
+preparation nor the timing holds anything the other evaluations need, and a waiting twin would
+only be slower (measured: docs/decisions.md).
 """
 
 from __future__ import annotations

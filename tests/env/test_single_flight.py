@@ -58,15 +58,22 @@ def test_a_claim_goes_on_beside_a_holder_that_outlasts_its_wait() -> None:
         pass
 
 
+def test_only_an_evaluator_on_a_gpu_claims_its_reference_timings() -> None:
+    with Evaluator(EvalConfig(device="cpu", spare_children=0)) as evaluator:
+        assert evaluator.reference_timings_in_flight is None  # nothing shared to save on a CPU
+
+
 @pytest.mark.parametrize("cached", [True, False])
 def test_evaluations_of_one_task_side_by_side_prepare_its_reference_timing_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cached: bool
 ) -> None:
     """Two evaluations of a task whose reference timing is not cached yet, at once: one
     prepares and times it, the other takes it from the cache. Timed in every evaluation
-    (interleaved, the cache off) each makes its own, as before."""
+    (interleaved, the cache off) each makes its own, as before. Claims are a GPU evaluator's;
+    this one on a CPU is given them, to run the same path."""
     config = EvalConfig(device="cpu", timeout_s=60, spare_children=2, cache_reference_timing=cached)
     evaluator = Evaluator(config, timing_cache=ReferenceTimingCache(tmp_path / "timings.json"))
+    evaluator.reference_timings_in_flight = SingleFlight()
     prepared, timers = [], ReferenceRunner.timers
 
     def counted(runner, *args, **kwargs):
@@ -95,3 +102,17 @@ def test_evaluations_of_one_task_side_by_side_prepare_its_reference_timing_once(
         assert sum("reference_prepare" in r.phase_seconds for r in results) == 1
     else:
         assert len(prepared) == 2
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_task_s_reference_is_prepared_and_timed_once_for_its_evaluations(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kernelrl.env.pools.local import LocalPool
+
+    monkeypatch.setenv("KERNELRL_CACHE", str(tmp_path))  # no timing cached yet
+    with LocalPool(EvalConfig(device="cuda", timeout_s=300), workers=1, per_gpu=4) as pool:
+        results = pool.evaluate([RELU] * 4, [GOOD] * 4)
+    assert all(r.status is Status.CORRECT for r in results), [r.feedback for r in results]
+    assert sum("reference_prepare" in r.phase_seconds for r in results) == 1
+    assert len({(r.ref_eager.median_ms, r.ref_compile.median_ms) for r in results}) == 1
