@@ -213,11 +213,11 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         statuses[str(r.status)] += 1
     print(f"{n} evaluations in {wall:.1f} s = {rate:.1f}/min; statuses {dict(statuses)}")
     cores = len(os.sched_getaffinity(0))
-    # LocalPool's trusted side is this process; RayPool's is in its actors.
+    local = isinstance(pool, LocalPool)  # its trusted side is this process; RayPool's, its actors
     trusted = (
         f"; the trusted process {busy.trusted:.2f} cores ({busy.trusted * wall / n:.2f} CPU s "
         "per evaluation)"
-        if isinstance(pool, LocalPool)
+        if local
         else ""
     )
     print(
@@ -270,7 +270,7 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         "evals_per_min": rate,
         "statuses": dict(statuses),
         "busy_cores": busy.host,
-        "trusted_cores": busy.trusted if isinstance(pool, LocalPool) else None,
+        "trusted_cores": busy.trusted if local else None,
         "host_cores": cores,
         "cpu_s_per_eval": busy.host * wall / n if n else None,
         "gpu_exclusive_share": exclusive / wall,

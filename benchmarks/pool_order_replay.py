@@ -64,7 +64,7 @@ def compare_orders(summary_path: Path) -> dict:
     costs = CostModel()
     for row in first:
         costs.observe(row["task_hash"], row["phase_seconds"]["total"])
-    known = [costs.estimate([(row["task_hash"], 0)])[0] for row in second]
+    known = costs.estimate([(row["task_hash"], 0) for row in second])
     longest_first = sorted(range(len(second)), key=lambda i: -known[i])
     seconds = [row["phase_seconds"]["total"] for row in second]
     n = len(second)
