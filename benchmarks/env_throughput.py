@@ -316,6 +316,12 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
         "(EvalConfig.compile_ahead)",
     )
     parser.add_argument(
+        "--min-reps",
+        type=int,
+        default=TimingConfig.min_reps,
+        help="timed calls per placement before its error target may stop it (TimingConfig)",
+    )
+    parser.add_argument(
         "--enough-timed-ms",
         type=float,
         default=TimingConfig.enough_timed_ms,
@@ -403,6 +409,7 @@ def main() -> None:
             placements=args.placements,
             l2_flush=args.l2_flush,
             enough_timed_ms=args.enough_timed_ms,
+            min_reps=args.min_reps,
         ),
     )
     started = time.perf_counter()

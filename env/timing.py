@@ -30,6 +30,9 @@ from kernelrl.env.result import TimingStats
 
 L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than the L2 of any current GPU (H100: 50 MB)
 L2_FLUSHES = ("read", "write", "none")
+# Raised when the procedure changes in a way its options do not name (how a flush reads, say),
+# so that timings cached under the old one are taken again.
+PROCEDURE = 2
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,13 @@ class TimingConfig:
     # Before each later placement, which follows the one before without a gap: the GPU is already
     # at clock, so only the new input set's first touches remain to warm.
     placement_warmup_ms: float = 2.0
-    min_reps: int = 30
+    # Timed calls per placement before its error target may stop it: one batch. Thirty held
+    # every evaluation's exclusive window, and every other child paused through it, 0.09 s
+    # longer for speed-ups that moved less than runs of one setting did (docs/decisions.md).
+    min_reps: int = 10
     # A placement whose timed calls add up to this many milliseconds may stop before min_reps,
-    # once its error target is met (0: never): a kernel over 1.7 ms is timed in fewer than 30
-    # calls, never fewer than one batch. A long kernel's median is steady in few calls, and its
-    # repetitions were most of an exclusive window at KernelBench's published sizes (measured
-    # side by side: docs/decisions.md).
+    # once its error target is met (0: never), never before one batch: what a min_reps above
+    # one batch keeps from a long kernel, whose median is steady in few calls (docs/decisions.md).
     enough_timed_ms: float = 50.0
     max_reps: int = 2000
     target_rel_err: float = 0.005
@@ -67,7 +71,7 @@ class TimingConfig:
 
     def fingerprint(self) -> str:
         """Names the procedure in cache keys: a timing taken another way is not reused."""
-        text = json.dumps(asdict(self), sort_keys=True)
+        text = json.dumps({**asdict(self), "procedure": PROCEDURE}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -138,10 +142,12 @@ def _sleep_cycles_per_us() -> float:
 def _l2_flush(mode: str) -> Callable[[], None]:
     if mode == "none":
         return _nothing
-    buffer = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    buffer = torch.ones(L2_FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
     if mode == "write":
         return buffer.zero_
-    total = torch.empty((), dtype=torch.int64, device="cuda")
+    # A float sum reads at the memory's bandwidth; an int32 one accumulating in int64 took 0.36 ms
+    # of every repetition on an H200 (docs/decisions.md), half of a small kernel's.
+    total = torch.empty((), dtype=torch.float32, device="cuda")
     return lambda: torch.sum(buffer, dim=0, out=total)
 
 

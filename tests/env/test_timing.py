@@ -199,7 +199,7 @@ def test_a_long_kernel_is_timed_in_fewer_calls_with_enough_timed_ms() -> None:
     cycles = int(5000 * _sleep_cycles_per_us())
     reps, medians = {}, {}
     for enough in (0.0, 40.0):  # off, and short of the default
-        config = TimingConfig(placements=1, enough_timed_ms=enough)
+        config = TimingConfig(placements=1, min_reps=30, enough_timed_ms=enough)
         stats = time_fn([lambda: torch.cuda._sleep(cycles)], torch.device("cuda"), config)
         reps[enough], medians[enough] = stats.reps, stats.median_ms
     assert reps == {0.0: 30, 40.0: 10}, reps
@@ -384,3 +384,21 @@ def test_a_refresh_copes_with_what_the_solution_did_to_its_inputs() -> None:
     pointer = timed.sets[0][0].data_ptr()
     timed.refresh(0)  # left alone: the same memory again
     assert timed.sets[0][0].data_ptr() == pointer
+
+
+def test_a_placement_may_stop_after_one_batch_once_its_error_target_is_met() -> None:
+    config = TimingConfig()
+    assert config.min_reps == config.batch == 10
+    assert not _enough([0.1] * 9, config) and _enough([0.1] * 10, config)
+
+
+def test_the_fingerprint_names_the_procedure_as_well_as_its_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A change the options do not name (how the flush reads, say) raises ``PROCEDURE``, and
+    timings cached under the old procedure are then not reused."""
+    from kernelrl.env import timing
+
+    before = TimingConfig().fingerprint()
+    monkeypatch.setattr(timing, "PROCEDURE", timing.PROCEDURE + 1)
+    assert TimingConfig().fingerprint() != before
