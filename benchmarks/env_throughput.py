@@ -292,6 +292,12 @@ def _spread(values: list[float]) -> float | None:
 def add_timing_args(parser: argparse.ArgumentParser) -> None:
     """The timing procedure's options (``TimingConfig``) and compiling ahead."""
     parser.add_argument(
+        "--warmup-ms",
+        type=float,
+        default=TimingConfig.warmup_ms,
+        help="warm-up before the first placement (TimingConfig)",
+    )
+    parser.add_argument(
         "--placement-warmup-ms",
         type=float,
         default=TimingConfig.placement_warmup_ms,
@@ -405,6 +411,7 @@ def main() -> None:
         compile_ahead=args.compile_ahead,
         timing=TimingConfig(
             fresh_inputs=not args.stale_inputs,
+            warmup_ms=args.warmup_ms,
             placement_warmup_ms=args.placement_warmup_ms,
             placements=args.placements,
             l2_flush=args.l2_flush,
