@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kernelrl.env.timing import TimingConfig
+from kernelrl.env.timing import PROCEDURE, TimingConfig
 
 
 @dataclass
@@ -45,5 +45,7 @@ class ValidateConfig:
             "seed": seed,
             "host_memory_bytes": self.host_memory_bytes,
             "reject_constant_outputs": self.reject_constant_outputs,
-            "timing": asdict(self.timing),
+            # The procedure's version too: a change its options do not name (how L2 is
+            # flushed) times differently, as ``TimingConfig.fingerprint`` says for cached timings.
+            "timing": {**asdict(self.timing), "procedure": PROCEDURE},
         }

@@ -11,6 +11,7 @@ import yaml
 from kernelrl.data.curate import pipeline
 from kernelrl.data.curate.config import CURATE_RECIPE, compose_recipe, curate_config
 from kernelrl.data.curate.resume import fingerprint
+from kernelrl.env.timing import PROCEDURE
 from kernelrl.launch.recipe import RecipeError, parse_recipe, recipe_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,10 +70,14 @@ def _key_before_fresh_inputs(config) -> str:
     """The validate key as computed before timed calls got fresh input contents
     (``TimingConfig.fresh_inputs``), later placements a short warm-up of their own
     (``placement_warmup_ms``), L2 was flushed by reading (``l2_flush``, then the boolean
-    ``flush_l2``) and a long kernel's repetitions could stop early (``enough_timed_ms``): the
-    journals below were written then."""
+    ``flush_l2``), a long kernel's repetitions could stop early (``enough_timed_ms``), a placement
+    took 10 timed calls instead of 30 (``min_reps``) and the key named the procedure's version:
+    the journals below were written then."""
     settings = pipeline.validate_settings(config)
     timing = settings["config"]["timing"]
+    assert timing.pop("procedure") == PROCEDURE
+    assert timing["min_reps"] == 10
+    timing["min_reps"] = 30
     assert timing.pop("fresh_inputs") is True
     assert timing.pop("placement_warmup_ms") == 2.0
     assert timing.pop("l2_flush") == "read"
@@ -85,8 +90,9 @@ def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes(
     """The validate journal's key for the bundled recipes (and with flags), as curation computed
     it when the step's keys were fields of one flat ``CurateConfig``: nothing else a verdict
     depends on has drifted since. A change of what a verdict depends on (``TimingConfig``: fresh
-    timed inputs, the later placements' warm-up, the L2 flush; a new setting, even at the value
-    that times as before) changes it on purpose, so those journals are not resumed now."""
+    timed inputs, the later placements' warm-up, the L2 flush, the timed calls a placement, the
+    procedure's version; a new setting, even at the value that times as before) changes it on
+    purpose, so those journals are not resumed now."""
     expected = {
         (SMOKE,): "6a7373e1cdbb4327",
         (SMOKE, "--seed", "3", "--validate_timeout_s", "7", "--validate_workers", "9"): (

@@ -17,7 +17,7 @@ from kernelrl.data.curate.verdict import seeds_for
 from kernelrl.data.schema import make_dataset
 from kernelrl.env.admission import GpuMemoryBudget, plan_for
 from kernelrl.env.task import task_from_source
-from kernelrl.env.timing import TimingConfig
+from kernelrl.env.timing import PROCEDURE, TimingConfig
 
 GIB = 2**30
 
@@ -227,5 +227,5 @@ def test_the_journal_key_keeps_the_names_journals_were_written_with() -> None:
         "seed": 3,
         "host_memory_bytes": 8 * GIB,
         "reject_constant_outputs": True,
-        "timing": asdict(TimingConfig()),
+        "timing": {**asdict(TimingConfig()), "procedure": PROCEDURE},
     }
