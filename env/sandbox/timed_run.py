@@ -34,9 +34,10 @@ from kernelrl.env.sandbox.failures import SolutionFailure, solution_failure
 from kernelrl.env.timing import TimingConfig, TimingSteps, placements, time_fn
 
 # Between two timed batches, an audited call runs with this probability, on a random input set:
-# the solution cannot tell from the outside which of its calls are watched. A GPU timing run has
-# four batches at the least (one per placement): at 0.875 the chance that none is watched is
-# 1 in 4096, as it was with one in two over the twelve batches of 30 calls a placement.
+# the solution cannot tell from the outside which of its calls are watched. A GPU timing run of
+# four placements has four batches at the least: at 0.875 the chance that none is watched is
+# 1 in 4096, as it was with one in two over the twelve batches of 30 calls a placement (a task
+# timed on one placement: 1 in 8 either way).
 SPOT_AUDIT_PROBABILITY = 0.875
 
 T = TypeVar("T")
