@@ -44,6 +44,7 @@ from kernelrl.env.sandbox.spawn import SPAWN_ENV
 from kernelrl.env.timing import L2_FLUSHES, TimingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster_sizing import steady_rate  # noqa: E402
 from machine import describe, resolve_gpus  # noqa: E402
 
 if TYPE_CHECKING:
@@ -204,6 +205,16 @@ def open_pool(
     return RayPool(config, workers=args.workers, per_gpu=sizing.per_gpu), sizing
 
 
+def steady_per_min(results: Sequence[EvalResult]) -> float | None:
+    """The pass's rate between a tenth and eight tenths of its completions, the pool full and
+    before the tail of its last evaluations (``cluster_sizing.steady_rate``, which sizes
+    clusters from it); None for fewer than ten. A whole pass's rate counts both ends."""
+    if len(results) < 10:
+        return None
+    done = sorted(r.timestamp + r.phase_seconds.get("total", 0.0) for r in results)
+    return steady_rate(done) * 60
+
+
 def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> dict:
     """Prints the pass's figures and returns them."""
     n = len(results)
@@ -212,6 +223,9 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
     for r in results:
         statuses[str(r.status)] += 1
     print(f"{n} evaluations in {wall:.1f} s = {rate:.1f}/min; statuses {dict(statuses)}")
+    steady = steady_per_min(results)
+    if steady is not None:
+        print(f"steady: {steady:.1f}/min between a tenth and eight tenths of its completions")
     cores = len(os.sched_getaffinity(0))
     local = isinstance(pool, LocalPool)  # its trusted side is this process; RayPool's, its actors
     trusted = (
@@ -268,6 +282,7 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         "evaluations": n,
         "wall_s": wall,
         "evals_per_min": rate,
+        "steady_evals_per_min": steady,
         "statuses": dict(statuses),
         "busy_cores": busy.host,
         "trusted_cores": busy.trusted if local else None,

@@ -59,3 +59,12 @@ def test_the_trusted_process_counts_its_own_cpu_time_and_not_its_childrens() -> 
     after_own = env_throughput.trusted_cpu_seconds()
     assert after_child - before < 0.2  # the child's 0.5 s are not the trusted process's
     assert after_own - after_child >= 0.3
+
+
+def test_the_steady_rate_leaves_out_a_pass_s_start_and_its_tail() -> None:
+    """One completion a second for 20 s, then a tail of 30 s for the last two: the steady rate
+    is the pool's 60/min, whatever the tail did to the whole pass's."""
+    finished = [float(i) for i in range(20)] + [50.0, 52.0]
+    results = [SimpleNamespace(timestamp=t - 1.0, phase_seconds={"total": 1.0}) for t in finished]
+    assert env_throughput.steady_per_min(results) == 60.0
+    assert env_throughput.steady_per_min(results[:9]) is None
