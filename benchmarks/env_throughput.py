@@ -255,6 +255,33 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         value = median_of([float(r.sandbox.get(key) or 0.0) for r in results])
         phases[f"child_{key}"] = value
         print(f"| `{key}` | spare child, ahead of time | {what} | {value:.3f} |")
+    spreads, runtime_spreads, reference_spreads = report_spreads(results)
+    return {
+        "evaluations": n,
+        "wall_s": wall,
+        "evals_per_min": rate,
+        "steady_evals_per_min": steady,
+        "statuses": dict(statuses),
+        "busy_cores": busy.host,
+        "trusted_cores": busy.trusted if local else None,
+        "host_cores": cores,
+        "cpu_s_per_eval": busy.host * wall / n if n else None,
+        "gpu_exclusive_share": exclusive / wall,
+        "phase_medians": phases,
+        "spreads": spreads,
+        "runtime_spreads": runtime_spreads,
+        "reference_spreads": reference_spreads,
+        "slots": pool.num_slots,
+        "spares": pool.config.spare_children,
+        "pool": type(pool).__name__,
+    }
+
+
+def report_spreads(
+    results: list[EvalResult],
+) -> tuple[dict[str, float], dict[str, float | None], dict[str, float | None]]:
+    """Prints each task's speed-up spread over the repeats, beside its two sides' spreads, and
+    returns the three."""
     by_task: dict[str, list[EvalResult]] = defaultdict(list)
     for r in results:
         if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
@@ -278,25 +305,7 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
             f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
             f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
         )
-    return {
-        "evaluations": n,
-        "wall_s": wall,
-        "evals_per_min": rate,
-        "steady_evals_per_min": steady,
-        "statuses": dict(statuses),
-        "busy_cores": busy.host,
-        "trusted_cores": busy.trusted if local else None,
-        "host_cores": cores,
-        "cpu_s_per_eval": busy.host * wall / n if n else None,
-        "gpu_exclusive_share": exclusive / wall,
-        "phase_medians": phases,
-        "spreads": spreads,
-        "runtime_spreads": runtime_spreads,
-        "reference_spreads": reference_spreads,
-        "slots": pool.num_slots,
-        "spares": pool.config.spare_children,
-        "pool": type(pool).__name__,
-    }
+    return spreads, runtime_spreads, reference_spreads
 
 
 def _spread(values: list[float]) -> float | None:
