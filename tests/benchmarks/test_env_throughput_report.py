@@ -68,3 +68,18 @@ def test_the_steady_rate_leaves_out_a_pass_s_start_and_its_tail() -> None:
     results = [SimpleNamespace(timestamp=t - 1.0, phase_seconds={"total": 1.0}) for t in finished]
     assert env_throughput.steady_per_min(results) == 60.0
     assert env_throughput.steady_per_min(results[:9]) is None
+
+
+def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> None:
+    def result(task_id: str, runtime: float, reference: float) -> SimpleNamespace:
+        return SimpleNamespace(
+            task_id=task_id,
+            speedup_vs_eager=reference / runtime,
+            runtime=SimpleNamespace(median_ms=runtime),
+            ref_eager=SimpleNamespace(median_ms=reference),
+        )
+
+    results = [result("a", 1.0, 2.0), result("a", 1.05, 2.0), result("b", 1.0, 1.0)]
+    spreads, runtimes, references = env_throughput.report_spreads(results)
+    assert spreads == {"a": 1.05} and runtimes == {"a": 1.05, "b": None}
+    assert references == {"a": 1.0, "b": None}
