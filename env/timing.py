@@ -69,9 +69,14 @@ class TimingConfig:
                 f"l2_flush must be one of {', '.join(L2_FLUSHES)}, not {self.l2_flush!r}"
             )
 
+    def settings(self) -> dict[str, object]:
+        """Everything a timing depends on: the options and the procedure's version, which names
+        a change the options do not (how L2 is flushed, say)."""
+        return {**asdict(self), "procedure": PROCEDURE}
+
     def fingerprint(self) -> str:
         """Names the procedure in cache keys: a timing taken another way is not reused."""
-        text = json.dumps({**asdict(self), "procedure": PROCEDURE}, sort_keys=True)
+        text = json.dumps(self.settings(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

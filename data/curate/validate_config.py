@@ -3,10 +3,10 @@ them, and the step imports both, so the keys live where all three can import the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from kernelrl.env.timing import PROCEDURE, TimingConfig
+from kernelrl.env.timing import TimingConfig
 
 
 @dataclass
@@ -45,7 +45,6 @@ class ValidateConfig:
             "seed": seed,
             "host_memory_bytes": self.host_memory_bytes,
             "reject_constant_outputs": self.reject_constant_outputs,
-            # The procedure's version too: a change its options do not name (how L2 is
-            # flushed) times differently, as ``TimingConfig.fingerprint`` says for cached timings.
-            "timing": {**asdict(self.timing), "procedure": PROCEDURE},
+            # The procedure's version too, as cached reference timings are keyed.
+            "timing": self.timing.settings(),
         }
