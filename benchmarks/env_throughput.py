@@ -46,6 +46,7 @@ from kernelrl.env.timing import L2_FLUSHES, TimingConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_sizing import steady_rate  # noqa: E402
 from machine import describe, resolve_gpus  # noqa: E402
+from speedup_spreads import report_spreads  # noqa: E402
 
 if TYPE_CHECKING:
     from kernelrl.env.pools.ray import RayPool
@@ -255,7 +256,6 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         value = median_of([float(r.sandbox.get(key) or 0.0) for r in results])
         phases[f"child_{key}"] = value
         print(f"| `{key}` | spare child, ahead of time | {what} | {value:.3f} |")
-    spreads, runtime_spreads, reference_spreads = report_spreads(results)
     return {
         "evaluations": n,
         "wall_s": wall,
@@ -268,49 +268,11 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         "cpu_s_per_eval": busy.host * wall / n if n else None,
         "gpu_exclusive_share": exclusive / wall,
         "phase_medians": phases,
-        "spreads": spreads,
-        "runtime_spreads": runtime_spreads,
-        "reference_spreads": reference_spreads,
+        **report_spreads(results),
         "slots": pool.num_slots,
         "spares": pool.config.spare_children,
         "pool": type(pool).__name__,
     }
-
-
-def report_spreads(
-    results: list[EvalResult],
-) -> tuple[dict[str, float], dict[str, float | None], dict[str, float | None]]:
-    """Prints each task's speed-up spread over the repeats, beside its two sides' spreads, and
-    returns the three."""
-    by_task: dict[str, list[EvalResult]] = defaultdict(list)
-    for r in results:
-        if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
-            by_task[r.task_id].append(r)
-    spreads = {t: _spread([r.speedup_vs_eager for r in v]) for t, v in by_task.items()}
-    spreads = {t: s for t, s in spreads.items() if s is not None}
-    # Which side moves: the solution's runtime, the reference's (constant when cached), or both
-    # together (then their ratio moves less than either).
-    runtime_spreads = {t: _spread([r.runtime.median_ms for r in v]) for t, v in by_task.items()}
-    reference_spreads = {t: _spread([r.ref_eager.median_ms for r in v]) for t, v in by_task.items()}
-    print("speedup vs eager over repeats (max/min), and the spreads of its two sides:")
-    for task_id, rs in by_task.items():
-        print(
-            f"  {task_id:28s} median {statistics.median(r.speedup_vs_eager for r in rs):6.2f}x  "
-            f"spread {spreads.get(task_id)}  runtime {runtime_spreads[task_id]}  "
-            f"reference {reference_spreads[task_id]}  (n={len(rs)})"
-        )
-    if spreads:
-        over = sorted(t for t, s in spreads.items() if s > 1.03)
-        print(
-            f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
-            f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
-        )
-    return spreads, runtime_spreads, reference_spreads
-
-
-def _spread(values: list[float]) -> float | None:
-    """max/min, rounded to 3 places; None for fewer than two values."""
-    return round(max(values) / min(values), 3) if len(values) > 1 else None
 
 
 def add_timing_args(parser: argparse.ArgumentParser) -> None:

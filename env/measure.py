@@ -259,7 +259,7 @@ class ChildRunPhases:
             _take_child_record(timing, result)
             if self._stopped_early(timing, result, session, task):
                 return
-            result.runtime = TimingStats(**timing["runtime"])
+            result.runtime = TimingStats.from_report(timing["runtime"], timing_config.placements)
             if side_by_side is not None:
                 result.ref_eager, result.ref_compile, quiet = side_by_side.stats()
                 sharing = sharing.merge(quiet)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -49,6 +50,23 @@ class TimingStats:
     max_ms: float
     reps: int
     rel_err: float  # relative standard error of the median estimate
+    # Each input set's own median, in the order timed (the median above is their mean): whether
+    # a kernel's time moves with where its buffers lie, apart from between evaluations.
+    placement_medians_ms: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_report(cls, report: Any, most_placements: int) -> TimingStats:
+        """A sandbox's timing report, read field by field: finite, the medians positive, at most
+        ``most_placements`` of them. A report that is not is the sandbox's (``ValueError``)."""
+        names = ("median_ms", "p25_ms", "p75_ms", "min_ms", "max_ms", "rel_err")
+        values = {name: float(report[name]) for name in names}
+        placed = [float(v) for v in report.get("placement_medians_ms", [])]
+        if len(placed) > most_placements:
+            raise ValueError(f"{len(placed)} placements reported, at most {most_placements} timed")
+        medians = [values["median_ms"], *placed]
+        if not all(math.isfinite(v) for v in [*values.values(), *placed]) or min(medians) <= 0:
+            raise ValueError(f"implausible timing {values} {placed}")
+        return cls(reps=int(report["reps"]), placement_medians_ms=placed, **values)
 
     @property
     def spread(self) -> float:

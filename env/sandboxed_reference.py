@@ -238,7 +238,7 @@ class SandboxedReference:
                 session.send_time(secrets.randbits(31))
                 report = session.receive()
                 self._expect(report, "timing", "timing itself")
-                return _timing_stats(report["runtime"])
+                return TimingStats.from_report(report["runtime"], self.settings.timing.placements)
         finally:
             if paused:
                 child.pause()
@@ -365,15 +365,6 @@ def _plan_of(footprint: dict[str, Any], capacity: int) -> tuple[MemoryPlan, int]
         raise ValueError(f"negative footprint {numbers}")
     one = plan_for(*numbers)
     return MemoryPlan(one.child_bytes, one.child_bytes + numbers[2], one.large), one.child_bytes
-
-
-def _timing_stats(runtime: Any) -> TimingStats:
-    """The child's timing report, read field by field: finite, the median positive."""
-    fields = ("median_ms", "p25_ms", "p75_ms", "min_ms", "max_ms", "rel_err")
-    values = {name: float(runtime[name]) for name in fields}
-    if not all(math.isfinite(v) for v in values.values()) or values["median_ms"] <= 0:
-        raise ValueError(f"implausible timing {values}")
-    return TimingStats(reps=int(runtime["reps"]), **values)
 
 
 # ---------------------------------------------------------------------------- the router

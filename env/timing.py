@@ -401,4 +401,5 @@ def average(runs: Sequence[TimingStats]) -> TimingStats:
         max_ms=max(r.max_ms for r in runs),
         reps=sum(r.reps for r in runs),
         rel_err=error / median if median > 0 else 0.0,
+        placement_medians_ms=[r.median_ms for r in runs],
     )

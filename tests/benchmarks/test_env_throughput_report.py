@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import env_throughput  # noqa: E402
+import speedup_spreads  # noqa: E402
 
 
 def test_the_companions_line_counts_kernels_and_names_the_reasons_for_misses() -> None:
@@ -71,15 +72,23 @@ def test_the_steady_rate_leaves_out_a_pass_s_start_and_its_tail() -> None:
 
 
 def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> None:
-    def result(task_id: str, runtime: float, reference: float) -> SimpleNamespace:
+    def result(task_id: str, runtime: float, reference: float, *placed: float) -> SimpleNamespace:
         return SimpleNamespace(
             task_id=task_id,
             speedup_vs_eager=reference / runtime,
-            runtime=SimpleNamespace(median_ms=runtime),
+            runtime=SimpleNamespace(median_ms=runtime, placement_medians_ms=list(placed)),
             ref_eager=SimpleNamespace(median_ms=reference),
         )
 
-    results = [result("a", 1.0, 2.0), result("a", 1.05, 2.0), result("b", 1.0, 1.0)]
-    spreads, runtimes, references = env_throughput.report_spreads(results)
-    assert spreads == {"a": 1.05} and runtimes == {"a": 1.05, "b": None}
-    assert references == {"a": 1.0, "b": None}
+    results = [
+        result("a", 1.0, 2.0, 0.99, 1.01),
+        result("a", 1.05, 2.0, 1.0, 1.1),
+        result("a", 1.02, 2.0, 1.0, 1.04),
+        result("b", 1.0, 1.0),
+    ]
+    spreads = speedup_spreads.report_spreads(results)
+    assert spreads["spreads"] == {"a": 1.05}
+    assert spreads["runtime_spreads"] == {"a": 1.05, "b": None}
+    assert spreads["reference_spreads"] == {"a": 1.0, "b": None}
+    # Within an evaluation: the median of 1.02, 1.1 and 1.04; none from one placement.
+    assert spreads["placement_spreads"] == {"a": 1.04, "b": None}

@@ -6,6 +6,7 @@ import itertools
 import math
 import time
 import types
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -34,6 +35,21 @@ def test_placements_average_their_medians_and_errors() -> None:
     assert (combined.min_ms, combined.max_ms, combined.reps) == (0.8, 1.5, 80)
     # Standard error of a mean of two medians: sqrt(0.01^2 + 0.024^2) / 2, relative to 1.1.
     assert combined.rel_err == pytest.approx(math.hypot(0.01, 0.024) / 2 / 1.1)
+    assert combined.placement_medians_ms == [1.0, 1.2]
+
+
+def test_a_sandbox_s_placement_medians_are_read_as_numbers_it_could_have_timed() -> None:
+    """What a sandbox reports of its placements is its own word, read field by field: a list
+    longer than the placements timed, or a median that is not a positive number, is refused
+    as its failure (``ValueError``), never kept in a result."""
+    report = asdict(average([TimingStats(1.0, 0.9, 1.1, 0.8, 1.5, 30, 0.01)] * 2))
+    assert TimingStats.from_report(report, 4).placement_medians_ms == [1.0, 1.0]
+    for bad in ([1.0] * 5, [1.0, float("nan")], [1.0, 0.0], [1.0, -2.0], ["fast"]):
+        with pytest.raises(ValueError):
+            TimingStats.from_report({**report, "placement_medians_ms": bad}, 4)
+    older = {k: v for k, v in report.items() if k != "placement_medians_ms"}
+    assert TimingStats.from_report(older, 4).placement_medians_ms == []
+    assert TimingStats(**older).placement_medians_ms == []  # results stored before the field
 
 
 def test_only_a_gpu_times_several_placements() -> None:

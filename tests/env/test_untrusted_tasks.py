@@ -20,8 +20,8 @@ import torch
 from kernelrl.env.admission import memory_plan
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.reference import ReferenceRunner, ReferenceTimingCache
-from kernelrl.env.result import Status
-from kernelrl.env.sandboxed_reference import SandboxedReference, _plan_of, _timing_stats
+from kernelrl.env.result import Status, TimingStats
+from kernelrl.env.sandboxed_reference import SandboxedReference, _plan_of
 from kernelrl.env.sizes import (
     cpu_size_overrides,
     derive_cpu_sizes,
@@ -183,12 +183,13 @@ def test_what_a_reference_child_describes_is_checked_before_it_is_held() -> None
 
 def test_a_reference_childs_timing_and_footprint_are_read_field_by_field() -> None:
     good = {"median_ms": 1.0, "p25_ms": 0.9, "p75_ms": 1.1, "min_ms": 0.8, "max_ms": 2.0}
-    assert _timing_stats({**good, "reps": 30, "rel_err": 0.01}).median_ms == 1.0
+    read = TimingStats.from_report({**good, "reps": 30, "rel_err": 0.01}, 4)
+    assert read.median_ms == 1.0 and read.placement_medians_ms == []
     for bad in ({"median_ms": 0.0}, {"median_ms": float("nan")}, {"max_ms": float("inf")}):
         with pytest.raises(ValueError):
-            _timing_stats({**good, "reps": 30, "rel_err": 0.01, **bad})
+            TimingStats.from_report({**good, "reps": 30, "rel_err": 0.01, **bad}, 4)
     with pytest.raises(KeyError):
-        _timing_stats(good)
+        TimingStats.from_report(good, 4)
     plan, reference_bytes = _plan_of(
         {"input_bytes": 2**20, "param_bytes": 0, "output_bytes": 2**20}, 80 * 2**30
     )

@@ -1,0 +1,59 @@
+"""Each task's speed-up spread over the repeats of a throughput run, beside what moved it: the
+solution's runtime, the reference's (constant while cached) and the solution's input sets within
+one evaluation (a placement's memory, apart from anything that differs between processes)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from kernelrl.env.result import EvalResult
+
+
+def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | None]]:
+    """Prints each task's speed-up spread over the repeats, beside its two sides' spreads and
+    how far its input sets' medians lie apart within an evaluation, and returns the four."""
+    by_task: dict[str, list[EvalResult]] = defaultdict(list)
+    for r in results:
+        if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
+            by_task[r.task_id].append(r)
+    spreads = {t: _spread([r.speedup_vs_eager for r in v]) for t, v in by_task.items()}
+    spreads = {t: s for t, s in spreads.items() if s is not None}
+    # Which side moves: the solution's runtime, the reference's (constant when cached), or both
+    # together (then their ratio moves less than either). Placements: the median over the
+    # evaluations of each one's max/min between its input sets, what moves within a process.
+    runtime_spreads = {t: _spread([r.runtime.median_ms for r in v]) for t, v in by_task.items()}
+    reference_spreads = {t: _spread([r.ref_eager.median_ms for r in v]) for t, v in by_task.items()}
+    placement_spreads = {t: _placement_spread(v) for t, v in by_task.items()}
+    print("speedup vs eager over repeats (max/min), the spreads of its two sides, and within one:")
+    for task_id, rs in by_task.items():
+        print(
+            f"  {task_id:28s} median {statistics.median(r.speedup_vs_eager for r in rs):6.2f}x  "
+            f"spread {spreads.get(task_id)}  runtime {runtime_spreads[task_id]}  "
+            f"reference {reference_spreads[task_id]}  placements {placement_spreads[task_id]}  "
+            f"(n={len(rs)})"
+        )
+    if spreads:
+        over = sorted(t for t, s in spreads.items() if s > 1.03)
+        print(
+            f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
+            f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
+        )
+    return {
+        "spreads": spreads,
+        "runtime_spreads": runtime_spreads,
+        "reference_spreads": reference_spreads,
+        "placement_spreads": placement_spreads,
+    }
+
+
+def _placement_spread(results: list[EvalResult]) -> float | None:
+    """The median over evaluations of max/min between one evaluation's input-set medians."""
+    within = [_spread(r.runtime.placement_medians_ms) for r in results if r.runtime]
+    within = [s for s in within if s is not None]
+    return round(statistics.median(within), 3) if within else None
+
+
+def _spread(values: list[float]) -> float | None:
+    """max/min, rounded to 3 places; None for fewer than two values."""
+    return round(max(values) / min(values), 3) if len(values) > 1 else None
