@@ -60,7 +60,10 @@ class TimingStats:
         ``most_placements`` of them. A report that is not is the sandbox's (``ValueError``)."""
         names = ("median_ms", "p25_ms", "p75_ms", "min_ms", "max_ms", "rel_err")
         values = {name: float(report[name]) for name in names}
-        placed = [float(v) for v in report.get("placement_medians_ms", [])]
+        listed = report.get("placement_medians_ms", [])
+        if not isinstance(listed, list):
+            raise ValueError(f"placement medians must be a list, not {type(listed).__name__}")
+        placed = [float(v) for v in listed]
         if len(placed) > most_placements:
             raise ValueError(f"{len(placed)} placements reported, at most {most_placements} timed")
         medians = [values["median_ms"], *placed]

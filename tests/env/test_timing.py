@@ -44,7 +44,7 @@ def test_a_sandbox_s_placement_medians_are_read_as_numbers_it_could_have_timed()
     as its failure (``ValueError``), never kept in a result."""
     report = asdict(average([TimingStats(1.0, 0.9, 1.1, 0.8, 1.5, 30, 0.01)] * 2))
     assert TimingStats.from_report(report, 4).placement_medians_ms == [1.0, 1.0]
-    for bad in ([1.0] * 5, [1.0, float("nan")], [1.0, 0.0], [1.0, -2.0], ["fast"]):
+    for bad in ([1.0] * 5, [1.0, float("nan")], [1.0, 0.0], [1.0, -2.0], ["fast"], "123"):
         with pytest.raises(ValueError):
             TimingStats.from_report({**report, "placement_medians_ms": bad}, 4)
     older = {k: v for k, v in report.items() if k != "placement_medians_ms"}
