@@ -12,7 +12,8 @@ from kernelrl.env.result import EvalResult
 
 def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | None]]:
     """Prints each task's speed-up spread over the repeats, beside its two sides' spreads and
-    how far its input sets' medians lie apart within an evaluation, and returns the four."""
+    how far its input sets' medians lie apart within an evaluation, and returns them with each
+    task's median speed-up."""
     by_task: dict[str, list[EvalResult]] = defaultdict(list)
     for r in results:
         if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
@@ -25,10 +26,11 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
     runtime_spreads = {t: _spread([r.runtime.median_ms for r in v]) for t, v in by_task.items()}
     reference_spreads = {t: _spread([r.ref_eager.median_ms for r in v]) for t, v in by_task.items()}
     placement_spreads = {t: _placement_spread(v) for t, v in by_task.items()}
+    speedups = {t: statistics.median(r.speedup_vs_eager for r in v) for t, v in by_task.items()}
     print("speedup vs eager over repeats (max/min), the spreads of its two sides, and within one:")
     for task_id, rs in by_task.items():
         print(
-            f"  {task_id:28s} median {statistics.median(r.speedup_vs_eager for r in rs):6.2f}x  "
+            f"  {task_id:28s} median {speedups[task_id]:6.2f}x  "
             f"spread {spreads.get(task_id)}  runtime {runtime_spreads[task_id]}  "
             f"reference {reference_spreads[task_id]}  placements {placement_spreads[task_id]}  "
             f"(n={len(rs)})"
@@ -40,6 +42,7 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
             f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
         )
     return {
+        "speedup_medians": speedups,  # what two runs' settings are compared on, task by task
         "spreads": spreads,
         "runtime_spreads": runtime_spreads,
         "reference_spreads": reference_spreads,

@@ -87,6 +87,7 @@ def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> 
         result("b", 1.0, 1.0),
     ]
     spreads = speedup_spreads.report_spreads(results)
+    assert spreads["speedup_medians"] == {"a": 2.0 / 1.02, "b": 1.0}
     assert spreads["spreads"] == {"a": 1.05}
     assert spreads["runtime_spreads"] == {"a": 1.05, "b": None}
     assert spreads["reference_spreads"] == {"a": 1.0, "b": None}
