@@ -1,11 +1,12 @@
 """Each task's speed-up spread over the repeats of a throughput run, beside what moved it: the
 solution's runtime, the reference's (constant while cached) and the solution's input sets within
-one evaluation (a placement's memory, apart from anything that differs between processes)."""
+one evaluation (a placement's memory, apart from anything that differs between processes), and
+the clocks the GPU ran at as each timing ended."""
 
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from kernelrl.env.result import EvalResult
 
@@ -41,7 +42,9 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
             f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
             f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
         )
+    clocks = report_clocks(results)
     return {
+        "gpu_clocks": clocks,
         "speedup_medians": speedups,  # what two runs' settings are compared on, task by task
         "spreads": spreads,
         "runtime_spreads": runtime_spreads,
@@ -60,3 +63,25 @@ def _placement_spread(results: list[EvalResult]) -> float | None:
 def _spread(values: list[float]) -> float | None:
     """max/min, rounded to 3 places; None for fewer than two values."""
     return round(max(values) / min(values), 3) if len(values) > 1 else None
+
+
+def report_clocks(results: list[EvalResult]) -> dict[str, object]:
+    """Prints what the GPU ran at as each timing ended (``EvalResult.sandbox["gpu_clocks"]``):
+    the SM clock's range, the temperature's, and how often each reason held the clocks down; a
+    kernel bound by its SMs slows with their clock, whatever its memory. Empty without NVML."""
+    read = [r.sandbox["gpu_clocks"] for r in results if r.sandbox.get("gpu_clocks")]
+    if not read:
+        return {}
+    sm = sorted(c["sm_mhz"] for c in read)
+    temperature = sorted(c["temperature_c"] for c in read)
+    held_down = Counter(reason for c in read for reason in c["held_down"])
+    print(
+        f"GPU as each timing ended ({len(read)} evaluations): SM clock {sm[0]}-{sm[-1]} MHz "
+        f"(median {statistics.median(sm)}), {temperature[0]}-{temperature[-1]} C; "
+        f"held down: {dict(held_down) or 'never'}"
+    )
+    return {
+        "sm_mhz": [sm[0], statistics.median(sm), sm[-1]],
+        "temperature_c": [temperature[0], temperature[-1]],
+        "held_down": dict(held_down),
+    }

@@ -256,6 +256,8 @@ class ChildRunPhases:
             self._side_by_side(task, timing_config, session, timers) as side_by_side,
         ):
             timing, timing_wall = self._time_solution(session, timing_seed, side_by_side)
+            if session.gpu is not None:
+                result.sandbox["gpu_clocks"] = session.gpu.watch.clocks()
             _take_child_record(timing, result)
             if self._stopped_early(timing, result, session, task):
                 return

@@ -27,6 +27,19 @@ GIB = 2**30
 _SUCCESS = 0
 _INSUFFICIENT_SIZE = 7
 _NOT_AVAILABLE = 2**64 - 1
+_CLOCK_SM, _CLOCK_MEM = 1, 2  # nvmlClockType_t
+# NVML's reasons for clocks below their maximum (nvmlClocksEventReasons), by bit.
+_HELD_DOWN = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clocks",
+}
 # How often the worker looks while it waits for a child (an NVML query costs well under 1 ms).
 CHECK_INTERVAL_S = 0.2
 
@@ -115,6 +128,28 @@ class Nvml:
                 self._check(self._list_name, code)
         raise NvmlError("the device's process list kept growing while it was read")
 
+    def clocks(self) -> dict[str, int | list[str]]:
+        """The SM and memory clocks (MHz), the temperature (C) and the reasons the clocks are
+        held below their maximum, as the device reports them now."""
+        sm, memory, temperature = ctypes.c_uint(0), ctypes.c_uint(0), ctypes.c_uint(0)
+        reasons = ctypes.c_ulonglong(0)
+        clock = self._function("nvmlDeviceGetClockInfo")
+        self._check("nvmlDeviceGetClockInfo", clock(self.handle, _CLOCK_SM, ctypes.byref(sm)))
+        self._check("nvmlDeviceGetClockInfo", clock(self.handle, _CLOCK_MEM, ctypes.byref(memory)))
+        read = self._function("nvmlDeviceGetTemperature")
+        self._check("nvmlDeviceGetTemperature", read(self.handle, 0, ctypes.byref(temperature)))
+        held_down = self._function("nvmlDeviceGetCurrentClocksThrottleReasons")
+        self._check(
+            "nvmlDeviceGetCurrentClocksThrottleReasons",
+            held_down(self.handle, ctypes.byref(reasons)),
+        )
+        return {
+            "sm_mhz": sm.value,
+            "memory_mhz": memory.value,
+            "temperature_c": temperature.value,
+            "held_down": [name for bit, name in _HELD_DOWN.items() if reasons.value & bit],
+        }
+
     def free(self) -> int:
         memory = _Memory()
         get_memory = self._function("nvmlDeviceGetMemoryInfo")
@@ -165,6 +200,17 @@ class GpuMemoryWatch:
             f"not watched ({self.problem}): an out-of-memory in the sandbox is the solution's "
             "unless the device was short of its share before the solution's code ran"
         )
+
+    def clocks(self) -> dict[str, int | list[str]]:
+        """What the device runs at now (``Nvml.clocks``), read at the end of a timing so that
+        speed-ups that differ between evaluations can be set beside the clocks they ran at;
+        empty where NVML cannot be read (never a reason to fail an evaluation)."""
+        if self.nvml is None:
+            return {}
+        try:
+            return self.nvml.clocks()
+        except NvmlError:
+            return {}
 
     def held_by(self, pids: Iterable[int]) -> int | None:
         """GPU bytes that the processes ``pids`` hold together; None when NVML cannot attribute

@@ -78,6 +78,7 @@ def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> 
             speedup_vs_eager=reference / runtime,
             runtime=SimpleNamespace(median_ms=runtime, placement_medians_ms=list(placed)),
             ref_eager=SimpleNamespace(median_ms=reference),
+            sandbox={},
         )
 
     results = [
@@ -93,3 +94,22 @@ def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> 
     assert spreads["reference_spreads"] == {"a": 1.0, "b": None}
     # Within an evaluation: the median of 1.02, 1.1 and 1.04; none from one placement.
     assert spreads["placement_spreads"] == {"a": 1.04, "b": None}
+
+
+def test_the_clocks_each_timing_ended_at_are_summed_up_over_a_pass() -> None:
+    def result(sm_mhz: int, temperature_c: int, *held_down: str) -> SimpleNamespace:
+        clocks = {"sm_mhz": sm_mhz, "memory_mhz": 2619, "temperature_c": temperature_c}
+        return SimpleNamespace(sandbox={"gpu_clocks": {**clocks, "held_down": list(held_down)}})
+
+    results = [
+        result(1980, 55),
+        result(1755, 71, "sw_power_cap"),
+        result(1830, 64, "sw_power_cap", "sw_thermal"),
+        SimpleNamespace(sandbox={}),  # a CPU evaluation, or NVML not readable
+    ]
+    assert speedup_spreads.report_clocks(results) == {
+        "sm_mhz": [1755, 1830, 1980],
+        "temperature_c": [55, 71],
+        "held_down": {"sw_power_cap": 2, "sw_thermal": 1},
+    }
+    assert speedup_spreads.report_clocks([SimpleNamespace(sandbox={})]) == {}

@@ -209,6 +209,47 @@ def test_cuda_cpp_on_a_cpu_is_judged_up_to_its_first_call_into_cuda(
     assert "nvcc is not installed" in not_run.error
 
 
+def test_the_clocks_a_timing_ran_at_are_read_with_why_they_are_held_down() -> None:
+    """NVML's answers as the driver's library gives them (values written through pointers,
+    the reasons as bits), read here without a GPU through a stand-in for that library; the
+    GPU test below reads the real one."""
+    import ctypes
+
+    from kernelrl.env.sandbox.gpu_memory import Nvml, NvmlError
+
+    class Driver:
+        def __init__(self, failing: str = "") -> None:
+            self.failing = failing
+
+        def __getattr__(self, name: str):
+            values = {
+                "nvmlDeviceGetClockInfo": lambda kind: {1: 1755, 2: 2619}[kind],
+                "nvmlDeviceGetTemperature": lambda kind: 61,
+                "nvmlDeviceGetCurrentClocksThrottleReasons": lambda: 0x4 | 0x20,
+            }
+            if name not in values:
+                raise AttributeError(name)
+
+            def call(handle, *args):
+                *kind, pointer = args
+                pointer._obj.value = values[name](*kind)
+                return 3 if name == self.failing else 0
+
+            return call
+
+    nvml = Nvml.__new__(Nvml)
+    nvml.handle, nvml.lib = ctypes.c_void_p(), Driver()
+    assert nvml.clocks() == {
+        "sm_mhz": 1755,
+        "memory_mhz": 2619,
+        "temperature_c": 61,
+        "held_down": ["sw_power_cap", "sw_thermal"],
+    }
+    nvml.lib = Driver(failing="nvmlDeviceGetTemperature")
+    with pytest.raises(NvmlError, match="nvmlDeviceGetTemperature failed"):
+        nvml.clocks()
+
+
 # ---------------------------------------------------------------------------- GPU
 @pytest.mark.gpu
 def test_the_watch_reads_this_process_s_gpu_memory() -> None:
@@ -228,6 +269,9 @@ def test_the_watch_reads_this_process_s_gpu_memory() -> None:
     assert GpuShare(watch, mine + 2**30).shortfall([os.getpid()]) is None
     assert GpuShare(watch, 2**20).shortfall([os.getpid()]) is None  # above its share: not ours
     assert GpuShare(watch, 2**20).over_share(lambda: [os.getpid()]) == mine
+    clocks = watch.clocks()
+    assert clocks["sm_mhz"] > 0 and clocks["memory_mhz"] > 0, clocks
+    assert 0 < clocks["temperature_c"] < 120 and isinstance(clocks["held_down"], list), clocks
 
 
 @pytest.mark.gpu
@@ -246,6 +290,7 @@ def test_a_sandbox_above_its_gpu_share_is_killed_and_a_grab_at_import_is_the_sol
     assert "admitted for this evaluation" in held.error
     assert grabbed.status is Status.RUNTIME_ERROR, grabbed.error
     assert good.status is Status.CORRECT, good.error  # a solution within its share is left be
+    assert good.sandbox["gpu_clocks"]["sm_mhz"] > 0, good.sandbox  # what its timing ran at
 
 
 @pytest.mark.gpu
