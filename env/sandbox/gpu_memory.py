@@ -138,11 +138,17 @@ class Nvml:
         self._check("nvmlDeviceGetClockInfo", clock(self.handle, _CLOCK_MEM, ctypes.byref(memory)))
         read = self._function("nvmlDeviceGetTemperature")
         self._check("nvmlDeviceGetTemperature", read(self.handle, 0, ctypes.byref(temperature)))
-        held_down = self._function("nvmlDeviceGetCurrentClocksThrottleReasons")
-        self._check(
+        # Newer drivers name the reasons' call ``...ClocksEventReasons``; older ones have only
+        # ``...ClocksThrottleReasons`` (newer ones keep it, deprecated).
+        for call in (
+            "nvmlDeviceGetCurrentClocksEventReasons",
             "nvmlDeviceGetCurrentClocksThrottleReasons",
-            held_down(self.handle, ctypes.byref(reasons)),
-        )
+        ):
+            if hasattr(self.lib, call):
+                self._check(call, getattr(self.lib, call)(self.handle, ctypes.byref(reasons)))
+                break
+        else:
+            raise NvmlError("NVML has no nvmlDeviceGetCurrentClocksEventReasons")
         return {
             "sm_mhz": sm.value,
             "memory_mhz": memory.value,

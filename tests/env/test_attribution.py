@@ -218,14 +218,14 @@ def test_the_clocks_a_timing_ran_at_are_read_with_why_they_are_held_down() -> No
     from kernelrl.env.sandbox.gpu_memory import Nvml, NvmlError
 
     class Driver:
-        def __init__(self, failing: str = "") -> None:
-            self.failing = failing
+        def __init__(self, failing: str = "", reasons: str = "EventReasons") -> None:
+            self.failing, self.reasons = failing, f"nvmlDeviceGetCurrentClocks{reasons}"
 
         def __getattr__(self, name: str):
             values = {
                 "nvmlDeviceGetClockInfo": lambda kind: {1: 1755, 2: 2619}[kind],
                 "nvmlDeviceGetTemperature": lambda kind: 61,
-                "nvmlDeviceGetCurrentClocksThrottleReasons": lambda: 0x4 | 0x20,
+                self.reasons: lambda: 0x4 | 0x20,
             }
             if name not in values:
                 raise AttributeError(name)
@@ -245,6 +245,8 @@ def test_the_clocks_a_timing_ran_at_are_read_with_why_they_are_held_down() -> No
         "temperature_c": 61,
         "held_down": ["sw_power_cap", "sw_thermal"],
     }
+    nvml.lib = Driver(reasons="ThrottleReasons")  # an older driver
+    assert nvml.clocks()["held_down"] == ["sw_power_cap", "sw_thermal"]
     nvml.lib = Driver(failing="nvmlDeviceGetTemperature")
     with pytest.raises(NvmlError, match="nvmlDeviceGetTemperature failed"):
         nvml.clocks()
