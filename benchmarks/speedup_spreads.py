@@ -11,10 +11,10 @@ from collections import Counter, defaultdict
 from kernelrl.env.result import EvalResult
 
 
-def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | None]]:
+def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, object]]:
     """Prints each task's speed-up spread over the repeats, beside its two sides' spreads and
-    how far its input sets' medians lie apart within an evaluation, and returns them with each
-    task's median speed-up."""
+    how far its input sets' medians lie apart within an evaluation, and the clocks of the pass
+    (``report_clocks``); returns them all with each task's median speed-up."""
     by_task: dict[str, list[EvalResult]] = defaultdict(list)
     for r in results:
         if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:

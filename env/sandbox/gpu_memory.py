@@ -8,6 +8,9 @@ namespace, so the child's processes, found under ``/proc``, can be looked up the
 reports ids of another namespace (a container's host), a child's memory cannot be told apart:
 the watch says so, holds no child to a share, and an out-of-memory in the child is then the
 solution's unless the device was already short before its code ran.
+
+Through the same library the worker reads the clocks a timing ran at (``GpuMemoryWatch.clocks``),
+for the record of each evaluation: diagnostics, never part of a verdict.
 """
 
 from __future__ import annotations
