@@ -13,6 +13,7 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.result import Status
 from kernelrl.env.task import load_task, task_from_source
+from kernelrl.env.timing import TimingConfig
 
 pytestmark = pytest.mark.gpu
 
@@ -87,6 +88,12 @@ def test_bundled_triton_suite_is_correct_with_real_timings() -> None:
         assert result.speedup_vs_eager is not None and result.speedup_vs_eager > 0
         assert result.own_kernel_share is not None and result.own_kernel_share > 0
         assert result.custom_kernel_launches and result.custom_kernel_launches >= 1
+        # Each input set's median, their mean the median reported (bundled tasks are small:
+        # timed on every placement), and the clocks the GPU ran at as the timing ended.
+        placed = result.runtime.placement_medians_ms
+        assert len(placed) == TimingConfig().placements, result.task_id
+        assert result.runtime.median_ms == pytest.approx(sum(placed) / len(placed))
+        assert result.sandbox["gpu_clocks"]["sm_mhz"] > 0, result.sandbox
 
 
 def test_bundled_cuda_solutions_run() -> None:
