@@ -11,10 +11,10 @@ from collections import Counter, defaultdict
 from kernelrl.env.result import EvalResult
 
 
-def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, object]]:
+def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | None]]:
     """Prints each task's speed-up spread over the repeats, beside its two sides' spreads and
-    how far its input sets' medians lie apart within an evaluation, and the clocks of the pass
-    (``report_clocks``); returns them all with each task's median speed-up."""
+    how far its input sets' medians lie apart within an evaluation; returns them with each
+    task's median speed-up."""
     by_task: dict[str, list[EvalResult]] = defaultdict(list)
     for r in results:
         if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
@@ -42,9 +42,7 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, object]]:
             f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
             f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
         )
-    clocks = report_clocks(results)
     return {
-        "gpu_clocks": clocks,
         "speedup_medians": speedups,  # what two runs' settings are compared on, task by task
         "spreads": spreads,
         "runtime_spreads": runtime_spreads,

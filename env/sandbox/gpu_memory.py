@@ -31,6 +31,7 @@ _SUCCESS = 0
 _INSUFFICIENT_SIZE = 7
 _NOT_AVAILABLE = 2**64 - 1
 _CLOCK_SM, _CLOCK_MEM = 1, 2  # nvmlClockType_t
+_TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t
 # NVML's reasons for clocks below their maximum (nvmlClocksEventReasons), by bit.
 _HELD_DOWN = {
     0x1: "gpu_idle",
@@ -140,7 +141,10 @@ class Nvml:
         self._check("nvmlDeviceGetClockInfo", clock(self.handle, _CLOCK_SM, ctypes.byref(sm)))
         self._check("nvmlDeviceGetClockInfo", clock(self.handle, _CLOCK_MEM, ctypes.byref(memory)))
         read = self._function("nvmlDeviceGetTemperature")
-        self._check("nvmlDeviceGetTemperature", read(self.handle, 0, ctypes.byref(temperature)))
+        self._check(
+            "nvmlDeviceGetTemperature",
+            read(self.handle, _TEMPERATURE_GPU, ctypes.byref(temperature)),
+        )
         # Newer drivers name the reasons' call ``...ClocksEventReasons``; older ones have only
         # ``...ClocksThrottleReasons`` (newer ones keep it, deprecated).
         for call in (
