@@ -19,7 +19,9 @@ runs 3 other input sets and keeps them, as a sandbox child does for its correctn
 ``--cupti``: it starts CUPTI first, as a sandbox child does; ``--churn``: beside each measured
 process another holds a random pattern of GPU memory, a new one per process, so that each gets
 other physical memory (what a pool's other sandboxes do). ``sets=Kp`` rows time each of the K
-sets on its own and average their medians, as the evaluator does.
+sets on its own and average their medians, as the evaluator does; ``sets=Ko`` rows also give
+each set's outputs memory of their own, ``sets=Kw`` its outputs and the model's parameters
+(``PLACED_WAYS``).
 """
 
 from __future__ import annotations
@@ -129,16 +131,43 @@ def measure(
                 medians[task_id][f"{name}@{sets}:mhz"] = sm_mhz()
                 medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
                 if sets > 1:  # each set timed on its own: the mean of K placements
-                    each = []
-                    for one in inputs:
-                        each.append(
-                            time_cuda(harness.forward_call(model, [one], 0), config).median_ms
+                    for way in PLACED_WAYS:
+                        medians[task_id][f"{name}@{sets}{way}"] = placed_median(
+                            model, inputs, way, config
                         )
-                    medians[task_id][f"{name}@{sets}p"] = sum(each) / len(each)
             del inputs
         del kept
         torch.cuda.empty_cache()
     return medians
+
+
+# How each of K input sets is timed on its own, their medians averaged: "p" as the evaluator
+# does (the call's outputs and the model's parameters where they happen to be), "o" with each
+# set's outputs in memory of its own (one output of every set timed before is kept, so the next
+# set's calls cannot be given the same blocks), "w" with its parameters too (copied to new
+# memory before the set, the earlier copies kept).
+PLACED_WAYS = ("p", "o", "w")
+
+
+def placed_median(model, inputs: list, way: str, config) -> float:
+    """The mean over ``inputs`` of each set's median, each set placed as ``way`` says."""
+    import torch
+
+    from kernelrl.env.sandbox import harness
+    from kernelrl.env.timing import time_cuda
+
+    kept: list = []
+    each = []
+    for one in inputs:
+        if way == "w":
+            for tensor in [*model.parameters(), *model.buffers()]:
+                kept.append(tensor.data)
+                tensor.data = tensor.data.clone()
+        each.append(time_cuda(harness.forward_call(model, [one], 0), config).median_ms)
+        if way in ("o", "w"):
+            with torch.no_grad():
+                kept.append(model(*one))
+    return sum(each) / len(each)
 
 
 def parse_args() -> argparse.Namespace:
@@ -231,11 +260,13 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
         f"\nmax/min over {args.processes} fresh processes (medians in ms), neighbours:"
         f" {args.neighbours}, busy: {args.busy}, prelude: {args.prelude},"
         f" warm-up {args.warmup_ms:g} ms, CUPTI started: {args.cupti}, churn: {args.churn}"
-        " (sets=Kp: mean of K sets timed one by one):"
+        " (sets=Kp: mean of K sets timed one by one; Ko: each set's outputs in their own memory;"
+        " Kw: its outputs and parameters):"
     )
     print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
     for task_id in args.tasks:
-        for way in [f"{k}" for k in args.sets] + [f"{k}p" for k in args.sets if k > 1]:
+        placed = [f"{k}{way}" for k in args.sets if k > 1 for way in PLACED_WAYS]
+        for way in [f"{k}" for k in args.sets] + placed:
             sol = [run[task_id][f"sol@{way}"] for run in runs]
             ref = [run[task_id][f"ref@{way}"] for run in runs]
             speedup = [r / s for r, s in zip(ref, sol, strict=True)]
