@@ -42,7 +42,12 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
             f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
             f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
         )
+    # How many input sets the evaluations were timed on, beside the number asked for: fewer
+    # where a task's memory plan allows fewer (one for a large task).
+    sets_timed = Counter(len(r.runtime.placement_medians_ms) for v in by_task.values() for r in v)
+    print(f"input sets timed per evaluation: {dict(sorted(sets_timed.items()))}")
     return {
+        "input_sets_timed": dict(sets_timed),
         "speedup_medians": speedups,  # what two runs' settings are compared on, task by task
         "spreads": spreads,
         "runtime_spreads": runtime_spreads,

@@ -19,7 +19,7 @@ import torch
 from kernelrl.env.sandbox.harness import TIMED_OUTPUTS_CHECKED
 from kernelrl.env.sizes import estimate_footprint
 from kernelrl.env.task import Task, TaskError
-from kernelrl.env.timing import L2_FLUSH_BYTES, TimingConfig
+from kernelrl.env.timing import L2_FLUSH_BYTES
 
 GIB = 2**30
 # CUDA context, CUPTI and allocator slack of one sandbox child, beside its tensors, and the
@@ -51,7 +51,7 @@ class MemoryPlan:
     child_bytes: int
     trusted_bytes: int
     large: bool
-    placements: int = TimingConfig().placements
+    placements: int  # input sets the child may time on (one for a large task)
     # False where the task's footprint could not be measured: nothing to hold a child to.
     measured: bool = True
 
@@ -60,36 +60,36 @@ class MemoryPlan:
         return self.child_bytes + self.trusted_bytes
 
 
-_plans: dict[str, MemoryPlan] = {}
+_plans: dict[tuple[str, int], MemoryPlan] = {}
 _plans_lock = threading.Lock()
 
 
-def memory_plan(task: Task) -> MemoryPlan:
-    """The plan of ``task`` at its GPU sizes, measured once per task source: every evaluation
-    of a task asks for it, and measuring loads the task and runs it on the meta device."""
+def memory_plan(task: Task, placements: int) -> MemoryPlan:
+    """The plan of ``task`` at its GPU sizes, timed on ``placements`` input sets (the timing's
+    own number: a plan counted for fewer would cut the timing to them), measured once per task
+    source: every evaluation of a task asks for it, and measuring loads the task and runs it on
+    the meta device."""
+    key = (task.hash, placements)
     with _plans_lock:
-        plan = _plans.get(task.hash)
+        plan = _plans.get(key)
     if plan is None:
-        plan = _measure_plan(task)
+        plan = _measure_plan(task, placements)
         with _plans_lock:
-            _plans[task.hash] = plan
+            _plans[key] = plan
     return plan
 
 
-def _measure_plan(task: Task) -> MemoryPlan:
+def _measure_plan(task: Task, placements: int) -> MemoryPlan:
     try:
         footprint = estimate_footprint(task, "cuda")
     except TaskError:
-        return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, large=False, measured=False)
-    return plan_for(footprint.input_bytes, footprint.param_bytes, footprint.output_bytes)
+        return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, False, placements, measured=False)
+    return plan_for(
+        footprint.input_bytes, footprint.param_bytes, footprint.output_bytes, placements
+    )
 
 
-def plan_for(
-    input_bytes: int,
-    param_bytes: int,
-    output_bytes: int,
-    placements: int = TimingConfig().placements,
-) -> MemoryPlan:
+def plan_for(input_bytes: int, param_bytes: int, output_bytes: int, placements: int) -> MemoryPlan:
     """The plan of one forward call of these sizes, timed on ``placements`` input sets at most
     (one for a large task; see MemoryPlan)."""
     large = input_bytes + output_bytes > LARGE_TASK_BYTES

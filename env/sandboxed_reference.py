@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import torch
@@ -144,7 +144,9 @@ class SandboxedReference:
 
         def admit(footprint: dict[str, Any]) -> dict[str, int]:
             assert budget is not None and self._session is not None
-            plan, reference_bytes = _plan_of(footprint, budget.capacity)
+            plan, reference_bytes = _plan_of(
+                footprint, budget.capacity, self.settings.timing.placements
+            )
             admitted.append(budget.acquire(plan.total_bytes))
             plans.append(plan)
             # The wait for memory is not the task's time: the child's clock starts now.
@@ -352,19 +354,21 @@ class SandboxedReference:
         return TaskError(f"{where} {exc}{self._size_hint()}{last}")
 
 
-def _plan_of(footprint: dict[str, Any], capacity: int) -> tuple[MemoryPlan, int]:
-    """The evaluation's plan from the footprint the reference's child reported, and the bytes
-    admitted to that child. ``child_bytes`` is the solution's child's share; ``trusted_bytes``
-    the reference's child's plus its outputs on the worker. A footprint the child could not
-    measure reserves the whole device (the evaluation runs alone), timed on one placement."""
+def _plan_of(footprint: dict[str, Any], capacity: int, placements: int) -> tuple[MemoryPlan, int]:
+    """The evaluation's plan from the footprint the reference's child reported, timed on
+    ``placements`` input sets, and the bytes admitted to that child. ``child_bytes`` is the
+    solution's child's share; ``trusted_bytes`` the reference's child's plus its outputs on the
+    worker. A footprint the child could not measure reserves the whole device (the evaluation
+    runs alone), timed on one placement."""
     if "error" in footprint:
         share = capacity // 3
-        return MemoryPlan(share, capacity - share, large=True), share
+        return MemoryPlan(share, capacity - share, True, 1), share
     numbers = [int(footprint[k]) for k in ("input_bytes", "param_bytes", "output_bytes")]
     if min(numbers) < 0:
         raise ValueError(f"negative footprint {numbers}")
-    one = plan_for(*numbers)
-    return MemoryPlan(one.child_bytes, one.child_bytes + numbers[2], one.large), one.child_bytes
+    one = plan_for(*numbers, placements)
+    trusted = one.child_bytes + numbers[2]
+    return replace(one, trusted_bytes=trusted), one.child_bytes
 
 
 # ---------------------------------------------------------------------------- the router
@@ -412,7 +416,8 @@ class TaskReferences:
         An untrusted task's reference child starts here: it loads the task (a TaskError when it
         cannot) and reports the footprint that the plan is made of."""
         if task.trusted:
-            plan = memory_plan(task) if budget is not None else None
+            placements = self.settings.timing.placements
+            plan = memory_plan(task, placements) if budget is not None else None
             return plan, (
                 budget.acquire(plan.total_bytes) if budget and plan else _nothing_reserved
             )

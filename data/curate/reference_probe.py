@@ -207,6 +207,7 @@ class ReferenceProber:
                 int(footprint["input_bytes"]),
                 int(footprint["param_bytes"]),
                 int(footprint["output_bytes"]),
+                self.config.timing.placements,
             )
             nbytes = budget.capacity if alone else plan.child_bytes
             if plan.large:

@@ -94,6 +94,8 @@ def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> 
     assert spreads["reference_spreads"] == {"a": 1.0, "b": None}
     # Within an evaluation: the median of 1.02, 1.1 and 1.04; none from one placement.
     assert spreads["placement_spreads"] == {"a": 1.04, "b": None}
+    # What a run was timed on, beside what it asked for: two sets each, and one none.
+    assert spreads["input_sets_timed"] == {2: 3, 0: 1}
 
 
 def test_the_clocks_each_timing_ended_at_are_summed_up_over_a_pass() -> None:

@@ -6,13 +6,19 @@ from __future__ import annotations
 import threading
 import time
 
+import torch
+
 from kernelrl.env.admission import (
     CHILD_OVERHEAD_BYTES,
     HARNESS_BYTES,
     GpuMemoryBudget,
     memory_plan,
 )
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.reference import ReferenceRunner
+from kernelrl.env.sandboxed_reference import TaskReferences
 from kernelrl.env.task import task_from_source
+from kernelrl.env.timing import TimingConfig
 
 GIB = 2**30
 
@@ -36,7 +42,7 @@ def get_init_inputs():
 
 def test_a_kernelbench_sized_task_is_planned_from_its_tensors() -> None:
     numel = 4096 * 393216  # KernelBench level 1, 19_ReLU: 6 GiB of fp32 in, 6 GiB out
-    plan = memory_plan(task_from_source(_task(numel), "relu_big"))
+    plan = memory_plan(task_from_source(_task(numel), "relu_big"), 4)
     tensor = numel * 4
     assert plan.large
     assert plan.trusted_bytes == 2 * tensor
@@ -46,8 +52,22 @@ def test_a_kernelbench_sized_task_is_planned_from_its_tensors() -> None:
     assert plan.child_bytes == 2 * tensor + 2 * tensor + 2 * tensor + HARNESS_BYTES + (
         CHILD_OVERHEAD_BYTES
     )
-    small = memory_plan(task_from_source(_task(1024), "relu_small"))
+    small = memory_plan(task_from_source(_task(1024), "relu_small"), 4)
     assert not small.large and small.placements == 4 and small.total_bytes < 3 * GIB
+
+
+def test_a_plan_counts_the_input_sets_the_timing_asks_for() -> None:
+    """A plan counted for fewer sets than the timing's own would cut the timing to them: an
+    evaluator asked to time over 8 placements is planned, and timed, over 8."""
+    task = task_from_source(_task(2**20), "relu_eight")
+    four, eight = memory_plan(task, 4), memory_plan(task, 8)
+    assert (four.placements, eight.placements) == (4, 8)
+    assert eight.child_bytes - four.child_bytes == 4 * 2**20 * 4  # four more input sets
+    config = EvalConfig(device="cpu", timing=TimingConfig(placements=8))
+    references = TaskReferences(ReferenceRunner(torch.device("cpu")), None, config)  # type: ignore[arg-type]
+    plan, release = references.admit(task, GpuMemoryBudget(64 * GIB))
+    release()
+    assert plan is not None and plan.placements == 8
 
 
 def test_reservations_wait_until_they_fit() -> None:
