@@ -164,8 +164,10 @@ def run_pass(
     pool: Pool, pairs: Sequence, repeats: int, new_kernels: bool, tag: str, order: str = "pool"
 ) -> tuple[list[EvalResult], float, Busy]:
     """Results, wall seconds and the cores busy during the pass. ``order``:
-    "pool", one batch the pool orders (longest-first); "submission", each evaluation a batch of
-    its own, so that the pool takes them as submitted (batches are served in order)."""
+    "pool", one batch the pool orders (longest-first); "rounds", each repeat of the suite a batch
+    of its own, which the pool orders, so that one task's evaluations are not all started
+    together; "submission", each evaluation a batch of its own, so that the pool takes them as
+    submitted (batches are served in order)."""
     tasks, solutions = [], []
     for r in range(repeats):  # repeat r of every task before repeat r + 1
         for task, solution in pairs:
@@ -179,7 +181,10 @@ def run_pass(
     if order == "pool":
         results = pool.evaluate(tasks, solutions)
     else:
-        futures = [pool.submit([t], [s])[0] for t, s in zip(tasks, solutions, strict=True)]
+        size = len(pairs) if order == "rounds" else 1
+        futures = []
+        for start in range(0, len(tasks), size):
+            futures += pool.submit(tasks[start : start + size], solutions[start : start + size])
         results = [future.result() for future in futures]
     wall = time.perf_counter() - started
     busy1, trusted1 = cpu_busy_seconds()[0], trusted_cpu_seconds()
@@ -374,10 +379,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--order",
-        choices=("pool", "submission"),
+        choices=("pool", "rounds", "submission"),
         default="pool",
-        help="a pass as one batch the pool orders (longest first), or each evaluation its own "
-        "batch, taken in submission order",
+        help="a pass as one batch the pool orders (longest first), each repeat of the suite its "
+        "own batch (one evaluation of every task a round), or each evaluation its own batch, "
+        "taken in submission order",
     )
     parser.add_argument("--tasks", nargs="+", help="only these task ids (default: the suite)")
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")

@@ -27,14 +27,18 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
     runtime_spreads = {t: _spread([r.runtime.median_ms for r in v]) for t, v in by_task.items()}
     reference_spreads = {t: _spread([r.ref_eager.median_ms for r in v]) for t, v in by_task.items()}
     placement_spreads = {t: _placement_spread(v) for t, v in by_task.items()}
+    runtime_errors = {t: _runtime_error(v) for t, v in by_task.items()}
     speedups = {t: statistics.median(r.speedup_vs_eager for r in v) for t, v in by_task.items()}
-    print("speedup vs eager over repeats (max/min), the spreads of its two sides, and within one:")
+    print(
+        "speedup vs eager over repeats (max/min), the spreads of its two sides and within one, "
+        "and the runtime's relative error as the evaluations said it and as seen between them:"
+    )
     for task_id, rs in by_task.items():
         print(
             f"  {task_id:28s} median {speedups[task_id]:6.2f}x  "
             f"spread {spreads.get(task_id)}  runtime {runtime_spreads[task_id]}  "
             f"reference {reference_spreads[task_id]}  placements {placement_spreads[task_id]}  "
-            f"(n={len(rs)})"
+            f"error {runtime_errors[task_id]}  (n={len(rs)})"
         )
     if spreads:
         over = sorted(t for t, s in spreads.items() if s > 1.03)
@@ -45,7 +49,8 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
     # How many input sets the evaluations were timed on, beside the number asked for: fewer
     # where a task's memory plan allows fewer (one for a large task).
     sets_timed = Counter(len(r.runtime.placement_medians_ms) for v in by_task.values() for r in v)
-    print(f"input sets timed per evaluation: {dict(sorted(sets_timed.items()))}")
+    if sets_timed:
+        print(f"input sets timed per evaluation: {dict(sorted(sets_timed.items()))}")
     return {
         "input_sets_timed": dict(sets_timed),
         "speedup_medians": speedups,  # what two runs' settings are compared on, task by task
@@ -53,7 +58,18 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
         "runtime_spreads": runtime_spreads,
         "reference_spreads": reference_spreads,
         "placement_spreads": placement_spreads,
+        "runtime_errors": runtime_errors,
     }
+
+
+def _runtime_error(results: list[EvalResult]) -> dict[str, float | None]:
+    """What the evaluations said of their runtime's error (the median of their relative
+    standard errors) beside what it was: the relative standard deviation of their medians.
+    An estimate far under what is seen misstates how well one evaluation knows its speed-up."""
+    medians = [r.runtime.median_ms for r in results]
+    seen = statistics.stdev(medians) / statistics.mean(medians) if len(medians) > 1 else None
+    said = statistics.median(r.runtime.rel_err for r in results)
+    return {"said": round(said, 4), "seen": round(seen, 4) if seen is not None else None}
 
 
 def _placement_spread(results: list[EvalResult]) -> float | None:

@@ -74,8 +74,8 @@ def measure(
     gated: bool,
     warmup_ms: float,
     cupti: bool,
-) -> dict[str, dict[str, float]]:
-    """One process's medians (ms): {task: {"sol@K": ms, "ref@K": ms}}. ``prelude``: first run
+) -> dict[str, dict[str, float | list[float]]]:
+    """One process's medians (ms): {task: {"sol@K": ms, "ref@K": ms, "sol@Kp:sets": each set's}}. ``prelude``: first run
     the solution on 3 other input sets and keep inputs and outputs, as a sandbox child does for
     its correctness checks before it is timed."""
     import torch
@@ -98,7 +98,7 @@ def measure(
             return float("nan")
 
     device = torch.device("cuda")
-    medians: dict[str, dict[str, float]] = {}
+    medians: dict[str, dict[str, float | list[float]]] = {}
     for task_id in task_ids:
         task = load_task(ROOT / "data" / "tasks" / f"{task_id}.py")
         solution = (ROOT / "data" / "solutions" / "triton" / f"{task_id}.py").read_text()
@@ -116,8 +116,12 @@ def measure(
                     inputs = harness.make_inputs(reference, seed, device)
                     output = models["sol"](*inputs)
                     kept.append((inputs, output, output.clone()))
+
+        def make(seed: int, reference=reference) -> list:
+            return harness.make_inputs(reference, seed, device)
+
         for sets in set_counts:
-            inputs = [harness.make_inputs(reference, 1 + i, device) for i in range(sets)]
+            inputs = [make(1 + i) for i in range(sets)]
             for name, model in models.items():
                 turn = iter(range(1 << 62))
 
@@ -132,42 +136,50 @@ def measure(
                 medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
                 if sets > 1:  # each set timed on its own: the mean of K placements
                     for way in PLACED_WAYS:
-                        medians[task_id][f"{name}@{sets}{way}"] = placed_median(
-                            model, inputs, way, config
-                        )
+                        each = placed_medians(model, inputs, way, config, make)
+                        medians[task_id][f"{name}@{sets}{way}"] = sum(each) / len(each)
+                        medians[task_id][f"{name}@{sets}{way}:sets"] = each
             del inputs
         del kept
         torch.cuda.empty_cache()
     return medians
 
 
-# How each of K input sets is timed on its own, their medians averaged: "p" as the evaluator
-# does (the call's outputs and the model's parameters where they happen to be), "o" with each
-# set's outputs in memory of its own (one output of every set timed before is kept, so the next
-# set's calls cannot be given the same blocks), "w" with its parameters too (copied to new
+# How each of K input sets is timed on its own, their medians averaged: "p" in order, the call's
+# outputs and the model's parameters where they happen to be; "r" the same sets timed in the
+# reverse order (whether a slow set is slow for its memory or for its turn); "e" as a sandbox
+# child does, each set given new contents before every call (``harness.TimedInputs``); "o" with
+# each set's outputs in memory of its own (one output of every set timed before is kept, so the
+# next set's calls cannot be given the same blocks); "w" with its parameters too (copied to new
 # memory before the set, the earlier copies kept).
-PLACED_WAYS = ("p", "o", "w")
+PLACED_WAYS = ("p", "r", "e", "o", "w")
 
 
-def placed_median(model, inputs: list, way: str, config) -> float:
-    """The mean over ``inputs`` of each set's median, each set placed as ``way`` says."""
+def placed_medians(model, inputs: list, way: str, config, make) -> list[float]:
+    """Each set's median, by set index, each set placed and timed as ``way`` says; ``make(seed)``
+    makes one input set (way "e" makes its own sets with it)."""
     import torch
 
     from kernelrl.env.sandbox import harness
     from kernelrl.env.timing import time_cuda
 
     kept: list = []
-    each = []
-    for one in inputs:
+    timed = harness.TimedInputs(make, 11, len(inputs)) if way == "e" else None
+    sets = timed.sets if timed is not None else inputs
+    order = range(len(sets) - 1, -1, -1) if way == "r" else range(len(sets))
+    medians = [0.0] * len(sets)
+    for index in order:
         if way == "w":
             for tensor in [*model.parameters(), *model.buffers()]:
                 kept.append(tensor.data)
                 tensor.data = tensor.data.clone()
-        each.append(time_cuda(harness.forward_call(model, [one], 0), config).median_ms)
+        call = harness.forward_call(model, sets, index)
+        prepare = (lambda index=index: timed.refresh(index)) if timed is not None else None
+        medians[index] = time_cuda(call, config, prepare=prepare).median_ms
         if way in ("o", "w"):
             with torch.no_grad():
-                kept.append(model(*one))
-    return sum(each) / len(each)
+                kept.append(model(*sets[index]))
+    return medians
 
 
 def parse_args() -> argparse.Namespace:
@@ -260,8 +272,9 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
         f"\nmax/min over {args.processes} fresh processes (medians in ms), neighbours:"
         f" {args.neighbours}, busy: {args.busy}, prelude: {args.prelude},"
         f" warm-up {args.warmup_ms:g} ms, CUPTI started: {args.cupti}, churn: {args.churn}"
-        " (sets=Kp: mean of K sets timed one by one; Ko: each set's outputs in their own memory;"
-        " Kw: its outputs and parameters):"
+        " (sets=Kp: mean of K sets timed one by one; Kr: in reverse order; Ke: new contents"
+        " before every call; Ko: each set's outputs in their own memory; Kw: its outputs and"
+        " parameters):"
     )
     print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
     for task_id in args.tasks:
@@ -272,6 +285,28 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
             speedup = [r / s for r, s in zip(ref, sol, strict=True)]
             spreads = [max(v) / min(v) for v in (sol, ref, speedup)]
             print(f"{task_id:<24} {way:>4} " + " ".join(f"{x:>9.3f}" for x in spreads))
+    print_set_positions(args, runs)
+
+
+def print_set_positions(args: argparse.Namespace, runs: list[dict]) -> None:
+    """Each input set's median over its process's mean, averaged over the processes, by set
+    index (the order they were allocated in), and how often each set was the slowest: a set
+    slow for where it lies stays slow when timed in another turn (way "r")."""
+    print("\nthe solution's sets by index: mean of median / the process's mean; times slowest")
+    for task_id in args.tasks:
+        for sets in [k for k in args.sets if k > 1]:
+            for way in PLACED_WAYS:
+                each = [run[task_id][f"sol@{sets}{way}:sets"] for run in runs]
+                means = [
+                    sum(m[i] / (sum(m) / len(m)) for m in each) / len(each) for i in range(sets)
+                ]
+                slowest = [sum(1 for m in each if m.index(max(m)) == i) for i in range(sets)]
+                print(
+                    f"{task_id:<24} {sets}{way}  "
+                    + " ".join(f"{x:.4f}" for x in means)
+                    + "   slowest "
+                    + " ".join(str(n) for n in slowest)
+                )
 
 
 if __name__ == "__main__":

@@ -76,7 +76,9 @@ def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> 
         return SimpleNamespace(
             task_id=task_id,
             speedup_vs_eager=reference / runtime,
-            runtime=SimpleNamespace(median_ms=runtime, placement_medians_ms=list(placed)),
+            runtime=SimpleNamespace(
+                median_ms=runtime, placement_medians_ms=list(placed), rel_err=0.002
+            ),
             ref_eager=SimpleNamespace(median_ms=reference),
             sandbox={},
         )
@@ -96,6 +98,9 @@ def test_a_task_s_speed_up_spread_is_its_max_over_min_beside_its_two_sides() -> 
     assert spreads["placement_spreads"] == {"a": 1.04, "b": None}
     # What a run was timed on, beside what it asked for: two sets each, and one none.
     assert spreads["input_sets_timed"] == {2: 3, 0: 1}
+    # Said 0.2% each; seen: stdev(1.0, 1.05, 1.02) / mean = 2.5%.
+    assert spreads["runtime_errors"]["a"] == {"said": 0.002, "seen": 0.0246}
+    assert spreads["runtime_errors"]["b"] == {"said": 0.002, "seen": None}
 
 
 def test_the_clocks_each_timing_ended_at_are_summed_up_over_a_pass() -> None:

@@ -33,9 +33,15 @@ def test_placements_average_their_medians_and_errors() -> None:
     assert combined.median_ms == pytest.approx(1.1)
     assert (combined.p25_ms, combined.p75_ms) == (pytest.approx(1.0), pytest.approx(1.2))
     assert (combined.min_ms, combined.max_ms, combined.reps) == (0.8, 1.5, 80)
-    # Standard error of a mean of two medians: sqrt(0.01^2 + 0.024^2) / 2, relative to 1.1.
-    assert combined.rel_err == pytest.approx(math.hypot(0.01, 0.024) / 2 / 1.1)
+    # The medians lie further apart than their own errors say: the standard error of their mean
+    # is taken from their spread, stdev(1.0, 1.2) / sqrt(2) = 0.1, relative to 1.1.
+    assert combined.rel_err == pytest.approx(0.1 / 1.1)
     assert combined.placement_medians_ms == [1.0, 1.2]
+    # Medians that agree better than their errors: the errors' sum, sqrt(0.01^2 + 0.0201^2) / 2.
+    agreeing = average([runs[0], TimingStats(1.005, 0.9, 1.1, 0.8, 1.5, 30, 0.02)])
+    assert agreeing.rel_err == pytest.approx(math.hypot(0.01, 0.0201) / 2 / 1.0025)
+    # One placement (a CPU, a large task): its own error.
+    assert average(runs[:1]).rel_err == pytest.approx(0.01)
 
 
 def test_a_sandbox_s_placement_medians_are_read_as_numbers_it_could_have_timed() -> None:
