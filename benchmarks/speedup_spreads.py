@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from kernelrl.env.result import EvalResult
 
 
-def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | None]]:
+def report_spreads(results: list[EvalResult]) -> dict[str, dict]:
     """Prints each task's speed-up spread over the repeats, beside its two sides' spreads and
     how far its input sets' medians lie apart within an evaluation; returns them with each
     task's median speed-up."""
@@ -46,8 +46,8 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict[str, float | Non
             f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
             f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
         )
-    # How many input sets the evaluations were timed on, beside the number asked for: fewer
-    # where a task's memory plan allows fewer (one for a large task).
+    # How many input sets the evaluations were timed on: fewer than asked where a task's memory
+    # plan allows fewer (one for a large task).
     sets_timed = Counter(len(r.runtime.placement_medians_ms) for v in by_task.values() for r in v)
     if sets_timed:
         print(f"input sets timed per evaluation: {dict(sorted(sets_timed.items()))}")

@@ -19,9 +19,10 @@ runs 3 other input sets and keeps them, as a sandbox child does for its correctn
 ``--cupti``: it starts CUPTI first, as a sandbox child does; ``--churn``: beside each measured
 process another holds a random pattern of GPU memory, a new one per process, so that each gets
 other physical memory (what a pool's other sandboxes do). ``sets=Kp`` rows time each of the K
-sets on its own and average their medians, as the evaluator does; ``sets=Ko`` rows also give
-each set's outputs memory of their own, ``sets=Kw`` its outputs and the model's parameters
-(``PLACED_WAYS``).
+sets on its own and average their medians, as the evaluator does; the other ``sets=K*`` rows
+time the same sets in reverse order, with new contents before every call, with each set's
+outputs in memory of their own, or with its outputs and the model's parameters
+(``PLACED_WAYS``), and each set's place by index is printed after them.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def measure(
     warmup_ms: float,
     cupti: bool,
 ) -> dict[str, dict[str, float | list[float]]]:
-    """One process's medians (ms): {task: {"sol@K": ms, "ref@K": ms, "sol@Kp:sets": each set's}}. ``prelude``: first run
-    the solution on 3 other input sets and keep inputs and outputs, as a sandbox child does for
-    its correctness checks before it is timed."""
+    """One process's medians (ms): {task: {"sol@K": ms, "ref@K": ms, "sol@Kp:sets": each
+    set's}}. ``prelude``: first run the solution on 3 other input sets and keep inputs and
+    outputs, as a sandbox child does for its correctness checks before it is timed."""
     import torch
 
     from kernelrl.env.sandbox import harness

@@ -36,6 +36,8 @@ def test_one_batch_starts_a_task_s_evaluations_together(started: dict[str, list[
     assert first[0] == first[1] and first[2] == first[3] != first[0]
 
 
-def test_a_batch_a_round_starts_every_task_before_any_twice(started: dict) -> None:
+def test_a_batch_a_round_starts_every_task_before_any_twice(
+    started: dict[str, list[str]],
+) -> None:
     rounds = started["rounds"]
     assert sorted(rounds[:2]) == sorted(rounds[2:]) == ["01_relu", "06_row_sum"]
