@@ -299,7 +299,14 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
         "--placements",
         type=int,
         default=TimingConfig.placements,
-        help="input sets each timing is averaged over (TimingConfig)",
+        help="input sets each timing is averaged over at least (TimingConfig)",
+    )
+    parser.add_argument(
+        "--most-placements",
+        type=int,
+        default=TimingConfig.most_placements,
+        help="input sets a timing may take while their mean is not known to"
+        " placements_rel_err (TimingConfig); as many as --placements: exactly those",
     )
     parser.add_argument(
         "--l2-flush",
@@ -407,6 +414,7 @@ def main() -> None:
             warmup_ms=args.warmup_ms,
             placement_warmup_ms=args.placement_warmup_ms,
             placements=args.placements,
+            most_placements=args.most_placements,
             l2_flush=args.l2_flush,
             enough_timed_ms=args.enough_timed_ms,
             min_reps=args.min_reps,

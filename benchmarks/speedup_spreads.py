@@ -38,7 +38,7 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict]:
             f"  {task_id:28s} median {speedups[task_id]:6.2f}x  "
             f"spread {spreads.get(task_id)}  runtime {runtime_spreads[task_id]}  "
             f"reference {reference_spreads[task_id]}  placements {placement_spreads[task_id]}  "
-            f"error {runtime_errors[task_id]}  (n={len(rs)})"
+            f"error {runtime_errors[task_id]}  sets {_sets_timed(rs)}  (n={len(rs)})"
         )
     if spreads:
         over = sorted(t for t, s in spreads.items() if s > 1.03)
@@ -46,8 +46,8 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict]:
             f"speedup spread: median {statistics.median(spreads.values()):.3f}, "
             f"max {max(spreads.values()):.3f}; tasks over 1.03: {over or 'none'}"
         )
-    # How many input sets the evaluations were timed on: fewer than asked where a task's memory
-    # plan allows fewer (one for a large task).
+    # How many input sets the evaluations were timed on: the first few where they agree, more
+    # where they lie apart, fewer where a task's memory plan allows fewer (one for a large task).
     sets_timed = Counter(len(r.runtime.placement_medians_ms) for v in by_task.values() for r in v)
     if sets_timed:
         print(f"input sets timed per evaluation: {dict(sorted(sets_timed.items()))}")
@@ -60,6 +60,13 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict]:
         "placement_spreads": placement_spreads,
         "runtime_errors": runtime_errors,
     }
+
+
+def _sets_timed(results: list[EvalResult]) -> str:
+    """The input sets an evaluation of the task was timed on: the range over its evaluations."""
+    counts = [len(r.runtime.placement_medians_ms) for r in results]
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def _runtime_error(results: list[EvalResult]) -> dict[str, float | None]:

@@ -75,6 +75,7 @@ def measure(
     gated: bool,
     warmup_ms: float,
     cupti: bool,
+    ways: list[str],
 ) -> dict[str, dict[str, float | list[float]]]:
     """One process's medians (ms): {task: {"sol@K": ms, "ref@K": ms, "sol@Kp:sets": each
     set's}}. ``prelude``: first run the solution on 3 other input sets and keep inputs and
@@ -136,7 +137,7 @@ def measure(
                 medians[task_id][f"{name}@{sets}:mhz"] = sm_mhz()
                 medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
                 if sets > 1:  # each set timed on its own: the mean of K placements
-                    for way in PLACED_WAYS:
+                    for way in ways:
                         each = placed_medians(model, inputs, way, config, make)
                         medians[task_id][f"{name}@{sets}{way}"] = sum(each) / len(each)
                         medians[task_id][f"{name}@{sets}{way}:sets"] = each
@@ -205,6 +206,13 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--warmup-ms", type=float, default=25.0)
     parser.add_argument("--cupti", action="store_true", help="start CUPTI before timing")
+    parser.add_argument(
+        "--ways",
+        nargs="+",
+        choices=PLACED_WAYS,
+        default=list(PLACED_WAYS),
+        help="how the K sets are placed and timed one by one (see PLACED_WAYS)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -213,7 +221,9 @@ def main() -> None:
     args = parse_args()
     if args.child:
         gated = args.busy > 0
-        medians = measure(args.tasks, args.sets, args.prelude, gated, args.warmup_ms, args.cupti)
+        medians = measure(
+            args.tasks, args.sets, args.prelude, gated, args.warmup_ms, args.cupti, args.ways
+        )
         print(json.dumps(medians))
         return
     print_spreads(args, run_processes(args))
@@ -241,6 +251,7 @@ def run_processes(args: argparse.Namespace) -> list[dict]:
             command += [str(k) for k in args.sets] + (["--prelude"] if args.prelude else [])
             command += ["--busy", str(args.busy), "--warmup-ms", str(args.warmup_ms)]
             command += ["--cupti"] if args.cupti else []
+            command += ["--ways", *args.ways]
             churn = _start(CHURN, str(index)) if args.churn else None
             child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
             for line in child.stdout:
@@ -279,7 +290,7 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
     )
     print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
     for task_id in args.tasks:
-        placed = [f"{k}{way}" for k in args.sets if k > 1 for way in PLACED_WAYS]
+        placed = [f"{k}{way}" for k in args.sets if k > 1 for way in args.ways]
         for way in [f"{k}" for k in args.sets] + placed:
             sol = [run[task_id][f"sol@{way}"] for run in runs]
             ref = [run[task_id][f"ref@{way}"] for run in runs]
@@ -296,7 +307,7 @@ def print_set_positions(args: argparse.Namespace, runs: list[dict]) -> None:
     print("\nthe solution's sets by index: mean of median / the process's mean; times slowest")
     for task_id in args.tasks:
         for sets in [k for k in args.sets if k > 1]:
-            for way in PLACED_WAYS:
+            for way in args.ways:
                 each = [run[task_id][f"sol@{sets}{way}:sets"] for run in runs]
                 means = [
                     sum(m[i] / (sum(m) / len(m)) for m in each) / len(each) for i in range(sets)

@@ -19,7 +19,7 @@ import torch
 from kernelrl.env.sandbox.harness import TIMED_OUTPUTS_CHECKED
 from kernelrl.env.sizes import estimate_footprint
 from kernelrl.env.task import Task, TaskError
-from kernelrl.env.timing import L2_FLUSH_BYTES
+from kernelrl.env.timing import L2_FLUSH_BYTES, TimingConfig
 
 GIB = 2**30
 # CUDA context, CUPTI and allocator slack of one sandbox child, beside its tensors, and the
@@ -29,6 +29,11 @@ CHILD_OVERHEAD_BYTES = 1 * GIB
 # several: placement matters for small memory-bound kernels (timing.py), and four copies of a
 # 6 GiB KernelBench input would take the memory other evaluations were promised.
 LARGE_TASK_BYTES = 512 * 2**20
+# Input sets beyond the timing's first ``placements`` (``TimingConfig.most_placements``) are
+# made only while all of them fit in this many bytes: what a short memory-bound kernel needs to
+# average its placements over (a 128 MiB input: sixteen sets), not what a large input would take
+# from the evaluations beside it.
+MORE_SETS_BYTES = 2 * GIB
 # The harness's own buffers in the child while it times: the L2 flush buffer, and the
 # temporaries of an output's fingerprint (a 64 MiB chunk widened to int64, its positions and
 # their products).
@@ -51,7 +56,7 @@ class MemoryPlan:
     child_bytes: int
     trusted_bytes: int
     large: bool
-    placements: int  # input sets the child may time on (one for a large task)
+    placements: int  # input sets the child may time on at most (one for a large task)
     # False where the task's footprint could not be measured: nothing to hold a child to.
     measured: bool = True
 
@@ -60,40 +65,42 @@ class MemoryPlan:
         return self.child_bytes + self.trusted_bytes
 
 
-_plans: dict[tuple[str, int], MemoryPlan] = {}
+_plans: dict[tuple[str, int, int], MemoryPlan] = {}
 _plans_lock = threading.Lock()
 
 
-def memory_plan(task: Task, placements: int) -> MemoryPlan:
-    """The plan of ``task`` at its GPU sizes, timed on ``placements`` input sets (the timing's
-    own number: a plan counted for fewer would cut the timing to them), measured once per task
+def memory_plan(task: Task, timing: TimingConfig) -> MemoryPlan:
+    """The plan of ``task`` at its GPU sizes, timed as ``timing`` says (its own numbers of input
+    sets: a plan counted for fewer would cut the timing to them), measured once per task
     source: every evaluation of a task asks for it, and measuring loads the task and runs it on
     the meta device."""
-    key = (task.hash, placements)
+    key = (task.hash, timing.placements, timing.most_placements)
     with _plans_lock:
         plan = _plans.get(key)
     if plan is None:
-        plan = _measure_plan(task, placements)
+        plan = _measure_plan(task, timing)
         with _plans_lock:
             _plans[key] = plan
     return plan
 
 
-def _measure_plan(task: Task, placements: int) -> MemoryPlan:
+def _measure_plan(task: Task, timing: TimingConfig) -> MemoryPlan:
     try:
         footprint = estimate_footprint(task, "cuda")
     except TaskError:
-        return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, False, placements, measured=False)
-    return plan_for(
-        footprint.input_bytes, footprint.param_bytes, footprint.output_bytes, placements
-    )
+        return MemoryPlan(CHILD_OVERHEAD_BYTES, 0, False, timing.placements, measured=False)
+    return plan_for(footprint.input_bytes, footprint.param_bytes, footprint.output_bytes, timing)
 
 
-def plan_for(input_bytes: int, param_bytes: int, output_bytes: int, placements: int) -> MemoryPlan:
-    """The plan of one forward call of these sizes, timed on ``placements`` input sets at most
-    (one for a large task; see MemoryPlan)."""
+def plan_for(
+    input_bytes: int, param_bytes: int, output_bytes: int, timing: TimingConfig
+) -> MemoryPlan:
+    """The plan of one forward call of these sizes, timed as ``timing`` says: on one input set
+    for a large task, else on the first ``placements`` and more (up to ``most_placements``)
+    while all of them fit in ``MORE_SETS_BYTES`` (see MemoryPlan)."""
     large = input_bytes + output_bytes > LARGE_TASK_BYTES
-    sets = 1 if large else max(placements, 1)
+    fitting = min(timing.most_placements, MORE_SETS_BYTES // max(input_bytes, 1))
+    sets = 1 if large else max(timing.placements, fitting)
     outputs = 1 + max(min(TIMED_OUTPUTS_CHECKED, sets), 1)
     workspace = max(input_bytes + output_bytes, GIB)
     return MemoryPlan(

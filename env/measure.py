@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.side_by_side import InterleavedReference
 from kernelrl.env.single_flight import SingleFlight
 from kernelrl.env.task import Task, TaskError
-from kernelrl.env.timing import TimingConfig, placements
+from kernelrl.env.timing import TimingConfig, fitted, placements
 
 REDUCED_PRECISION_HINT = (
     "The mismatches are small next to the output's values, as when fp32 is computed in a lower "
@@ -142,11 +142,7 @@ class ChildRunPhases:
     def _timing_config(self, plan: MemoryPlan | None) -> TimingConfig:
         """The timing procedure, on no more input sets than the memory plan counted."""
         timing = self.config.timing
-        if plan is None:
-            return timing
-        return replace(
-            timing, placements=1 if plan.large else min(timing.placements, plan.placements)
-        )
+        return timing if plan is None else fitted(timing, plan.placements)
 
     def _child_job(
         self, task: Task, source: str, model_seed: int, timing: TimingConfig
@@ -261,7 +257,9 @@ class ChildRunPhases:
             _take_child_record(timing, result)
             if self._stopped_early(timing, result, session, task):
                 return
-            result.runtime = TimingStats.from_report(timing["runtime"], timing_config.placements)
+            result.runtime = TimingStats.from_report(
+                timing["runtime"], timing_config.most_placements
+            )
             if side_by_side is not None:
                 result.ref_eager, result.ref_compile, quiet = side_by_side.stats()
                 sharing = sharing.merge(quiet)

@@ -27,7 +27,13 @@ from kernelrl.env import sizes
 from kernelrl.env.result import TimingStats
 from kernelrl.env.sandbox import harness
 from kernelrl.env.task import Task, TaskError, require_trusted
-from kernelrl.env.timing import TimingConfig, average, placements, time_placement
+from kernelrl.env.timing import (
+    TimingConfig,
+    average,
+    placements,
+    placements_enough,
+    time_placement,
+)
 
 
 def library_versions() -> dict[str, str]:
@@ -179,16 +185,20 @@ class PlacementTimer:
         """Input sets made: fewer than asked where the GPU had no room for more."""
         return len(self.inputs.sets)
 
-    def time(self, index: int, count: int) -> TimingStats:
-        """Turn ``index`` of ``count``, on input set ``index`` (modulo the sets made)."""
+    def time(self, index: int) -> TimingStats:
+        """Turn ``index``, on input set ``index`` (modulo the sets made)."""
         placed = index % self.count
         call = harness.forward_call(self.model, self.inputs.sets, placed)
         refresh = partial(self.inputs.refresh, placed) if self.config.fresh_inputs else None
-        return time_placement(call, self.device, self.config, index, count, prepare=refresh)
+        return time_placement(call, self.device, self.config, index, prepare=refresh)
 
     def time_all(self) -> TimingStats:
-        """Every input set timed, one after another."""
-        return average([self.time(index, self.count) for index in range(self.count)])
+        """The input sets timed one after another, as many as the solution's would be
+        (``placements_enough``)."""
+        runs: list[TimingStats] = []
+        while len(runs) < self.count and not (runs and placements_enough(runs, self.config)):
+            runs.append(self.time(len(runs)))
+        return average(runs)
 
 
 def _compiled_timer(

@@ -144,14 +144,12 @@ class SandboxedReference:
 
         def admit(footprint: dict[str, Any]) -> dict[str, int]:
             assert budget is not None and self._session is not None
-            plan, reference_bytes = _plan_of(
-                footprint, budget.capacity, self.settings.timing.placements
-            )
+            plan, reference_bytes = _plan_of(footprint, budget.capacity, self.settings.timing)
             admitted.append(budget.acquire(plan.total_bytes))
             plans.append(plan)
             # The wait for memory is not the task's time: the child's clock starts now.
             self._session.deadline = time.monotonic() + self.settings.timeout_s
-            return {"bytes": reference_bytes, **({"timing_placements": 1} if plan.large else {})}
+            return {"bytes": reference_bytes, "timing_placements": plan.placements}
 
         try:
             with self._task_failures("loading"):
@@ -240,7 +238,9 @@ class SandboxedReference:
                 session.send_time(secrets.randbits(31))
                 report = session.receive()
                 self._expect(report, "timing", "timing itself")
-                return TimingStats.from_report(report["runtime"], self.settings.timing.placements)
+                return TimingStats.from_report(
+                    report["runtime"], self.settings.timing.most_placements
+                )
         finally:
             if paused:
                 child.pause()
@@ -354,9 +354,11 @@ class SandboxedReference:
         return TaskError(f"{where} {exc}{self._size_hint()}{last}")
 
 
-def _plan_of(footprint: dict[str, Any], capacity: int, placements: int) -> tuple[MemoryPlan, int]:
-    """The evaluation's plan from the footprint the reference's child reported, timed on
-    ``placements`` input sets, and the bytes admitted to that child. ``child_bytes`` is the
+def _plan_of(
+    footprint: dict[str, Any], capacity: int, timing: TimingConfig
+) -> tuple[MemoryPlan, int]:
+    """The evaluation's plan from the footprint the reference's child reported, timed as
+    ``timing`` says, and the bytes admitted to that child. ``child_bytes`` is the
     solution's child's share; ``trusted_bytes`` the reference's child's plus its outputs on the
     worker. A footprint the child could not measure reserves the whole device (the evaluation
     runs alone), timed on one placement."""
@@ -366,7 +368,7 @@ def _plan_of(footprint: dict[str, Any], capacity: int, placements: int) -> tuple
     numbers = [int(footprint[k]) for k in ("input_bytes", "param_bytes", "output_bytes")]
     if min(numbers) < 0:
         raise ValueError(f"negative footprint {numbers}")
-    one = plan_for(*numbers, placements)
+    one = plan_for(*numbers, timing)
     trusted = one.child_bytes + numbers[2]
     return replace(one, trusted_bytes=trusted), one.child_bytes
 
@@ -416,8 +418,7 @@ class TaskReferences:
         An untrusted task's reference child starts here: it loads the task (a TaskError when it
         cannot) and reports the footprint that the plan is made of."""
         if task.trusted:
-            placements = self.settings.timing.placements
-            plan = memory_plan(task, placements) if budget is not None else None
+            plan = memory_plan(task, self.settings.timing) if budget is not None else None
             return plan, (
                 budget.acquire(plan.total_bytes) if budget and plan else _nothing_reserved
             )

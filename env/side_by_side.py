@@ -24,7 +24,8 @@ from kernelrl.env.timing import average
 
 class InterleavedReference:
     """The reference's turns (eager, and torch.compile where asked) between the solution's
-    input sets; ``count``: the sets the solution was asked to time on."""
+    input sets; ``count``: the most sets the solution may time on (it stops when its mean is
+    known well enough, ``timing.placements_enough``, and the reference has a turn after each)."""
 
     def __init__(
         self,
@@ -57,7 +58,7 @@ class InterleavedReference:
                 self.sharing = self.sharing.merge(sharing)
                 for kind, timer in self.timers.items():
                     if timer is not None and self.sharing.alone:
-                        self.turns[kind].append(timer.time(index, self.count))
+                        self.turns[kind].append(timer.time(index))
         finally:
             self.seconds += time.perf_counter() - started
 

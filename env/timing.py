@@ -59,6 +59,13 @@ class TimingConfig:
     l2_flush: str = "read"
     batch: int = 10  # repetitions recorded between two host synchronisations
     placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
+    # More input sets, up to this many in all, while the mean of their medians is known to worse
+    # than ``placements_rel_err``: a short memory-bound kernel's sets lie 3-8% apart, and four
+    # left its speed-up spreading 1.04-1.06 between evaluations where sixteen held it within
+    # 1.02; a kernel whose sets agree stops at ``placements`` (docs/decisions.md, "As many input
+    # sets as the mean needs"). The memory plan may allow fewer (``fitted``).
+    most_placements: int = 16
+    placements_rel_err: float = 0.005
     fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
@@ -67,6 +74,11 @@ class TimingConfig:
         if self.l2_flush not in L2_FLUSHES:
             raise ValueError(
                 f"l2_flush must be one of {', '.join(L2_FLUSHES)}, not {self.l2_flush!r}"
+            )
+        if not 1 <= self.placements <= self.most_placements:
+            raise ValueError(
+                f"placements ({self.placements}) must be at least 1 and at most"
+                f" most_placements ({self.most_placements})"
             )
 
     def settings(self) -> dict[str, object]:
@@ -318,15 +330,33 @@ def time_cpu(
 
 
 def placements(device: torch.device, config: TimingConfig) -> int:
-    """How many input sets to time on: physical placement matters on a GPU only."""
-    return config.placements if device.type == "cuda" else 1
+    """How many input sets to make: as many as a timing may time on (``most_placements``; the
+    first ``placements`` always are). Physical placement matters on a GPU only."""
+    return config.most_placements if device.type == "cuda" else 1
 
 
-def placement_config(config: TimingConfig, index: int, count: int) -> TimingConfig:
-    """The procedure of input set ``index`` of ``count``: they share the time budget, and only
+def fitted(config: TimingConfig, most: int) -> TimingConfig:
+    """``config`` on at most ``most`` input sets: what a memory plan counted room for."""
+    most = max(1, min(most, config.most_placements))
+    return replace(config, placements=min(config.placements, most), most_placements=most)
+
+
+def placements_enough(runs: Sequence[TimingStats], config: TimingConfig) -> bool:
+    """Whether the input sets timed so far are enough: the first ``placements`` are always
+    timed, and more only while the mean of their medians is known to worse than
+    ``placements_rel_err`` (``average``'s error, which counts how far the medians lie apart).
+    The solution's child and the trusted side's reference stop by this one rule."""
+    if len(runs) < config.placements:
+        return False
+    return len(runs) >= config.most_placements or average(runs).rel_err <= config.placements_rel_err
+
+
+def placement_config(config: TimingConfig, index: int) -> TimingConfig:
+    """The procedure of input set ``index``: each set has its share of the time budget (the
+    first ``placements`` share it; a set added after them takes a share as large), and only
     the first warms the GPU up to clock (each later one follows timed work on it without a gap:
     its predecessor's, or the other side's when solution and reference are interleaved)."""
-    shared = replace(config, budget_s=config.budget_s / count)
+    shared = replace(config, budget_s=config.budget_s / config.placements)
     return shared if index == 0 else replace(shared, warmup_ms=config.placement_warmup_ms)
 
 
@@ -335,17 +365,16 @@ def time_placement(
     device: torch.device,
     config: TimingConfig,
     index: int,
-    count: int,
     between_batches: Callable[[], None] | None = None,
     prepare: Callable[[], None] | None = None,
     after_call: Callable[[], None] | None = None,
     steps: TimingSteps | None = None,
 ) -> TimingStats:
-    """Input set ``index`` of ``count`` timed on its own: one step of ``time_fn``, which the
-    trusted side also takes one at a time to time the reference between the solution's sets."""
+    """Input set ``index`` timed on its own: one step of ``time_fn``, which the trusted side
+    also takes one at a time to time the reference between the solution's sets."""
     if device.type != "cuda":
         return time_cpu(call, config, between_batches, prepare, after_call, steps)
-    placed = placement_config(config, index, count)
+    placed = placement_config(config, index)
     return time_cuda(call, placed, between_batches, prepare, after_call, steps)
 
 
@@ -359,23 +388,25 @@ def time_fn(
     after_placement: Callable[[int], None] | None = None,
     steps: TimingSteps | None = None,
 ) -> TimingStats:
-    """Time each call (one per input set, ``placements`` of them; the first only on a CPU) and
-    average their medians; ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before
+    """Time each call (one per input set; the first only on a CPU) while the sets timed are not
+    enough (``placements_enough``: the first ``placements``, then more while their mean is
+    not known well enough), and average their medians; ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before
     each call of ``calls[i]``, ``after_call`` after every call, and ``after_placement(i)``
     once input set ``i`` is timed (where the reference is timed interleaved with them);
     ``steps`` adds up where the time went, over every placement."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
     count = len(calls) if device.type == "cuda" else 1
-    runs = []
+    runs: list[TimingStats] = []
     for index in range(count):
+        if runs and placements_enough(runs, config):
+            break
         runs.append(
             time_placement(
                 calls[index],
                 device,
                 config,
                 index,
-                count,
                 between_batches,
                 prepares[index],
                 after_call,

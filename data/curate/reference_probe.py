@@ -193,9 +193,9 @@ class ReferenceProber:
         self, reservation: contextlib.ExitStack, alone: bool, footprint: dict[str, Any]
     ) -> dict[str, int]:
         """Reserve the GPU memory a run reports it needs (all of it when the child could not
-        measure, or when the run must be alone) and hold it until the run ends. A large task is
-        timed on one placement of its inputs, as in the evaluator: four copies of an 8 GiB
-        input are not in its plan."""
+        measure, or when the run must be alone) and hold it until the run ends. The run is
+        timed on the input sets its plan counted, as in the evaluator: a large task on one
+        (four copies of an 8 GiB input are not in its plan)."""
         budget = self.gpu_budget
         assert budget is not None
         admitted: dict[str, int] = {}
@@ -207,11 +207,10 @@ class ReferenceProber:
                 int(footprint["input_bytes"]),
                 int(footprint["param_bytes"]),
                 int(footprint["output_bytes"]),
-                self.config.timing.placements,
+                self.config.timing,
             )
             nbytes = budget.capacity if alone else plan.child_bytes
-            if plan.large:
-                admitted["timing_placements"] = 1
+            admitted["timing_placements"] = plan.placements
         reservation.enter_context(budget.reserve(nbytes))
         return {"bytes": nbytes, **admitted}
 

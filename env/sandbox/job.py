@@ -16,6 +16,7 @@ import socket
 import sys
 import time
 import types
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from kernelrl.env.sandbox.protocol import (
 )
 from kernelrl.env.sandbox.stream import OutputRing, send_tensor_bytes
 from kernelrl.env.sandbox.timed_run import TimedRun, plain_outputs
+from kernelrl.env.timing import TimingConfig, fitted
 
 
 def fingerprint(tensor: torch.Tensor, chunk_bytes: int = 64 * 2**20) -> tuple[int, int]:
@@ -275,7 +277,8 @@ class Job:
         self.send({"type": "footprint", **numbers})
         reply = self.expect("admitted")
         if "timing_placements" in reply:
-            self.job["timing"]["placements"] = int(reply["timing_placements"])
+            timing = TimingConfig(**self.job["timing"])
+            self.job["timing"] = asdict(fitted(timing, int(reply["timing_placements"])))
 
     def _inputs(self, seed: int) -> list[Any]:
         try:

@@ -83,7 +83,7 @@ class SandboxSession:
 
         With ``admit``, the child first reports the task's footprint and waits: ``admit(footprint)``
         blocks until GPU memory is reserved and returns what was admitted: ``bytes``, and
-        ``timing_placements`` where the run must time on fewer input sets than its job says.
+        ``timing_placements``, the most input sets the run may time on (``timing.fitted``).
         """
         task_job = {key: value for key, value in job.items() if key != "solution_source"}
         self.child.send({"type": "job", **task_job, "await_admission": admit is not None})

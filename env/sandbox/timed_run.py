@@ -66,18 +66,24 @@ class KeptOutputs:
     """For a few timing input sets drawn at random, one output drawn uniformly from that set's
     calls *after* each call returned (reservoir sampling), so no call can know whether its
     output will be compared: a solution that returns garbage, or leaves an output unwritten to
-    finish later, on some timed calls shows. The drawn output is copied at once (``offer`` runs
-    right after its call), with the version of its input contents (``harness.TimedInputs``),
-    from which the trusted side remakes them. The copy it replaces is dropped first: the
-    current call's outputs and one copy per drawn set is what the memory plan counts."""
+    finish later, on some timed calls shows. The sets are drawn the same way, as each one's
+    first call returns: how many sets a timing takes is known only once it stops
+    (``timing.placements_enough``), and every set it timed, the first or the last, is as
+    likely as any other to be among the ``count`` kept. The drawn output is copied at once
+    (``offer`` runs right after its call), with the version of its input contents
+    (``harness.TimedInputs``), from which the trusted side remakes them. The copy it replaces
+    is dropped first: the current call's outputs and one copy per drawn set is what the memory
+    plan counts."""
 
-    def __init__(self, sets: int, count: int, rng: random.Random) -> None:
+    def __init__(self, count: int, rng: random.Random) -> None:
+        self.count = count
         self.rng = rng
-        self.calls = dict.fromkeys(sorted(rng.sample(range(sets), min(count, sets))), 0)
+        self.seen = 0  # input sets whose first call has returned
+        self.calls: dict[int, int] = {}  # drawn set: its calls so far
         self.outputs: dict[int, tuple[int, list[Any]]] = {}
 
     def offer(self, index: int, version: int, output: Any, device: torch.device) -> None:
-        if index not in self.calls:
+        if index not in self.calls and not self._draw_set(index):
             return
         self.calls[index] += 1
         if self.rng.randrange(self.calls[index]) != 0:
@@ -90,6 +96,24 @@ class KeptOutputs:
         with torch.no_grad(), torch.profiler.record_function(harness.HARNESS_RANGE):
             copies = [v.clone() if type(v) is torch.Tensor else v for v in values]
         self.outputs[index] = (version, copies)
+
+    def _draw_set(self, index: int) -> bool:
+        """Whether set ``index``, whose first call just returned, is drawn: the first
+        ``count`` are, and the n-th after them with probability count/n, in place of one
+        drawn before (its copy dropped)."""
+        if index < self.seen:  # a set met before and not drawn then
+            return False
+        self.seen = index + 1
+        if self.count == 0:
+            return False
+        if len(self.calls) >= self.count:
+            if self.rng.randrange(self.seen) >= self.count:
+                return False
+            dropped = self.rng.choice(sorted(self.calls))
+            del self.calls[dropped]
+            self.outputs.pop(dropped, None)
+        self.calls[index] = 0
+        return True
 
     def kept(self) -> list[tuple[int, int, list[Any]]]:
         """The kept copies as (input set, version, plain outputs)."""
@@ -135,7 +159,7 @@ class TimedRun:
         self.alone = True
         wanted = harness.TIMED_OUTPUTS_CHECKED if served.job.get("check_timed_outputs") else 0
         rng = random.Random(served.rng.getrandbits(64))
-        self.kept = KeptOutputs(len(self.timed.sets), wanted, rng)
+        self.kept = KeptOutputs(wanted, rng)
         self.pending: tuple[int, int, Any] | None = None
         self.waited = 0.0  # seconds the trusted side spent timing the reference meanwhile
 

@@ -186,12 +186,13 @@ def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> Non
             large = prober._admit(
                 held, False, {"input_bytes": 8 * GIB, "param_bytes": 0, "output_bytes": 0}
             )
-    sets = config.timing.placements
-    assert large == {"bytes": plan_for(8 * GIB, 0, 0, sets).child_bytes, "timing_placements": 1}
+    timing = config.timing
+    assert large == {"bytes": plan_for(8 * GIB, 0, 0, timing).child_bytes, "timing_placements": 1}
     assert shared.failure is None and alone.failure is None and odd.failure is None
     tensor = 4 * 33 * 4
-    expected = plan_for(tensor, 0, tensor, sets).child_bytes
-    assert budget.asked == [expected, 64 * GIB, 64 * GIB, plan_for(8 * GIB, 0, 0, sets).child_bytes]
+    expected = plan_for(tensor, 0, tensor, timing).child_bytes
+    largest = plan_for(8 * GIB, 0, 0, timing).child_bytes
+    assert budget.asked == [expected, 64 * GIB, 64 * GIB, largest]
     assert budget.reserved == 0 and budget.in_flight == 0
 
 

@@ -11,8 +11,10 @@ import torch
 from kernelrl.env.admission import (
     CHILD_OVERHEAD_BYTES,
     HARNESS_BYTES,
+    MORE_SETS_BYTES,
     GpuMemoryBudget,
     memory_plan,
+    plan_for,
 )
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.reference import ReferenceRunner
@@ -42,7 +44,7 @@ def get_init_inputs():
 
 def test_a_kernelbench_sized_task_is_planned_from_its_tensors() -> None:
     numel = 4096 * 393216  # KernelBench level 1, 19_ReLU: 6 GiB of fp32 in, 6 GiB out
-    plan = memory_plan(task_from_source(_task(numel), "relu_big"), 4)
+    plan = memory_plan(task_from_source(_task(numel), "relu_big"), TimingConfig())
     tensor = numel * 4
     assert plan.large
     assert plan.trusted_bytes == 2 * tensor
@@ -52,18 +54,34 @@ def test_a_kernelbench_sized_task_is_planned_from_its_tensors() -> None:
     assert plan.child_bytes == 2 * tensor + 2 * tensor + 2 * tensor + HARNESS_BYTES + (
         CHILD_OVERHEAD_BYTES
     )
-    small = memory_plan(task_from_source(_task(1024), "relu_small"), 4)
-    assert not small.large and small.placements == 4 and small.total_bytes < 3 * GIB
+    small = memory_plan(task_from_source(_task(1024), "relu_small"), TimingConfig())
+    assert not small.large and small.placements == 16 and small.total_bytes < 3 * GIB
+
+
+def test_more_input_sets_are_planned_while_they_fit_in_their_bytes() -> None:
+    """The sets a timing may add to its first ``placements`` are counted while all of them fit
+    in ``MORE_SETS_BYTES``: sixteen of a 128 MiB input, ten of 200 MiB, four (the first) of
+    500 MiB, one of a large input."""
+    timing = TimingConfig()
+    mib = 2**20
+    counts = [plan_for(n * mib, 0, mib, timing).placements for n in (1, 128, 200, 500, 600)]
+    assert counts == [16, 16, 10, 4, 1]
+    assert MORE_SETS_BYTES == 2 * GIB
+    ten = plan_for(200 * mib, 0, 200 * mib, timing)
+    four = plan_for(200 * mib, 0, 200 * mib, TimingConfig(most_placements=4))
+    assert ten.child_bytes - four.child_bytes == 6 * 200 * mib  # six more input sets
+    assert plan_for(mib, 0, mib, TimingConfig(placements=2, most_placements=2)).placements == 2
 
 
 def test_a_plan_counts_the_input_sets_the_timing_asks_for() -> None:
     """A plan counted for fewer sets than the timing's own would cut the timing to them: an
-    evaluator asked to time over 8 placements is planned, and timed, over 8."""
+    evaluator asked to time over 8 placements at most is planned, and timed, over 8."""
     task = task_from_source(_task(2**20), "relu_eight")
-    four, eight = memory_plan(task, 4), memory_plan(task, 8)
+    four = memory_plan(task, TimingConfig(most_placements=4))
+    eight = memory_plan(task, TimingConfig(most_placements=8))
     assert (four.placements, eight.placements) == (4, 8)
     assert eight.child_bytes - four.child_bytes == 4 * 2**20 * 4  # four more input sets
-    config = EvalConfig(device="cpu", timing=TimingConfig(placements=8))
+    config = EvalConfig(device="cpu", timing=TimingConfig(most_placements=8))
     references = TaskReferences(ReferenceRunner(torch.device("cpu")), None, config)  # type: ignore[arg-type]
     plan, release = references.admit(task, GpuMemoryBudget(64 * GIB))
     release()

@@ -59,8 +59,8 @@ def test_a_sandbox_s_placement_medians_are_read_as_numbers_it_could_have_timed()
 
 
 def test_only_a_gpu_times_several_placements() -> None:
-    config = TimingConfig(placements=3)
-    assert placements(torch.device("cuda"), config) == 3
+    config = TimingConfig(placements=3, most_placements=5)
+    assert placements(torch.device("cuda"), config) == 5
     assert placements(torch.device("cpu"), config) == 1
     assert config.fingerprint() != TimingConfig(placements=1).fingerprint()
 
@@ -374,7 +374,7 @@ def test_a_kept_output_is_what_its_call_had_written_when_it_ended() -> None:
 
     from kernelrl.env.sandbox.timed_run import KeptOutputs
 
-    kept = KeptOutputs(1, 1, random.Random(0))
+    kept = KeptOutputs(1, random.Random(0))
     unwritten = torch.zeros(8)
     kept.offer(0, 3, unwritten, torch.device("cpu"))  # the first call of a set is always kept
     unwritten.fill_(7.0)  # completed later, by another call

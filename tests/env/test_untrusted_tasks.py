@@ -141,7 +141,7 @@ def test_the_worker_refuses_to_run_an_untrusted_tasks_code(tmp_path: Path) -> No
         lambda: runner.init_compute(task),
         lambda: runner.time(task, False, TimingConfig()),
         lambda: estimate_footprint(task, "cuda"),
-        lambda: memory_plan(task, 4),
+        lambda: memory_plan(task, TimingConfig()),
         lambda: cpu_size_overrides(task),
         lambda: derive_cpu_sizes(task, 1),
         lambda: ReferenceTimingCache.key(task, torch.device("cpu"), "eager", TimingConfig()),
@@ -191,14 +191,15 @@ def test_a_reference_childs_timing_and_footprint_are_read_field_by_field() -> No
     with pytest.raises(KeyError):
         TimingStats.from_report(good, 4)
     footprint = {"input_bytes": 2**20, "param_bytes": 0, "output_bytes": 2**20}
-    plan, reference_bytes = _plan_of(footprint, 80 * 2**30, 8)
+    eight = TimingConfig(most_placements=8)
+    plan, reference_bytes = _plan_of(footprint, 80 * 2**30, eight)
     # Both children and the reference's outputs on the worker, in one reservation, the
-    # solution's child timed on as many input sets as the timing asks for.
+    # solution's child timed on as many input sets as the timing asks for at most.
     assert plan.total_bytes == 2 * reference_bytes + 2**20 and plan.placements == 8
-    alone, _ = _plan_of({"error": "no meta kernel"}, 80 * 2**30, 8)
+    alone, _ = _plan_of({"error": "no meta kernel"}, 80 * 2**30, eight)
     assert alone.total_bytes == 80 * 2**30 and alone.large and alone.placements == 1
     with pytest.raises(ValueError):
-        _plan_of({"input_bytes": -1, "param_bytes": 0, "output_bytes": 0}, 80 * 2**30, 4)
+        _plan_of({"input_bytes": -1, "param_bytes": 0, "output_bytes": 0}, 80 * 2**30, eight)
 
 
 # ---------------------------------------------------------------------------- the real Evaluator
