@@ -60,7 +60,7 @@ class TimingConfig:
     batch: int = 10  # repetitions recorded between two host synchronisations
     placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
     # More input sets, up to this many in all, while the mean of their medians is known to worse
-    # than ``placements_rel_err``: a short memory-bound kernel's sets lie 3-8% apart, and four
+    # than ``placements_rel_err`` and ``budget_s`` is not spent (``placements_enough``): a short memory-bound kernel's sets lie 3-8% apart, and four
     # left its speed-up spreading 1.04-1.06 between evaluations where sixteen held it within
     # 1.02; a kernel whose sets agree stops at ``placements`` (docs/decisions.md, "As many input
     # sets as the mean needs"). The memory plan may allow fewer (``fitted``).
@@ -344,11 +344,16 @@ def fitted(config: TimingConfig, most: int) -> TimingConfig:
 def placements_enough(runs: Sequence[TimingStats], config: TimingConfig) -> bool:
     """Whether the input sets timed so far are enough: the first ``placements`` are always
     timed, and more only while the mean of their medians is known to worse than
-    ``placements_rel_err`` (``average``'s error, which counts how far the medians lie apart).
-    The solution's child and the trusted side's reference stop by this one rule."""
+    ``placements_rel_err`` (``average``'s error, which counts how far the medians lie apart)
+    and their timed calls add up to less than the time budget (a long kernel whose sets spent
+    it takes no more: its window stays within the budget it had). The solution's child and
+    the trusted side's reference stop by this one rule."""
     if len(runs) < config.placements:
         return False
-    return len(runs) >= config.most_placements or average(runs).rel_err <= config.placements_rel_err
+    if len(runs) >= config.most_placements:
+        return True
+    timed_s = sum(r.median_ms * r.reps for r in runs) / 1e3
+    return timed_s >= config.budget_s or average(runs).rel_err <= config.placements_rel_err
 
 
 def placement_config(config: TimingConfig, index: int) -> TimingConfig:
@@ -390,10 +395,10 @@ def time_fn(
 ) -> TimingStats:
     """Time each call (one per input set; the first only on a CPU) while the sets timed are not
     enough (``placements_enough``: the first ``placements``, then more while their mean is
-    not known well enough), and average their medians; ``prepares[i]`` (if given, and ``config.fresh_inputs``) runs before
-    each call of ``calls[i]``, ``after_call`` after every call, and ``after_placement(i)``
-    once input set ``i`` is timed (where the reference is timed interleaved with them);
-    ``steps`` adds up where the time went, over every placement."""
+    not known well enough), and average their medians; ``prepares[i]`` (if given, and
+    ``config.fresh_inputs``) runs before each call of ``calls[i]``, ``after_call`` after every
+    call, and ``after_placement(i)`` once input set ``i`` is timed (where the reference is
+    timed interleaved with them); ``steps`` adds up where the time went, over every placement."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
     count = len(calls) if device.type == "cuda" else 1

@@ -40,6 +40,17 @@ def test_sets_that_lie_apart_add_more_until_their_mean_is_known_or_the_most_are_
     assert [placements_enough(_runs(wild[:n]), config) for n in (15, 16)] == [False, True]
 
 
+def test_a_long_kernel_whose_sets_spent_the_time_budget_takes_no_more() -> None:
+    """Sets 6% apart, each of 100 timed calls of 2.5 ms: four spend the 1-s budget, and a
+    noisy long kernel's window stays within it; the same sets of a short kernel take more."""
+    config = TimingConfig(placements=4, most_placements=16, budget_s=1.0)
+    medians = [2.5, 2.65, 2.5, 2.65]
+    long = [TimingStats(m, m, m, m, m, 100, 0.002) for m in medians]
+    short = [TimingStats(*[m / 100] * 5, 100, 0.002) for m in medians]
+    assert placements_enough(long, config)
+    assert not placements_enough(short, config)
+
+
 def test_a_timing_is_fitted_to_the_sets_its_plan_counted() -> None:
     config = TimingConfig(placements=4, most_placements=16)
     assert (fitted(config, 10).placements, fitted(config, 10).most_placements) == (4, 10)
