@@ -396,6 +396,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
     args = parser.parse_args()
+    if not 1 <= args.placements <= args.most_placements:
+        parser.error(
+            f"--placements ({args.placements}) must be at least 1 and at most"
+            f" --most-placements ({args.most_placements})"
+        )
     args.workers = resolve_gpus(args.workers)
     return args
 

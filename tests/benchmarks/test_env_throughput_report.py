@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import env_throughput  # noqa: E402
 import speedup_spreads  # noqa: E402
@@ -120,3 +122,15 @@ def test_the_clocks_each_timing_ended_at_are_summed_up_over_a_pass() -> None:
         "held_down": {"sw_power_cap": 2, "sw_thermal": 1},
     }
     assert speedup_spreads.report_clocks([SimpleNamespace(sandbox={})]) == {}
+
+
+def test_more_first_input_sets_than_a_timing_may_take_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["env_throughput.py", "--placements", "20"])
+    with pytest.raises(SystemExit):
+        env_throughput.parse_args()
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith("--placements (20) must be at least 1 and at most --most-placements (16)")
+    monkeypatch.setattr(sys, "argv", ["env_throughput.py", "--most-placements", "4"])
+    assert env_throughput.parse_args().most_placements == 4
