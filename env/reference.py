@@ -196,7 +196,7 @@ class PlacementTimer:
         """The input sets timed one after another, as many as the solution's would be
         (``placements_enough``)."""
         runs: list[TimingStats] = []
-        while len(runs) < self.count and not (runs and placements_enough(runs, self.config)):
+        while len(runs) < self.count and not placements_enough(runs, self.config):
             runs.append(self.time(len(runs)))
         return average(runs)
 

@@ -60,10 +60,11 @@ class TimingConfig:
     batch: int = 10  # repetitions recorded between two host synchronisations
     placements: int = 4  # GPU: input sets, each its own allocation, timed one by one
     # More input sets, up to this many in all, while the mean of their medians is known to worse
-    # than ``placements_rel_err`` and ``budget_s`` is not spent (``placements_enough``): a short memory-bound kernel's sets lie 3-8% apart, and four
-    # left its speed-up spreading 1.04-1.06 between evaluations where sixteen held it within
-    # 1.02; a kernel whose sets agree stops at ``placements`` (docs/decisions.md, "As many input
-    # sets as the mean needs"). The memory plan may allow fewer (``fitted``).
+    # than ``placements_rel_err`` and ``budget_s`` is not spent (``placements_enough``): a short
+    # memory-bound kernel's sets lie 3-8% apart, and four left its speed-up spreading 1.04-1.06
+    # between evaluations where sixteen held it within 1.02; a kernel whose sets agree stops at
+    # ``placements`` (docs/decisions.md, "As many input sets as the mean needs"). The memory plan
+    # may allow fewer (``fitted``).
     most_placements: int = 16
     placements_rel_err: float = 0.005
     fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
@@ -404,7 +405,7 @@ def time_fn(
     count = len(calls) if device.type == "cuda" else 1
     runs: list[TimingStats] = []
     for index in range(count):
-        if runs and placements_enough(runs, config):
+        if placements_enough(runs, config):
             break
         runs.append(
             time_placement(

@@ -94,8 +94,9 @@ def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes(
     it when the step's keys were fields of one flat ``CurateConfig``: nothing else a verdict
     depends on has drifted since. A change of what a verdict depends on (``TimingConfig``: fresh
     timed inputs, the later placements' warm-up, the L2 flush, the timed calls a placement, the
-    procedure's version, the input sets added while their mean is not known; a new setting, even at the value that times as before) changes it on
-    purpose, so those journals are not resumed now."""
+    procedure's version, the input sets added while their mean is not known; a new setting,
+    even at the value that times as before) changes it on purpose, so those journals are not
+    resumed now."""
     expected = {
         (SMOKE,): "6a7373e1cdbb4327",
         (SMOKE, "--seed", "3", "--validate_timeout_s", "7", "--validate_workers", "9"): (
