@@ -29,10 +29,9 @@ from kernelrl.env.sandbox import harness
 from kernelrl.env.task import Task, TaskError, require_trusted
 from kernelrl.env.timing import (
     TimingConfig,
-    average,
     placements,
-    placements_enough,
     time_placement,
+    time_sets,
 )
 
 
@@ -193,12 +192,8 @@ class PlacementTimer:
         return time_placement(call, self.device, self.config, index, prepare=refresh)
 
     def time_all(self) -> TimingStats:
-        """The input sets timed one after another, as many as the solution's would be
-        (``placements_enough``)."""
-        runs: list[TimingStats] = []
-        while len(runs) < self.count and not placements_enough(runs, self.config):
-            runs.append(self.time(len(runs)))
-        return average(runs)
+        """The input sets timed one after another, as many as the solution's would be."""
+        return time_sets(self.time, self.count, self.config)
 
 
 def _compiled_timer(

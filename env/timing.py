@@ -402,25 +402,31 @@ def time_fn(
     timed interleaved with them); ``steps`` adds up where the time went, over every placement."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
-    count = len(calls) if device.type == "cuda" else 1
-    runs: list[TimingStats] = []
-    for index in range(count):
-        if placements_enough(runs, config):
-            break
-        runs.append(
-            time_placement(
-                calls[index],
-                device,
-                config,
-                index,
-                between_batches,
-                prepares[index],
-                after_call,
-                steps,
-            )  # fmt: skip
+
+    def time_one(index: int) -> TimingStats:
+        call, prepare = calls[index], prepares[index]
+        return time_placement(
+            call, device, config, index, between_batches, prepare, after_call, steps
         )
+
+    count = len(calls) if device.type == "cuda" else 1
+    return time_sets(time_one, count, config, after_placement)
+
+
+def time_sets(
+    time_one: Callable[[int], TimingStats],
+    count: int,
+    config: TimingConfig,
+    after_placement: Callable[[int], None] | None = None,
+) -> TimingStats:
+    """Input sets ``0, 1, ...`` (at most ``count``) timed by ``time_one`` while they are not
+    enough (``placements_enough``), their medians averaged: the one loop by which the
+    solution's child and the trusted side's reference both stop."""
+    runs: list[TimingStats] = []
+    while len(runs) < count and not placements_enough(runs, config):
+        runs.append(time_one(len(runs)))
         if after_placement is not None:
-            after_placement(index)
+            after_placement(len(runs) - 1)
     return average(runs)
 
 
