@@ -88,10 +88,12 @@ def test_bundled_triton_suite_is_correct_with_real_timings() -> None:
         assert result.speedup_vs_eager is not None and result.speedup_vs_eager > 0
         assert result.own_kernel_share is not None and result.own_kernel_share > 0
         assert result.custom_kernel_launches and result.custom_kernel_launches >= 1
-        # Each input set's median, their mean the median reported (bundled tasks are small:
-        # timed on every placement), and the clocks the GPU ran at as the timing ended.
+        # Each input set's median (bundled tasks are small: the first sets always timed, more
+        # while their mean is not known well enough), their mean the median reported, and the
+        # clocks the GPU ran at as the timing ended.
         placed = result.runtime.placement_medians_ms
-        assert len(placed) == TimingConfig().placements, result.task_id
+        config = TimingConfig()
+        assert config.placements <= len(placed) <= config.most_placements, result.task_id
         assert result.runtime.median_ms == pytest.approx(sum(placed) / len(placed))
         assert result.sandbox["gpu_clocks"]["sm_mhz"] > 0, result.sandbox
 
@@ -143,7 +145,7 @@ def test_the_reference_takes_its_turns_between_the_solution_s_input_sets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Uncached, the reference (eager, then torch.compile) is timed after each of the
-    solution's four input sets, before the child times the next (env/side_by_side.py)."""
+    solution's input sets, before the child times the next (env/side_by_side.py)."""
     from kernelrl.env.evaluator import Evaluator
     from kernelrl.env.reference import PlacementTimer
     from kernelrl.env.sandbox.session import SandboxSession
@@ -151,9 +153,9 @@ def test_the_reference_takes_its_turns_between_the_solution_s_input_sets(
     order: list[tuple[str, int]] = []
     time_turn, next_set = PlacementTimer.time, SandboxSession.send_time_next
 
-    def turn(self, index, count):
+    def turn(self, index):
         order.append(("reference", index))
-        return time_turn(self, index, count)
+        return time_turn(self, index)
 
     def next_one(self):
         order.append(("solution", len([o for o in order if o[0] == "solution"]) + 1))
@@ -170,7 +172,8 @@ def test_the_reference_takes_its_turns_between_the_solution_s_input_sets(
     assert result.status is Status.CORRECT and result.timing_meaningful, result.feedback
     assert result.ref_eager is not None and result.ref_compile is not None
     assert result.speedup_vs_eager is not None and result.speedup_vs_eager > 0
-    sets = 4
+    sets = len(result.runtime.placement_medians_ms)
+    assert sets >= TimingConfig().placements
     assert order == [
         step
         for index in range(sets)
