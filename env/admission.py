@@ -140,11 +140,26 @@ class GpuMemoryBudget:
         gives them back once however often it is called (from any thread: a child's memory is
         free only when its reaper has seen it exit)."""
         with self._changed:
-            self._changed.wait_for(
-                lambda: self.in_flight == 0 or self.reserved + nbytes <= self.capacity
-            )
+            self._changed.wait_for(lambda: self.reserved + nbytes <= self.capacity or self._empty())
             self.reserved += nbytes
             self.in_flight += 1
+        return self._release_of(nbytes, evaluations=1)
+
+    def _empty(self) -> bool:
+        """Nothing in flight and nothing held: a reservation of any size may start."""
+        return self.in_flight == 0 and self.reserved == 0
+
+    def overdraw(self, nbytes: int) -> Callable[[], None]:
+        """Count ``nbytes`` more at once, without waiting and whatever the capacity: memory
+        that a retiring child holds beyond what it was admitted with, until its reaper has
+        seen it exit. Admitted meanwhile, the next evaluation would find that memory still
+        held and its inputs would not fit: a failure that child caused, reported as ours
+        (``sandbox.gpu_memory.counted_until_exit``). Returns its release."""
+        with self._changed:
+            self.reserved += nbytes
+        return self._release_of(nbytes, evaluations=0)
+
+    def _release_of(self, nbytes: int, evaluations: int) -> Callable[[], None]:
         released = False
 
         def release() -> None:
@@ -154,7 +169,7 @@ class GpuMemoryBudget:
                     return
                 released = True
                 self.reserved -= nbytes
-                self.in_flight -= 1
+                self.in_flight -= evaluations
                 self._changed.notify_all()
 
         return release

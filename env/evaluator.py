@@ -37,7 +37,7 @@ from kernelrl.env.reference import (
 )
 from kernelrl.env.result import EvalResult, Status, TimingStats
 from kernelrl.env.sandbox.child_process import ChildDied
-from kernelrl.env.sandbox.gpu_memory import GpuShare, watch_for
+from kernelrl.env.sandbox.gpu_memory import GpuShare, counted_until_exit, watch_for
 from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandbox.session import SandboxSession
 from kernelrl.env.sandboxed_reference import ReferenceStateError, TaskReferences
@@ -284,7 +284,8 @@ class Evaluator(ChildRunPhases):
             # Wall time the child's own phases (first call, compile) include but did not spend:
             # it was held paused while other evaluations were measured.
             result.phase_seconds["paused_for_others"] = child.paused_seconds - paused_before
-            self.children.retire(child, then=release)
+            then = counted_until_exit(self.gpu_memory, session.gpu, child.pids(), release)
+            self.children.retire(child, then=then)
             if companion is not None:
                 companion.retire(self.children.retire, result.sandbox)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelrl.env.admission import CHILD_OVERHEAD_BYTES
+from kernelrl.env.admission import CHILD_OVERHEAD_BYTES, GpuMemoryBudget
 
 GIB = 2**30
 _SUCCESS = 0
@@ -46,6 +46,8 @@ _HELD_DOWN = {
 }
 # How often the worker looks while it waits for a child (an NVML query costs well under 1 ms).
 CHECK_INTERVAL_S = 0.2
+# The longest a retired child's memory beyond its share is waited for once it has exited.
+TEARDOWN_WAIT_S = 10.0
 
 
 class NvmlError(RuntimeError):
@@ -287,6 +289,12 @@ class GpuShare:
         held = self.watch.held_by(pids())
         return held if held is not None and held > self.admitted else None
 
+    def beyond(self, pids: list[int]) -> int:
+        """The bytes the child holds beyond its share now (0 within it, or where NVML cannot
+        tell)."""
+        held = self.watch.held_by(pids)
+        return max(held - self.admitted, 0) if held is not None else 0
+
     def note_before_solution(self, pids: list[int]) -> None:
         """What the device can give the child while it runs only our code: what it holds plus
         what is free; without NVML, what is free plus the most its CUDA context holds (the
@@ -317,3 +325,37 @@ class GpuShare:
                 "it: other work took the rest"
             )
         return None
+
+
+def counted_until_exit(
+    budget: GpuMemoryBudget | None,
+    share: GpuShare | None,
+    pids: list[int],
+    release: Callable[[], None],
+) -> Callable[[], None]:
+    """``release`` for a child being retired, that first gives back what the child holds
+    beyond its share, counted in ``budget`` from now until its reaper has seen it exit
+    (``GpuMemoryBudget.overdraw``). A child that took more than it was admitted with keeps that
+    memory through its exit, and the CUDA context's teardown takes a while: without this the
+    next evaluation, admitted for its own small plan, found the device full and failed making
+    its inputs, a harness_error the other solution caused."""
+    beyond = share.beyond(pids) if budget is not None and share is not None else 0
+    if not beyond:
+        return release
+    assert budget is not None and share is not None
+    give_back = budget.overdraw(beyond)
+
+    def released() -> None:
+        _wait_unlisted(share.watch, pids, TEARDOWN_WAIT_S)
+        give_back()
+        release()
+
+    return released
+
+
+def _wait_unlisted(watch: GpuMemoryWatch, pids: list[int], wait_s: float) -> None:
+    """Until NVML lists no memory of ``pids`` (the driver may still be tearing their contexts
+    down once they have exited), or ``wait_s`` has passed."""
+    deadline = time.monotonic() + wait_s
+    while watch.held_by(pids) and time.monotonic() < deadline:
+        time.sleep(CHECK_INTERVAL_S / 4)

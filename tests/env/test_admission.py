@@ -18,6 +18,7 @@ from kernelrl.env.admission import (
 )
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.reference import ReferenceRunner
+from kernelrl.env.sandbox.gpu_memory import GpuMemoryWatch, GpuShare, counted_until_exit
 from kernelrl.env.sandboxed_reference import TaskReferences
 from kernelrl.env.task import task_from_source
 from kernelrl.env.timing import TimingConfig
@@ -120,6 +121,75 @@ def test_a_task_larger_than_the_device_runs_alone() -> None:
         assert budget.in_flight == 1
     with budget.reserve(1 * GIB), budget.reserve(2 * GIB):
         assert budget.reserved == 3 * GIB
+
+
+class _Listed:
+    """NVML's list of the processes holding memory on the device, as ``Nvml.processes`` reads
+    it from the driver (here without one; the GPU tests read the real list)."""
+
+    def __init__(self, held: dict[int, int]) -> None:
+        self.held = held
+
+    def processes(self) -> dict[int, int | None]:
+        return dict(self.held)
+
+
+def _watch(held: dict[int, int]) -> GpuMemoryWatch:
+    watch = GpuMemoryWatch.__new__(GpuMemoryWatch)
+    watch.problem, watch.nvml = "", _Listed(held)  # type: ignore[assignment]
+    return watch
+
+
+def test_memory_a_retiring_child_holds_beyond_its_share_is_counted_until_it_exits() -> None:
+    """A child that took more GPU memory than it was admitted with holds it until its exit is
+    over: the next evaluation waits for the reaper's release instead of being admitted into
+    memory that is not free (its inputs would not fit: a harness_error the other caused)."""
+    budget = GpuMemoryBudget(10 * GIB)
+    release = budget.acquire(1 * GIB)
+    listed = {101: 8 * GIB, 102: 1 * GIB, 999: 5 * GIB}  # 999: not the child's
+    share = GpuShare(_watch(listed), 1 * GIB)
+    then = counted_until_exit(budget, share, [101, 102], release)
+    assert budget.reserved == 9 * GIB and budget.in_flight == 1
+    admitted = threading.Event()
+    waiting = threading.Thread(target=lambda: (budget.acquire(2 * GIB), admitted.set()))
+    waiting.start()
+    assert not admitted.wait(0.2)  # 9 GiB held, 2 more do not fit in 10
+    reaper = threading.Thread(target=then)  # the child's processes have exited...
+    reaper.start()
+    assert not admitted.wait(0.3)  # ...and the driver still lists their memory
+    del listed[101], listed[102]
+    assert admitted.wait(5)
+    reaper.join(5)
+    waiting.join(5)
+    assert budget.reserved == 2 * GIB and budget.in_flight == 1
+    then()
+    assert budget.reserved == 2 * GIB  # given back once
+
+
+def test_a_child_within_its_share_or_unwatched_is_released_as_it_was() -> None:
+    budget = GpuMemoryBudget(10 * GIB)
+    release = budget.acquire(1 * GIB)
+    within = GpuShare(_watch({101: 1 * GIB}), 2 * GIB)
+    assert counted_until_exit(budget, within, [101], release) is release
+    unlisted = GpuShare(_watch({}), 1 * GIB)  # NVML lists none of its processes
+    assert counted_until_exit(budget, unlisted, [101], release) is release
+    assert counted_until_exit(budget, None, [101], release) is release
+    assert counted_until_exit(None, within, [101], release) is release
+    assert budget.reserved == 1 * GIB
+
+
+def test_a_task_larger_than_the_device_waits_for_memory_a_dying_child_holds() -> None:
+    """Running alone means with nothing else held: not beside a retired child's memory."""
+    budget = GpuMemoryBudget(10 * GIB)
+    give_back = budget.overdraw(3 * GIB)
+    assert budget.in_flight == 0
+    admitted = threading.Event()
+    waiting = threading.Thread(target=lambda: (budget.acquire(40 * GIB), admitted.set()))
+    waiting.start()
+    assert not admitted.wait(0.2)
+    give_back()
+    assert admitted.wait(5)
+    waiting.join(5)
 
 
 def test_a_release_from_another_thread_counts_once() -> None:

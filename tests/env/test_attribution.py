@@ -296,6 +296,20 @@ def test_a_sandbox_above_its_gpu_share_is_killed_and_a_grab_at_import_is_the_sol
 
 
 @pytest.mark.gpu
+def test_the_memory_a_grab_holds_is_not_handed_to_the_next_evaluation_before_its_child_exits() -> (
+    None
+):
+    """Evaluated right after a solution that took the device's memory, a good one is judged
+    on its own: it is admitted once the other's child has exited, never into memory a dying
+    child still holds (its inputs failed then, a harness_error the other solution caused)."""
+    grab = (SOLUTIONS / "gpu" / "runtime_error__grabs_gpu_memory_at_import.py").read_text()
+    results = _evaluate(RELU, [grab, GOOD] * 3, device="cuda", static_checks=False, timeout_s=120)
+    for grabbed, good in zip(results[::2], results[1::2], strict=True):
+        assert grabbed.status is Status.RUNTIME_ERROR, grabbed.error
+        assert good.status is Status.CORRECT, good.error
+
+
+@pytest.mark.gpu
 def test_the_profile_leaves_out_the_kernels_of_new_input_contents() -> None:
     """Profiled calls get new contents like timed ones; the kernels that make them (here
     ``randn``'s) are the harness's and must not show in the solution's profile."""
