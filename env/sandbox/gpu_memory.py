@@ -336,9 +336,9 @@ def counted_until_exit(
     """``release`` for a child being retired, that first gives back what the child holds
     beyond its share, counted in ``budget`` from now until its reaper has seen it exit
     (``GpuMemoryBudget.overdraw``). A child that took more than it was admitted with keeps that
-    memory through its exit, and the CUDA context's teardown takes a while: without this the
-    next evaluation, admitted for its own small plan, found the device full and failed making
-    its inputs, a harness_error the other solution caused."""
+    memory until its exit is over, and the CUDA context's teardown takes a while: without this
+    the next evaluation, admitted for its own small plan, would find the device full and fail
+    making its inputs, a harness_error the other solution caused."""
     beyond = share.beyond(pids) if budget is not None and share is not None else 0
     if not beyond:
         return release

@@ -296,9 +296,7 @@ def test_a_sandbox_above_its_gpu_share_is_killed_and_a_grab_at_import_is_the_sol
 
 
 @pytest.mark.gpu
-def test_the_memory_a_grab_holds_is_not_handed_to_the_next_evaluation_before_its_child_exits() -> (
-    None
-):
+def test_memory_a_grab_holds_is_not_handed_to_the_next_evaluation() -> None:
     """Evaluated right after a solution that took the device's memory, a good one is judged
     on its own: it is admitted once the other's child has exited, never into memory a dying
     child still holds (its inputs failed then, a harness_error the other solution caused)."""
