@@ -65,6 +65,12 @@ class ChildDied(RuntimeError):
         self.ours = ours
 
 
+def _closed_by_worker() -> ChildDied:
+    """A read on a channel whose worker end the pool closed meanwhile (closing, or giving up on
+    the child from another thread): the child is lost by our side, not by anything it did."""
+    return ChildDied("its channel was closed by the worker", ours=True)
+
+
 @dataclass(eq=False)  # a process handle: equal only to itself, hashable
 class Child:
     process: ForkedProcess | subprocess.Popen
@@ -137,6 +143,10 @@ class Child:
             return recv_message(self.sock)
         except (EOFError, ConnectionError):
             raise self.died() from None
+        except OSError:
+            if self.sock.fileno() != -1:
+                raise
+            raise _closed_by_worker() from None
         except ProtocolError as exc:
             self.kill("protocol")
             raise ChildDied(f"sent a malformed message ({exc})") from None
@@ -170,7 +180,10 @@ class Child:
             if remaining <= 0:
                 self.kill("timeout")
                 raise ChildDied("exceeded the time limit and was killed", timed_out=True)
-            readable, _, _ = select.select([self.sock], [], [], min(remaining, 0.2))
+            try:
+                readable, _, _ = select.select([self.sock], [], [], min(remaining, 0.2))
+            except (ValueError, OSError):
+                raise _closed_by_worker() from None
             if readable:
                 return
             if self.process.poll() is not None:

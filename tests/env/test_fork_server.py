@@ -14,7 +14,7 @@ import pytest
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.result import Status
 from kernelrl.env.sandbox import spawn
-from kernelrl.env.sandbox.child_process import Child
+from kernelrl.env.sandbox.child_process import Child, ChildDied
 from kernelrl.env.sandbox.fork_server import ForkServer
 from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.task import load_task
@@ -83,6 +83,34 @@ def test_a_dead_server_takes_its_children_and_the_next_child_comes_from_a_new_on
         for child in (orphan, replacement):
             if child is not None:
                 child.close()
+        children.close()
+
+
+def test_a_channel_closed_by_the_pool_while_it_is_read_ends_as_ours() -> None:
+    """A pool closing (Ctrl-C) closes its children's sockets while another thread may be
+    reading one of them (the gate's keeper waits for a child's "imported"): that read ends as
+    the child lost by our side, never as an exception that kills the reading thread or as the
+    solution's failure."""
+    children = ChildPool("cpu", spare=0)
+    child = children.acquire()
+    try:
+        lost: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                child.receive(time.monotonic() + 30)
+            except BaseException as exc:  # noqa: BLE001 - what the reader saw is the test
+                lost.append(exc)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)  # the reader is waiting on the socket
+        child.sock.close()
+        reader.join(5)
+        assert not reader.is_alive()
+        assert len(lost) == 1 and type(lost[0]) is ChildDied and lost[0].ours, lost
+    finally:
+        child.close()
         children.close()
 
 
