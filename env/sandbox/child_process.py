@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,17 +140,12 @@ class Child:
         """Next message, watching the clock and the child's memory (host, and with ``gpu`` its
         share of the GPU) while waiting."""
         self._wait_readable(deadline, max_rss_bytes, gpu)
-        try:
-            return recv_message(self.sock)
-        except (EOFError, ConnectionError):
-            raise self.died() from None
-        except OSError:
-            if self.sock.fileno() != -1:
-                raise
-            raise _closed_by_worker() from None
-        except ProtocolError as exc:
-            self.kill("protocol")
-            raise ChildDied(f"sent a malformed message ({exc})") from None
+        with self._reading():
+            try:
+                return recv_message(self.sock)
+            except ProtocolError as exc:
+                self.kill("protocol")
+                raise ChildDied(f"sent a malformed message ({exc})") from None
 
     def receive_into(
         self,
@@ -160,16 +156,28 @@ class Child:
     ) -> None:
         """Raw bytes that follow a message (a tensor's chunk), under the same watch."""
         self._wait_readable(deadline, max_rss_bytes, gpu)
-        self.sock.settimeout(max(deadline - time.monotonic(), 0.05))
+        with self._reading():
+            self.sock.settimeout(max(deadline - time.monotonic(), 0.05))
+            try:
+                recv_exactly_into(self.sock, buffer)
+            except TimeoutError:
+                self.kill("timeout")
+                raise ChildDied("exceeded the time limit and was killed", timed_out=True) from None
+            finally:
+                self.sock.settimeout(None)
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A read on the channel: its end is the child's death, or the channel closed by the
+        pool from another thread after the wait for it (ours)."""
         try:
-            recv_exactly_into(self.sock, buffer)
-        except TimeoutError:
-            self.kill("timeout")
-            raise ChildDied("exceeded the time limit and was killed", timed_out=True) from None
+            yield
         except (EOFError, ConnectionError):
             raise self.died() from None
-        finally:
-            self.sock.settimeout(None)
+        except OSError:
+            if self.sock.fileno() != -1:
+                raise
+            raise _closed_by_worker() from None
 
     def _wait_readable(
         self, deadline: float, max_rss_bytes: int | None, gpu: GpuShare | None = None

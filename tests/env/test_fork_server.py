@@ -114,6 +114,34 @@ def test_a_channel_closed_by_the_pool_while_it_is_read_ends_as_ours() -> None:
         children.close()
 
 
+@pytest.mark.parametrize("read", ["message", "chunk"])
+def test_a_channel_closed_between_the_wait_and_the_read_ends_as_ours(read: str) -> None:
+    """The pool may close the channel after the wait saw it readable and before the read
+    starts: a message's read and a tensor chunk's read (whose timeout is set on the socket
+    first) both end as the child lost by our side."""
+    children = ChildPool("cpu", spare=0)
+    child = children.acquire()
+    wait = child._wait_readable
+
+    def wait_then_close(*args) -> None:
+        wait(*args)
+        child.sock.close()  # what the pool's other thread does in that window
+
+    try:
+        os.killpg(child.process.pid, signal.SIGKILL)  # its end of the channel now reads
+        child.process.wait(timeout=15)
+        child._wait_readable = wait_then_close
+        with pytest.raises(ChildDied) as lost:
+            if read == "message":
+                child.receive(time.monotonic() + 30)
+            else:
+                child.receive_into(memoryview(bytearray(8)), time.monotonic() + 30)
+        assert lost.value.ours and not lost.value.timed_out
+    finally:
+        child.close()
+        children.close()
+
+
 def test_a_forked_childs_exit_status_reaches_the_worker() -> None:
     children = ChildPool("cpu", spare=0)
     child = children.acquire()
