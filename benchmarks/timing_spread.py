@@ -153,8 +153,23 @@ def measure(
 # child does, each set given new contents before every call (``harness.TimedInputs``); "o" with
 # each set's outputs in memory of its own (one output of every set timed before is kept, so the
 # next set's calls cannot be given the same blocks); "w" with its parameters too (copied to new
-# memory before the set, the earlier copies kept).
-PLACED_WAYS = ("p", "r", "e", "o", "w")
+# memory before the set, the earlier copies kept); "g" as "w", each parameter's copy starting a
+# 2 MiB page of its own (small copies from the allocator's small pool share their pages, so "w"
+# leaves a small weight on the pages it had).
+PLACED_WAYS = ("p", "r", "e", "o", "w", "g")
+PAGE_BYTES = 2 << 20
+
+
+def on_own_page(tensor):
+    """A copy of ``tensor`` at the start of a block a page longer than it: the block stays
+    alive with the copy, so no later copy can share its page."""
+    import torch
+
+    nbytes = tensor.numel() * tensor.element_size()
+    block = torch.empty(nbytes + PAGE_BYTES, dtype=torch.uint8, device=tensor.device)
+    copy = block[:nbytes].view(tensor.dtype).view(tensor.shape)
+    copy.copy_(tensor)
+    return copy
 
 
 def placed_medians(model, inputs: list, way: str, config, make) -> list[float]:
@@ -171,14 +186,14 @@ def placed_medians(model, inputs: list, way: str, config, make) -> list[float]:
     order = range(len(sets) - 1, -1, -1) if way == "r" else range(len(sets))
     medians = [0.0] * len(sets)
     for index in order:
-        if way == "w":
+        if way in ("w", "g"):
             for tensor in [*model.parameters(), *model.buffers()]:
                 kept.append(tensor.data)
-                tensor.data = tensor.data.clone()
+                tensor.data = tensor.data.clone() if way == "w" else on_own_page(tensor.data)
         call = harness.forward_call(model, sets, index)
         prepare = (lambda index=index: timed.refresh(index)) if timed is not None else None
         medians[index] = time_cuda(call, config, prepare=prepare).median_ms
-        if way in ("o", "w"):
+        if way in ("o", "w", "g"):
             with torch.no_grad():
                 kept.append(model(*sets[index]))
     return medians
@@ -286,7 +301,7 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
         f" warm-up {args.warmup_ms:g} ms, CUPTI started: {args.cupti}, churn: {args.churn}"
         " (sets=Kp: mean of K sets timed one by one; Kr: in reverse order; Ke: new contents"
         " before every call; Ko: each set's outputs in their own memory; Kw: its outputs and"
-        " parameters):"
+        " parameters; Kg: its parameters each on pages of their own):"
     )
     print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
     for task_id in args.tasks:
