@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,7 +139,9 @@ def measure(
                 medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
                 if sets > 1:  # each set timed on its own: the mean of K placements
                     for way in ways:
-                        each = placed_medians(model, inputs, way, config, make)
+                        anew = partial(loaded_anew, solution, task_id, reference, model)
+                        anew = anew if name == "sol" else None
+                        each = placed_medians(model, inputs, way, config, make, anew)
                         medians[task_id][f"{name}@{sets}{way}"] = sum(each) / len(each)
                         medians[task_id][f"{name}@{sets}{way}:sets"] = each
             del inputs
@@ -155,9 +158,28 @@ def measure(
 # next set's calls cannot be given the same blocks); "w" with its parameters too (copied to new
 # memory before the set, the earlier copies kept); "g" as "w", each parameter's copy starting a
 # 2 MiB page of its own (small copies from the allocator's small pool share their pages, so "w"
-# leaves a small weight on the pages it had).
-PLACED_WAYS = ("p", "r", "e", "o", "w", "g")
+# leaves a small weight on the pages it had); "k" with the solution's kernels compiled and
+# loaded anew for every set (its source given a distinct comment, as a new kernel's is in the
+# throughput benchmark), the parameters where they were: whether the process's draw is where its
+# kernels' code lies (the reference's kernels stay as they are).
+PLACED_WAYS = ("p", "r", "e", "o", "w", "g", "k")
 PAGE_BYTES = 2 << 20
+
+
+def loaded_anew(solution: str, task_id: str, reference, model, label: str):
+    """``model`` again, its class and kernels from ``solution`` compiled and loaded anew under
+    ``label``, its parameters and buffers the same tensors as ``model``'s."""
+    from env_throughput import distinct_source
+
+    from kernelrl.env.sandbox import harness
+
+    module = harness.load_module(distinct_source(solution, label), f"sol_{task_id}_{label}")
+    fresh = harness.build_model(module.ModelNew, reference, 0, next(model.parameters()).device)
+    params = zip(fresh.parameters(), model.parameters(), strict=True)
+    buffers = zip(fresh.buffers(), model.buffers(), strict=True)
+    for mine, theirs in [*params, *buffers]:
+        mine.data = theirs.data
+    return fresh
 
 
 def on_own_page(tensor):
@@ -172,9 +194,10 @@ def on_own_page(tensor):
     return copy
 
 
-def placed_medians(model, inputs: list, way: str, config, make) -> list[float]:
+def placed_medians(model, inputs: list, way: str, config, make, anew=None) -> list[float]:
     """Each set's median, by set index, each set placed and timed as ``way`` says; ``make(seed)``
-    makes one input set (way "e" makes its own sets with it)."""
+    makes one input set (way "e" makes its own sets with it); ``anew(label)``: the model with
+    its kernels loaded anew (way "k"; None for the reference)."""
     import torch
 
     from kernelrl.env.sandbox import harness
@@ -190,6 +213,9 @@ def placed_medians(model, inputs: list, way: str, config, make) -> list[float]:
             for tensor in [*model.parameters(), *model.buffers()]:
                 kept.append(tensor.data)
                 tensor.data = tensor.data.clone() if way == "w" else on_own_page(tensor.data)
+        if way == "k" and anew is not None:
+            model = anew(f"set {index}")
+            kept.append(model)  # its kernels' module stays loaded, so the next is put elsewhere
         call = harness.forward_call(model, sets, index)
         prepare = (lambda index=index: timed.refresh(index)) if timed is not None else None
         medians[index] = time_cuda(call, config, prepare=prepare).median_ms
@@ -301,7 +327,8 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
         f" warm-up {args.warmup_ms:g} ms, CUPTI started: {args.cupti}, churn: {args.churn}"
         " (sets=Kp: mean of K sets timed one by one; Kr: in reverse order; Ke: new contents"
         " before every call; Ko: each set's outputs in their own memory; Kw: its outputs and"
-        " parameters; Kg: its parameters each on pages of their own):"
+        " parameters; Kg: its parameters each on pages of their own; Kk: its kernels loaded"
+        " anew):"
     )
     print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
     for task_id in args.tasks:
