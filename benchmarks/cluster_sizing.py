@@ -6,6 +6,7 @@ environment GPUs to give it.
     python benchmarks/cluster_sizing.py --validate benchmarks/results/throughput_h100/suite.jsonl.gz
     python benchmarks/cluster_sizing.py --validate-pool ONE_GPU.json TWO_GPUS.json
     python benchmarks/cluster_sizing.py --validate-pool FITTED_ON.json ANOTHER_RUN.json
+    python benchmarks/cluster_sizing.py --decompose RUN.json [RUN.json ...]
 
 Why a model: a step of Dr. Kernel's recipe makes hundreds of evaluations per turn, and whether
 generation, the environment or the update sets the step time decides how a cluster is split.
@@ -210,6 +211,35 @@ def validate_pool(one_gpu: str, many_gpus: str) -> dict:
     }
 
 
+def rate_decomposition(summary_path: str) -> dict:
+    """Where one GPU's rate goes, from a pool run's records. With its slots always busy, the
+    rate is slots / mean latency (Little's law), and a latency is the evaluation's own work and
+    the time its child was held paused while the others' measurements had the GPU; those pauses
+    are about (slots - 1) exclusive windows an evaluation, so more slots buy less as the windows
+    fill the GPU's time, and their own work grows with the host's load."""
+    summary, done, _ = _warm_pass(summary_path)
+    with gzip.open(summary_path.removesuffix(".json") + ".jsonl.gz", "rt") as f:
+        results = [json.loads(line) for line in f if line.strip()]
+    phases = [r["phase_seconds"] for r in results[-len(done) :]]
+    slots = int(summary["warm"]["slots"])
+    latency = statistics.mean(p["total"] for p in phases)
+    paused = statistics.mean(p.get("paused_for_others", 0.0) for p in phases)
+    window = statistics.mean(p.get("gpu_exclusive", 0.0) for p in phases)
+    return {
+        "slots": slots,
+        "evaluations": len(done),
+        "measured_evals_per_min": summary["warm"]["evals_per_min"],
+        "slots_over_mean_latency_per_min": slots / latency * 60,
+        "mean_latency_s": latency,
+        "own_work_s": latency - paused,
+        "paused_for_others_s": paused,
+        "mean_exclusive_window_s": window,
+        "paused_in_windows_of_the_others": paused / ((slots - 1) * window) if slots > 1 else 0.0,
+        "gpu_exclusive_share": summary["warm"]["gpu_exclusive_share"],
+        "trusted_gpu_wait_s": statistics.mean(p.get("trusted_gpu_wait", 0.0) for p in phases),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--recipe", default="recipes/qwen3-14b/trloo/drkernel_14b.yaml")
@@ -229,7 +259,17 @@ def main() -> None:
         metavar=("ONE_GPU", "MANY_GPUS"),
         help="two env_throughput.py --summary-out files of one host: 1 GPU, then another run",
     )
+    p.add_argument(
+        "--decompose",
+        nargs="+",
+        metavar="RUN",
+        help="env_throughput.py --summary-out files: each one's rate as slots over latency",
+    )
     args = p.parse_args()
+    if args.decompose:
+        for run in args.decompose:
+            print(json.dumps({"run": run, **rate_decomposition(run)}, indent=1))
+        return
     if args.validate:
         print(json.dumps(validate(args.validate), indent=1))
         return

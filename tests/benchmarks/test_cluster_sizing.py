@@ -82,3 +82,19 @@ def test_pool_validation_measures_the_per_gpu_efficiency_of_a_host(tmp_path: Pat
     single = sizing.Cluster(train_gpus=1, gen_gpus=1, env_gpus=1, multi_gpu_efficiency=0.8)
     double = sizing.Cluster(train_gpus=1, gen_gpus=1, env_gpus=2, multi_gpu_efficiency=0.8)
     assert sizing.env_evals_per_s(double) == pytest.approx(1.6 * sizing.env_evals_per_s(single))
+
+
+def test_a_recorded_runs_rate_is_its_slots_over_its_mean_latency() -> None:
+    """Little's law on a pool run kept in the repository: with the slots always busy, the rate
+    is slots over the mean latency, and the pauses are about one window of every other slot."""
+    sizing = _load("cluster_sizing")
+    run = ROOT / "benchmarks/results/throughput_h200/input_sets/adaptive_3.json"
+    parts = sizing.rate_decomposition(str(run))
+    assert parts["slots"] == 8 and parts["evaluations"] == 155
+    assert parts["slots_over_mean_latency_per_min"] == pytest.approx(
+        parts["measured_evals_per_min"], rel=0.05
+    )
+    assert parts["own_work_s"] + parts["paused_for_others_s"] == pytest.approx(
+        parts["mean_latency_s"]
+    )
+    assert 0.8 < parts["paused_in_windows_of_the_others"] < 1.0
