@@ -167,13 +167,18 @@ def validate(jsonl: str, calibrate_share: float = 0.4) -> dict:
     }
 
 
-def _warm_pass(summary_path: str) -> tuple[dict, list[float], list[float]]:
-    """A pool run of ``env_throughput.py``: its summary, and the completion times and latencies
-    of its warm pass, read from the ``.jsonl.gz`` beside it."""
+def _warm_records(summary_path: str) -> tuple[dict, list[dict]]:
+    """A pool run of ``env_throughput.py``: its summary, and the records of its warm pass,
+    read from the ``.jsonl.gz`` beside it."""
     summary = json.loads(Path(summary_path).read_text())
     with gzip.open(summary_path.removesuffix(".json") + ".jsonl.gz", "rt") as f:
         results = [json.loads(line) for line in f if line.strip()]
-    warm = results[summary["cold"]["evaluations"] if "cold" in summary else 0 :]
+    return summary, results[summary["cold"]["evaluations"] if "cold" in summary else 0 :]
+
+
+def _warm_pass(summary_path: str) -> tuple[dict, list[float], list[float]]:
+    """A pool run's summary, and the completion times and latencies of its warm pass."""
+    summary, warm = _warm_records(summary_path)
     done = sorted(r["timestamp"] + r["phase_seconds"]["total"] for r in warm)
     return summary, done, sorted(r["phase_seconds"]["total"] for r in warm)
 
@@ -217,17 +222,15 @@ def rate_decomposition(summary_path: str) -> dict:
     the time its child was held paused while the others' measurements had the GPU; those pauses
     are about (slots - 1) exclusive windows an evaluation, so more slots buy less as the windows
     fill the GPU's time, and their own work grows with the host's load."""
-    summary, done, _ = _warm_pass(summary_path)
-    with gzip.open(summary_path.removesuffix(".json") + ".jsonl.gz", "rt") as f:
-        results = [json.loads(line) for line in f if line.strip()]
-    phases = [r["phase_seconds"] for r in results[-len(done) :]]
+    summary, warm = _warm_records(summary_path)
+    phases = [r["phase_seconds"] for r in warm]
     slots = int(summary["warm"]["slots"])
     latency = statistics.mean(p["total"] for p in phases)
     paused = statistics.mean(p.get("paused_for_others", 0.0) for p in phases)
     window = statistics.mean(p.get("gpu_exclusive", 0.0) for p in phases)
     return {
         "slots": slots,
-        "evaluations": len(done),
+        "evaluations": len(warm),
         "measured_evals_per_min": summary["warm"]["evals_per_min"],
         "slots_over_mean_latency_per_min": slots / latency * 60,
         "mean_latency_s": latency,

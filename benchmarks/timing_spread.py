@@ -139,8 +139,11 @@ def measure(
                 medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
                 if sets > 1:  # each set timed on its own: the mean of K placements
                     for way in ways:
-                        anew = partial(loaded_anew, solution, task_id, reference, model)
-                        anew = anew if name == "sol" else None
+                        anew = (
+                            partial(loaded_anew, solution, task_id, reference, model)
+                            if name == "sol"
+                            else None
+                        )
                         each = placed_medians(model, inputs, way, config, make, anew)
                         medians[task_id][f"{name}@{sets}{way}"] = sum(each) / len(each)
                         medians[task_id][f"{name}@{sets}{way}:sets"] = each
