@@ -19,6 +19,8 @@ Rewards read EvalResults; they never run kernels. Public API:
 - ``is_scored(result)`` (``kernelrl.env.result``'s): False for a missing result or a
   ``harness_error`` (kernelrl's failure, not the solution's): such a completion gets no reward
   (None from the TRL functions, NaN from ``reward_components``/``total_reward``), never 0.
+  ``rewarded(result)``: scored, and not ``speed_unjudged`` (a correct GPU result whose timing
+  the environment left unused), which gets no reward either.
 
 See ``kernelrl.rewards.components`` for the exact definition of every component.
 """
@@ -32,6 +34,8 @@ from kernelrl.rewards.components import (
     components_of,
     reward_components,
     reward_weights,
+    rewarded,
+    speed_unjudged,
     total_reward,
     weighted_total,
 )
@@ -58,6 +62,8 @@ __all__ = [
     "components_of",
     "drkernel_reward_config",
     "is_scored",
+    "rewarded",
+    "speed_unjudged",
     "reward_components",
     "RewardFunction",
     "reward_weights",

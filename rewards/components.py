@@ -48,6 +48,13 @@ Unscored results: a ``harness_error`` (``kernelrl.env.result.is_scored`` is Fals
 of kernelrl's harness, not of the solution, so it has no reward at all: every component is NaN
 in ``reward_components`` and the total is NaN, and the TRL functions return None. Scoring it 0
 would punish the policy for our bug; NaN makes the omission loud if anything sums it.
+
+Unrewarded too, whatever the components: a correct GPU result whose timing the environment
+left unused (``speed_unjudged``: another evaluator's work on the GPU, or the GPU not found quiet
+before the timing). Its speed is not known, and a speed-up term of 0 would rank it above every
+slower kernel and below every faster one. The GPU can be kept busy through that check by the
+measured solution itself (work it leaves queued, or launches while it waits), so a 0 there
+would be a reward a slow solution could take instead of its own.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY
 from kernelrl.env.result import EvalResult, Status, is_scored
 from kernelrl.rewards.config import RewardConfig
 
@@ -217,15 +225,29 @@ def weighted_total(components: Tensor, weights: Tensor | Sequence[float]) -> Ten
     return torch.where(components.isnan().all(dim=-1), math.nan, total)
 
 
+def speed_unjudged(result: EvalResult) -> bool:
+    """A correct result whose timing the environment measured and left unused: the GPU shared
+    with another evaluator's work, or whether it was could not be known."""
+    shared = SHARED_WITH_KEY in result.sandbox or SHARING_UNKNOWN_KEY in result.sandbox
+    return result.status is Status.CORRECT and shared
+
+
+def rewarded(result: EvalResult | None) -> bool:
+    """Whether ``result`` gets a reward: scored (``is_scored``) and its speed judged (see the
+    module docstring), whatever the components: which of them read the timing, a custom one
+    included, cannot be told from here."""
+    return is_scored(result) and not speed_unjudged(result)
+
+
 def reward_components(
     result: EvalResult | dict[str, Any], config: RewardConfig | None = None
 ) -> dict[str, float]:
-    """Every component of one result, unweighted, in component order; all NaN for an
-    unscored result (``harness_error``)."""
+    """Every component of one result, unweighted, in component order; all NaN for a result
+    that gets no reward (``rewarded``: a ``harness_error``, or its speed not judged)."""
     config = config or RewardConfig()
     result = as_eval_result(result)
     selected = components_of(config)
-    if not is_scored(result):
+    if not rewarded(result):
         return {c.name: math.nan for c in selected}
     return {c.name: float(c.score(result, config)) for c in selected}
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kernelrl.env.result import is_scored
 from kernelrl.rewards.components import (
     REGISTRY,
     Component,
     as_eval_result,
     components_of,
+    rewarded,
 )
 from kernelrl.rewards.config import RewardConfig
 
@@ -64,7 +64,7 @@ class RewardFunction:
         config = self.config or kwargs.get("reward_config") or RewardConfig()
         results = [None if r is None else as_eval_result(r) for r in results]
         score = self.component.score
-        return [float(score(r, config)) if is_scored(r) else None for r in results]
+        return [float(score(r, config)) if rewarded(r) else None for r in results]
 
     def __repr__(self) -> str:
         return f"RewardFunction({self.__name__})"

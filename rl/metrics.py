@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from kernelrl.env.result import EvalResult, Status
-from kernelrl.rewards import weighted_total
+from kernelrl.rewards import speed_unjudged, weighted_total
 from kernelrl.rl.steps import RewardedTurns, RolloutBatch, TurnAdvantages
 
 STOP_REASONS = ("correct", "max_turns", "context", "env_error")
@@ -101,6 +101,8 @@ def rollout_metrics(
     unscored = sum(not turn.scored for t in trajectories for turn in t.turns)
     out["env/harness_error_frac"] = statuses[Status.HARNESS_ERROR] / evaluated
     out["env/unscored_turn_frac"] = unscored / generated
+    # Correct on a GPU, its timing unused (shared GPU, or not found quiet): no reward either.
+    out["env/speed_unjudged_frac"] = sum(map(speed_unjudged, judged)) / evaluated
     out["env/correct_final"] = float(np.mean(finals))
     out["env/repeated_frac"] = repeated_share(judged)
     out["rejection/rate"] = ((keep < 1) & valid).sum().item() / max(valid.sum().item(), 1)

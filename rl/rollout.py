@@ -35,6 +35,7 @@ from kernelrl.env.pools import Pool
 from kernelrl.env.result import EvalResult, is_scored
 from kernelrl.env.task import Task
 from kernelrl.prompts import revision_message
+from kernelrl.rewards import rewarded
 
 # (prompt token ids, max new tokens, one seed per prompt or None) -> (completion ids, logprobs)
 GenerateFn = Callable[
@@ -67,6 +68,12 @@ class Turn:
         """Whether this turn has a verdict on its kernel: evaluated, and not a harness_error.
         Resolves a deferred evaluation first."""
         return is_scored(self.resolve())
+
+    @property
+    def rewarded(self) -> bool:
+        """Whether this turn gets a reward: scored, and its speed judged where it was timed
+        (``kernelrl.rewards.rewarded``)."""
+        return rewarded(self.resolve())
 
     def resolve(self, timeout: float | None = None) -> EvalResult | None:
         """The EvalResult, waiting for a deferred evaluation; None if evaluation itself failed."""

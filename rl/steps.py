@@ -91,7 +91,7 @@ def score_turns(
     Each reward function sees one turn of the rows that reached it, in TRL's form: the turn's
     text as the completion (a chat message when the prompts are chats), its ``completion_ids``,
     ``eval_results``, ``turn`` and the dataset columns, plus ``extra``. NaN where a turn was not
-    reached or is unscored.
+    reached or gets no reward (``Turn.rewarded``).
     """
     per_turn = torch.full((len(trajectories), max_turns, len(names)), float("nan"))
     columns = [key for key in rows[0] if key not in NOT_REWARD_KWARGS] if rows else []
@@ -121,7 +121,7 @@ def score_turns(
             per_turn[reached, t, k] = torch.tensor(values)
     for i, trajectory in enumerate(trajectories):  # whatever a reward function said
         for t, turn in enumerate(trajectory.turns):
-            if not turn.scored:  # harness_error or no result: no reward, not 0
+            if not turn.rewarded:  # harness_error, no result, speed unjudged: no reward, not 0
                 per_turn[i, t] = float("nan")
     return per_turn
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.rewards import (
     REGISTRY,
@@ -17,6 +18,8 @@ from kernelrl.rewards import (
     build_reward_funcs,
     drkernel_reward_config,
     reward_components,
+    rewarded,
+    speed_unjudged,
     total_reward,
 )
 
@@ -258,6 +261,32 @@ def test_trl_functions_none_for_harness_error() -> None:
         assert values[0] is not None and values[3] is not None, func.__name__
     assert correctness_reward(["p"] * 4, ["a"] * 4, eval_results=results) == [1.0, None, None, 0.0]
     assert integrity_penalty(["p"] * 4, ["a"] * 4, eval_results=results) == [0.0, None, None, -2.0]
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        {SHARING_UNKNOWN_KEY: "the GPU was not found quiet within 2 s of pausing the sandboxes"},
+        {SHARED_WITH_KEY: [4242]},
+    ],
+)
+def test_a_correct_result_whose_timing_was_left_unused_gets_no_reward(why: dict) -> None:
+    """The GPU kept busy through the check before the timing (which the measured solution can
+    do itself) or shared with another evaluator: no reward, so a slow kernel cannot trade its
+    own speed-up term for a 0 that ranks above it."""
+    unjudged = result(Status.CORRECT, device="cuda", own_kernel_share=0.9, sandbox=dict(why))
+    slow = gpu_correct(speedup_eager=0.25)
+    assert speed_unjudged(unjudged) and not rewarded(unjudged) and unjudged.scored
+    assert all(math.isnan(v) for v in reward_components(unjudged).values())
+    assert math.isnan(total_reward(unjudged)) and math.isnan(total_reward(unjudged.to_dict()))
+    assert math.isnan(total_reward(unjudged, drkernel_reward_config()))
+    assert total_reward(slow) < total_reward(gpu_correct(speedup_eager=1.0))
+    funcs, _ = build_reward_funcs()
+    for func in funcs:
+        assert func(["p"] * 2, ["a", "b"], eval_results=[unjudged, slow])[0] is None
+    # A verdict against the solution stays its own, whatever the GPU was doing.
+    incorrect = result(Status.INCORRECT, device="cuda", sandbox=dict(why))
+    assert rewarded(incorrect) and component("correctness_reward", incorrect) == 0.0
 
 
 def test_build_reward_funcs_names_weights_and_binding() -> None:

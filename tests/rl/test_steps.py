@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernelrl.env.gpu_claim import SHARING_UNKNOWN_KEY
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.task import Task
 from kernelrl.rewards import build_reward_funcs
@@ -65,6 +66,16 @@ def test_score_turns_calls_each_function_per_turn_in_trls_form() -> None:
     assert chat.shape == (1, 1, 1)
     with pytest.raises(ValueError, match="returned 1 values for 3"):
         steps.score_turns(trajectories, rows, ["p"] * 3, ["a"], lambda k, kw: [1.0], 1)
+
+
+def test_a_turn_whose_timing_was_left_unused_is_not_rewarded_whatever_a_function_said() -> None:
+    unjudged = trajectory(Status.CORRECT)
+    unjudged.turns[0].result.device = "cuda"
+    unjudged.turns[0].result.sandbox[SHARING_UNKNOWN_KEY] = "the GPU was not found quiet"
+    trajectories = [unjudged, trajectory(Status.CORRECT)]
+    rows = [{"prompt": "p"} for _ in trajectories]
+    per_turn = steps.score_turns(trajectories, rows, ["p"] * 2, ["a"], by_status, 1)
+    torch.testing.assert_close(per_turn, torch.tensor([[[NAN]], [[1.0]]]), equal_nan=True)
 
 
 def test_the_sequence_from_rollouts_to_trls_batch() -> None:
