@@ -68,7 +68,7 @@ def answer_rows(
     from kernelrl.env.result import Status
     from kernelrl.eval.metrics import compiled, last_view
     from kernelrl.eval.records import read_records
-    from kernelrl.rewards import is_scored, total_reward
+    from kernelrl.rewards import is_scored, rewarded, total_reward
 
     rows = []
     for record in last_view(read_records(samples)):
@@ -93,7 +93,9 @@ def answer_rows(
                 "token_limit": float(record.finish_reason == "length"),
                 "compile": float(compiled(result)),
                 "integrity": float(result.status is Status.INTEGRITY_VIOLATION),
-                "reward": float(total_reward(result, reward_config)) if scored else 0.0,
+                # 0 where no reward is given: a harness_error, or a GPU result without a judged
+                # speed (kernelrl.rewards.rewarded), whose total is NaN
+                "reward": float(total_reward(result, reward_config)) if rewarded(result) else 0.0,
             }
         )
     return rows

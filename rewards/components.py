@@ -49,12 +49,13 @@ of kernelrl's harness, not of the solution, so it has no reward at all: every co
 in ``reward_components`` and the total is NaN, and the TRL functions return None. Scoring it 0
 would punish the policy for our bug; NaN makes the omission loud if anything sums it.
 
-Unrewarded too, whatever the components: a correct GPU result whose timing the environment
-left unused (``speed_unjudged``: another evaluator's work on the GPU, or the GPU not found quiet
-before the timing). Its speed is not known, and a speed-up term of 0 would rank it above every
-slower kernel and below every faster one. The GPU can be kept busy through that check by the
-measured solution itself (work it leaves queued, or launches while it waits), so a 0 there
-would be a reward a slow solution could take instead of its own.
+Unrewarded too, whatever the components: a correct GPU result without a judged speed
+(``speed_unjudged``: its timing left unused, another evaluator's work on the GPU or the GPU not
+found quiet before the timing, or its speed-up missing). Its speed is not known, and a
+speed-up term of 0 would rank it above every slower kernel and below every faster one. The
+solution can cause both itself: keep the GPU busy through that check (work it leaves queued, or
+launches while it waits), or, timed beside an interleaved reference, report no input set timed,
+so a 0 there would be a reward a slow solution could take instead of its own.
 """
 
 from __future__ import annotations
@@ -68,7 +69,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY
 from kernelrl.env.result import EvalResult, Status, is_scored
 from kernelrl.rewards.config import RewardConfig
 
@@ -226,10 +226,16 @@ def weighted_total(components: Tensor, weights: Tensor | Sequence[float]) -> Ten
 
 
 def speed_unjudged(result: EvalResult) -> bool:
-    """A correct result whose timing the environment measured and left unused: the GPU shared
-    with another evaluator's work, or whether it was could not be known."""
-    shared = SHARED_WITH_KEY in result.sandbox or SHARING_UNKNOWN_KEY in result.sandbox
-    return result.status is Status.CORRECT and shared
+    """A correct result evaluated on a GPU without a judged speed: its timing left unused (the
+    GPU shared with another evaluator's work, or whether it was could not be known) or its
+    speed-up over eager PyTorch missing (a reference timing that did not happen: interleaved,
+    a solution that reported no input set timed gives it none). The eager reference is timed
+    on every GPU evaluation; the torch.compile one may be switched off, so its absence alone
+    says nothing."""
+    if result.status is not Status.CORRECT or torch.device(result.device).type != "cuda":
+        return False
+    speedup = result.speedup_vs_eager
+    return not result.timing_meaningful or speedup is None or math.isnan(speedup)
 
 
 def rewarded(result: EvalResult | None) -> bool:

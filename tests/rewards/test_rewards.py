@@ -103,7 +103,6 @@ def test_speedup_zero_without_a_meaningful_measurement() -> None:
     assert component("speedup_reward", cpu) == 0.0
     no_compile = gpu_correct(speedup_eager=4.0, speedup_compile=None)
     assert component("speedup_reward", no_compile, RewardConfig(speedup_baseline="compile")) == 0.0
-    assert component("speedup_reward", gpu_correct(speedup_eager=float("nan"))) == 0.0
     assert component("speedup_reward", cpu_correct()) == 0.0
 
 
@@ -275,6 +274,7 @@ def test_a_correct_result_whose_timing_was_left_unused_gets_no_reward(why: dict)
     do itself) or shared with another evaluator: no reward, so a slow kernel cannot trade its
     own speed-up term for a 0 that ranks above it."""
     unjudged = result(Status.CORRECT, device="cuda", own_kernel_share=0.9, sandbox=dict(why))
+    assert not unjudged.timing_meaningful  # as the evaluator leaves it then
     slow = gpu_correct(speedup_eager=0.25)
     assert speed_unjudged(unjudged) and not rewarded(unjudged) and unjudged.scored
     assert all(math.isnan(v) for v in reward_components(unjudged).values())
@@ -287,6 +287,18 @@ def test_a_correct_result_whose_timing_was_left_unused_gets_no_reward(why: dict)
     # A verdict against the solution stays its own, whatever the GPU was doing.
     incorrect = result(Status.INCORRECT, device="cuda", sandbox=dict(why))
     assert rewarded(incorrect) and component("correctness_reward", incorrect) == 0.0
+
+
+@pytest.mark.parametrize("speedup", [None, float("nan")])
+def test_a_correct_gpu_result_without_its_eager_speedup_gets_no_reward(speedup) -> None:
+    """Timed, but no eager speed-up (an interleaved reference that got no turn: the solution
+    reported no input set timed): unrewarded as well; on a CPU, where nothing is timed, the
+    speed-up term is 0 as ever."""
+    missing = gpu_correct(speedup_eager=speedup)
+    assert speed_unjudged(missing) and math.isnan(total_reward(missing))
+    assert not speed_unjudged(cpu_correct()) and component("speedup_reward", cpu_correct()) == 0.0
+    compile_off = gpu_correct(speedup_eager=0.25, speedup_compile=None)  # its timing switched off
+    assert rewarded(compile_off) and total_reward(compile_off) < total_reward(gpu_correct())
 
 
 def test_build_reward_funcs_names_weights_and_binding() -> None:

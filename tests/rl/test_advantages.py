@@ -604,7 +604,7 @@ def test_trainer_drkernel_prs_rejected_turn_stays_in_their_baseline(advantage: s
         trajectory._append([5, 6], None, 0)
         result = EvalResult(
             "t", "triton", Status.CORRECT, device="cuda", own_kernel_share=share,
-            custom_kernel_launches=1,
+            custom_kernel_launches=1, timing_meaningful=True, speedup_vs_eager=1.0,
         )  # fmt: skip
         trajectory.turns.append(Turn([5, 6], "code", False, result))
         trajectories.append(trajectory)
@@ -617,7 +617,7 @@ def test_trainer_drkernel_prs_rejected_turn_stays_in_their_baseline(advantage: s
         "tool_mask": torch.ones(4, 2, dtype=torch.long),
     }
     trainer._apply_advantages(output, flight, "train")
-    # Rewards (kernelrl weights; no meaningful timing): 0.1 + 1 + 0.5 * share -> 1.55, 1.15.
+    # Rewards (kernelrl weights, speed-up 1: log2 term 0): 0.1 + 1 + 0.5 * share -> 1.55, 1.15.
     # Dr. Kernel: the rejected sample stays in the others' baselines; ours: it leaves them,
     # and the other three are equal.
     a = 1.55 - (1.15 + 1.55 + 1.55) / 3 if advantage == "drkernel_trloo" else 0.0
