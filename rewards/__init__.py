@@ -19,8 +19,8 @@ Rewards read EvalResults; they never run kernels. Public API:
 - ``is_scored(result)`` (``kernelrl.env.result``'s): False for a missing result or a
   ``harness_error`` (kernelrl's failure, not the solution's): such a completion gets no reward
   (None from the TRL functions, NaN from ``reward_components``/``total_reward``), never 0.
-  ``rewarded(result)``: scored, and not ``speed_unjudged`` (a correct GPU result whose timing
-  the environment left unused), which gets no reward either.
+  ``rewarded(result)``: scored, and not ``speed_unjudged`` (a correct GPU result without a
+  judged speed: its timing left unused, or its speed-up missing), which gets no reward either.
 
 See ``kernelrl.rewards.components`` for the exact definition of every component.
 """

@@ -101,7 +101,7 @@ def rollout_metrics(
     unscored = sum(not turn.scored for t in trajectories for turn in t.turns)
     out["env/harness_error_frac"] = statuses[Status.HARNESS_ERROR] / evaluated
     out["env/unscored_turn_frac"] = unscored / generated
-    # Correct on a GPU, its timing unused (shared GPU, or not found quiet): no reward either.
+    # Correct on a GPU without a judged speed (timing unused, speed-up missing): no reward.
     out["env/speed_unjudged_frac"] = sum(map(speed_unjudged, judged)) / evaluated
     out["env/correct_final"] = float(np.mean(finals))
     out["env/repeated_frac"] = repeated_share(judged)
