@@ -69,6 +69,25 @@ while True:
 """
 
 
+def start_cupti() -> None:
+    """CUPTI started, as a sandbox child starts it before it takes a job."""
+    import torch
+
+    from kernelrl.env.integrity.audit import LaunchCounter
+    from kernelrl.env.sandbox.child import warm_up
+
+    warm_up(torch.device("cuda"), LaunchCounter())
+
+
+def sm_mhz() -> float:
+    import torch
+
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # no NVML bindings here
+        return float("nan")
+
+
 def measure(
     task_ids: list[str],
     set_counts: list[int],
@@ -88,18 +107,8 @@ def measure(
     from kernelrl.env.timing import TimingConfig, time_cuda
 
     config = TimingConfig(warmup_ms=warmup_ms)
-    if cupti:  # as a sandbox child does before it takes a job
-        from kernelrl.env.integrity.audit import LaunchCounter
-        from kernelrl.env.sandbox.child import warm_up
-
-        warm_up(torch.device("cuda"), LaunchCounter())
-
-    def sm_mhz() -> float:
-        try:
-            return float(torch.cuda.clock_rate())
-        except Exception:  # no NVML bindings here
-            return float("nan")
-
+    if cupti:
+        start_cupti()
     device = torch.device("cuda")
     medians: dict[str, dict[str, float | list[float]]] = {}
     for task_id in task_ids:
@@ -110,6 +119,11 @@ def measure(
         models = {
             "ref": harness.build_model(reference.Model, reference, 0, device),
             "sol": harness.build_model(candidate.ModelNew, reference, 0, device),
+        }
+        # way "k": the solution's kernels loaded anew for each set (the reference's stay)
+        anew = {
+            "sol": partial(loaded_anew, solution, task_id, reference, models["sol"]),
+            "ref": None,
         }
         medians[task_id] = {}
         kept = []
@@ -139,12 +153,7 @@ def measure(
                 medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
                 if sets > 1:  # each set timed on its own: the mean of K placements
                     for way in ways:
-                        anew = (
-                            partial(loaded_anew, solution, task_id, reference, model)
-                            if name == "sol"
-                            else None
-                        )
-                        each = placed_medians(model, inputs, way, config, make, anew)
+                        each = placed_medians(model, inputs, way, config, make, anew[name])
                         medians[task_id][f"{name}@{sets}{way}"] = sum(each) / len(each)
                         medians[task_id][f"{name}@{sets}{way}:sets"] = each
             del inputs
