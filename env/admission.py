@@ -38,6 +38,11 @@ MORE_SETS_BYTES = 2 * GIB
 # temporaries of an output's fingerprint (a 64 MiB chunk widened to int64, its positions and
 # their products).
 HARNESS_BYTES = L2_FLUSH_BYTES + 512 * 2**20
+# The reference's outputs of this many correctness calls are made in one turn of the worker's
+# GPU lock and held until each call is compared (measure.py): later calls then do not wait for
+# the lock behind other evaluations' measurements while their child idles. A large task's are
+# made one call at a time.
+OUTPUT_SETS_AHEAD = 3
 
 
 @dataclass(frozen=True)
@@ -50,13 +55,15 @@ class MemoryPlan:
     outputs the trusted side checks), the harness's buffers, its CUDA context, and room for the
     solution's own workspaces. The worker holds a child to ``child_bytes``
     (``sandbox.gpu_memory``): the plan is a limit, not only an estimate. The trusted side holds
-    the reference's inputs, parameters and outputs while it compares them chunk by chunk.
+    the reference's inputs and parameters, and the outputs of ``outputs_ahead`` correctness
+    calls while it compares them chunk by chunk.
     """
 
     child_bytes: int
     trusted_bytes: int
     large: bool
     placements: int  # input sets the child may time on at most (one for a large task)
+    outputs_ahead: int = 1  # correctness calls whose reference outputs are made at once
     # False where the task's footprint could not be measured: nothing to hold a child to.
     measured: bool = True
 
@@ -102,6 +109,7 @@ def plan_for(
     fitting = min(timing.most_placements, MORE_SETS_BYTES // max(input_bytes, 1))
     sets = 1 if large else max(timing.placements, fitting)
     outputs = 1 + max(min(TIMED_OUTPUTS_CHECKED, sets), 1)
+    ahead = 1 if large else OUTPUT_SETS_AHEAD
     workspace = max(input_bytes + output_bytes, GIB)
     return MemoryPlan(
         child_bytes=param_bytes
@@ -110,9 +118,10 @@ def plan_for(
         + workspace
         + HARNESS_BYTES
         + CHILD_OVERHEAD_BYTES,
-        trusted_bytes=input_bytes + param_bytes + output_bytes,
+        trusted_bytes=input_bytes + param_bytes + output_bytes * ahead,
         large=large,
         placements=sets,
+        outputs_ahead=ahead,
     )
 
 

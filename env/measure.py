@@ -120,12 +120,9 @@ class ChildRunPhases:
         if violations:
             self._violate(result, violations)
             return
-        started = time.perf_counter()
-        with self._trusted_gpu_work():
-            reference = self.references.model(task, model_seed)
-        result.phase_seconds["reference"] = time.perf_counter() - started
         glue_is_task = dynamic_checks.glue_can_be_the_task(task.source)
-        if self._checked_calls(task, session, result, plan, reference, glue_is_task):
+        reference = self._checked_calls(task, session, result, plan, model_seed, glue_is_task)
+        if reference is not None:
             self._timed_phase(
                 task, own_names, session, result, reference, timing_config, glue_is_task
             )
@@ -180,27 +177,39 @@ class ChildRunPhases:
         session: SandboxSession,
         result: EvalResult,
         plan: MemoryPlan | None,
-        reference: Any,
+        model_seed: int,
         glue_is_task: bool,
-    ) -> bool:
-        """The correctness calls, each on new inputs compared with the reference's outputs
-        computed here meanwhile; False once one of them decided the verdict."""
+    ) -> Any | None:
+        """The correctness calls, each on new inputs compared with the reference's outputs; the
+        reference model, or None once one of the calls decided the verdict. The reference and
+        its outputs are made while the child runs: with the first call (its compile), the outputs
+        of ``plan.outputs_ahead`` calls in one turn of the GPU lock, so that the later calls are
+        compared as soon as the child answers, not after a wait for the lock behind other
+        evaluations' measurements."""
+        seeds = [secrets.randbits(31) for _ in range(self.config.num_input_sets)]
+        ahead = plan.outputs_ahead if plan is not None else len(seeds)
         evidence = dynamic_checks.CallEvidence()
         report: dict[str, Any] = {}
-        for index in range(self.config.num_input_sets):
-            seed = secrets.randbits(31)
+        reference: Any = None
+        made: list[list[Any]] = []
+        for index, seed in enumerate(seeds):
             paused_before = session.child.paused_seconds
             session.send_call(seed)
-            started = time.perf_counter()
-            with self._trusted_gpu_work():  # computed while the child runs the same inputs
-                expected = self.references.output(task, reference, seed)
-            _charge(result, "reference", started)
+            if not made:
+                started = time.perf_counter()
+                with self._trusted_gpu_work():  # computed while the child runs the same inputs
+                    if reference is None:
+                        reference = self.references.model(task, model_seed)
+                    outputs = self.references.output
+                    made = [outputs(task, reference, s) for s in seeds[index : index + ahead]]
+                _charge(result, "reference", started)
+            expected = made.pop(0)
             report = session.receive()
             if index == 0:  # how much of the child's first call (its compile) was a pause
                 paused = session.child.paused_seconds - paused_before
                 result.phase_seconds["first_call_paused"] = paused
             if self._stopped_early(report, result, session, task):
-                return False
+                return None
             started = time.perf_counter()
             comparison = self._compare(task, session, report, expected, index, reference, seed)
             _charge(result, "compare", started)
@@ -218,20 +227,20 @@ class ChildRunPhases:
             )
             if violations:
                 self._violate(result, violations)
-                return False
+                return None
             if not comparison.correct:
                 result.status = Status.INCORRECT
                 result.error = "\n".join(comparison.problems[:3])
                 if _looks_like_reduced_precision(expected_dtypes, comparison):
                     result.error += "\n" + REDUCED_PRECISION_HINT
-                return False
+                return None
         _take_child_record(report, result)
         result.custom_kernel_launches = (
             min(evidence.launches)
             if evidence.launches and get_backend(task.backend).counts_launches
             else None
         )
-        return True
+        return reference
 
     def _timed_phase(
         self,

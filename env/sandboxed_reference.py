@@ -369,7 +369,7 @@ def _plan_of(
     if min(numbers) < 0:
         raise ValueError(f"negative footprint {numbers}")
     one = plan_for(*numbers, timing)
-    trusted = one.child_bytes + numbers[2]
+    trusted = one.child_bytes + numbers[2] * one.outputs_ahead
     return replace(one, trusted_bytes=trusted), one.child_bytes
 
 

@@ -138,7 +138,7 @@ class SandboxSession:
         """Read the bytes of every tensor output in ``described`` (in order) and hand each chunk,
         as a 1-D tensor of the output's dtype, to ``on_chunk(output_index, chunk)``: in host
         memory, or with a CUDA ``device`` copied there straight from the ring (no host copy),
-        under ``guard``.
+        under ``guard``, which ``on_chunk`` runs under too.
 
         The chunk's memory is reused for the next one: ``on_chunk`` must not keep it.
         """
@@ -163,6 +163,8 @@ class SandboxSession:
             except StreamError as exc:
                 self.child.kill("protocol")
                 raise ChildDied(f"broke the output stream ({exc})") from None
+            finally:
+                chunks.close()  # the guard is let go now, not when the generator is collected
 
     def _receive_token(self, token: memoryview) -> None:
         self.child.receive_into(token, self.deadline, self.max_rss_bytes, self.gpu)

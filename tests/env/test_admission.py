@@ -12,6 +12,7 @@ from kernelrl.env.admission import (
     CHILD_OVERHEAD_BYTES,
     HARNESS_BYTES,
     MORE_SETS_BYTES,
+    OUTPUT_SETS_AHEAD,
     GpuMemoryBudget,
     memory_plan,
     plan_for,
@@ -57,6 +58,10 @@ def test_a_kernelbench_sized_task_is_planned_from_its_tensors() -> None:
     )
     small = memory_plan(task_from_source(_task(1024), "relu_small"), TimingConfig())
     assert not small.large and small.placements == 16 and small.total_bytes < 3 * GIB
+    # The trusted side holds the reference's outputs of the checked calls made at once: a large
+    # task's one call at a time.
+    assert (plan.outputs_ahead, small.outputs_ahead) == (1, OUTPUT_SETS_AHEAD)
+    assert small.trusted_bytes == 1024 * 4 * (1 + OUTPUT_SETS_AHEAD)
 
 
 def test_more_input_sets_are_planned_while_they_fit_in_their_bytes() -> None:

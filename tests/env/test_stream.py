@@ -56,6 +56,35 @@ def test_a_tensor_of_more_chunks_than_slots_arrives_whole_and_in_order(channel) 
         right.recv(1)
 
 
+def test_a_chunk_is_copied_and_looked_at_in_one_turn_of_the_guard_never_held_waiting(
+    channel,
+) -> None:
+    """The worker's lock on its GPU work is taken once a chunk for its copy and what the caller
+    computes on it (each turn may wait behind a measurement), and let go while the child fills
+    the next slot."""
+    left, right, ring = channel
+    output = torch.randn(CHUNK_BYTES * 5 // 8)  # two and a half chunks
+    sender = threading.Thread(target=send_tensor_bytes, args=(left, ring, output))
+    sender.start()
+    buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+    lock, turns, seen = threading.Lock(), [], []
+
+    def guard():
+        turns.append(lock.locked())  # never asked for while it is held
+        return lock
+
+    def receive(view: memoryview) -> None:
+        seen.append(lock.locked())
+        socket_reader(right)(view)
+
+    chunks = read_tensor_bytes(ring, output.numel() * 4, 4, buffer, receive, right.sendall, guard)
+    for _ in chunks:
+        seen.append(lock.locked())
+    sender.join(timeout=60)
+    assert turns == [False] * 3 and seen == [False, True] * 3
+    assert not lock.locked()
+
+
 def test_the_sender_waits_for_a_freed_slot_before_writing_it_again(channel) -> None:
     left, right, ring = channel
     output = torch.zeros(CHUNK_BYTES * 3 // 4, dtype=torch.float32)  # three chunks

@@ -193,9 +193,11 @@ def test_a_reference_childs_timing_and_footprint_are_read_field_by_field() -> No
     footprint = {"input_bytes": 2**20, "param_bytes": 0, "output_bytes": 2**20}
     eight = TimingConfig(most_placements=8)
     plan, reference_bytes = _plan_of(footprint, 80 * 2**30, eight)
-    # Both children and the reference's outputs on the worker, in one reservation, the
-    # solution's child timed on as many input sets as the timing asks for at most.
-    assert plan.total_bytes == 2 * reference_bytes + 2**20 and plan.placements == 8
+    # Both children and the reference's outputs of the checked calls made at once on the
+    # worker, in one reservation, the solution's child timed on as many input sets as the
+    # timing asks for at most.
+    outputs = plan.outputs_ahead * 2**20
+    assert plan.total_bytes == 2 * reference_bytes + outputs and plan.placements == 8
     alone, _ = _plan_of({"error": "no meta kernel"}, 80 * 2**30, eight)
     assert alone.total_bytes == 80 * 2**30 and alone.large and alone.placements == 1
     with pytest.raises(ValueError):
