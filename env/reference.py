@@ -117,8 +117,9 @@ class ReferenceRunner:
         return self._init_compute[task.hash]
 
     def output(self, task: Task, model: torch.nn.Module, seed: int) -> list[Any]:
-        """The reference outputs of one input set, made here from ``seed``: one set at a time,
-        so a task's memory on the trusted side is one set's inputs and outputs."""
+        """The reference outputs of one input set, made here from ``seed``: its inputs are let
+        go once they are, so the trusted side holds one set's inputs and the outputs the
+        evaluation keeps (``MemoryPlan.outputs_ahead``)."""
         module = self.module(task)
         try:
             inputs = harness.make_inputs(module, seed, self.device)
