@@ -177,7 +177,9 @@ def read_tensor_bytes(
     one-byte view from the socket under the caller's watch (clock, memory); ``send`` writes a
     token; ``guard`` is held around each copy and while the caller has the chunk (a copy to the
     device and what the caller computes on it are GPU work: one turn of the guard for both),
-    never while waiting for the child. A caller that stops early must ``close()`` this."""
+    never while waiting for the child or writing to it: the slot is freed once the caller is
+    done with the chunk (the child fills the other slot meanwhile). A caller that stops early
+    must ``close()`` this."""
     step = ring.slot_bytes - ring.slot_bytes % itemsize
     token = bytearray(1)
     for number, start in enumerate(range(0, nbytes, step)):
@@ -189,9 +191,9 @@ def read_tensor_bytes(
             buffer[:size].copy_(ring.slots[number % SLOTS][:size])
             if ring.on_device and buffer.is_cuda:  # the one copy that returns before it is done
                 torch.cuda.current_stream(buffer.device).synchronize()
-            # Never blocks for long: one token per chunk of an output whose size the worker checked.
-            send(FREED)
             yield buffer[:size]
+        # After the guard: a child that reads no tokens could make this wait, never the guard.
+        send(FREED)
 
 
 def socket_reader(sock: socket.socket) -> Callable[[memoryview], None]:

@@ -60,8 +60,8 @@ def test_a_chunk_is_copied_and_looked_at_in_one_turn_of_the_guard_never_held_wai
     channel,
 ) -> None:
     """The worker's lock on its GPU work is taken once a chunk for its copy and what the caller
-    computes on it (each turn may wait behind a measurement), and let go while the child fills
-    the next slot."""
+    computes on it (each turn may wait behind a measurement), and never held while the worker
+    waits for the child or writes it a token (a child that reads none could block that write)."""
     left, right, ring = channel
     output = torch.randn(CHUNK_BYTES * 5 // 8)  # two and a half chunks
     sender = threading.Thread(target=send_tensor_bytes, args=(left, ring, output))
@@ -74,14 +74,19 @@ def test_a_chunk_is_copied_and_looked_at_in_one_turn_of_the_guard_never_held_wai
         return lock
 
     def receive(view: memoryview) -> None:
-        seen.append(lock.locked())
+        seen.append(("wait", lock.locked()))
         socket_reader(right)(view)
 
-    chunks = read_tensor_bytes(ring, output.numel() * 4, 4, buffer, receive, right.sendall, guard)
+    def send(token: bytes) -> None:
+        seen.append(("free", lock.locked()))
+        right.sendall(token)
+
+    chunks = read_tensor_bytes(ring, output.numel() * 4, 4, buffer, receive, send, guard)
     for _ in chunks:
-        seen.append(lock.locked())
+        seen.append(("chunk", lock.locked()))
     sender.join(timeout=60)
-    assert turns == [False] * 3 and seen == [False, True] * 3
+    assert turns == [False] * 3
+    assert seen == [("wait", False), ("chunk", True), ("free", False)] * 3
     assert not lock.locked()
 
 
