@@ -127,12 +127,20 @@ class Child:
         """The ring the child's outputs come through, as its ready message chose it."""
         return self.device_ring if self.device_ring is not None else self.ring
 
-    def send_token(self, token: bytes) -> None:
-        """A token of the output stream; a child gone meanwhile is reported as any death is."""
+    def send_token(self, token: bytes, deadline: float) -> None:
+        """A token of the output stream, written by ``deadline``: a child that reads none (its
+        tokens fill the channel) is killed for its time limit, not left holding the worker's
+        thread; a child gone meanwhile is reported as any death is."""
+        self.sock.settimeout(max(deadline - time.monotonic(), 0.05))
         try:
             self.sock.sendall(token)
+        except TimeoutError:
+            self.kill("timeout")
+            raise ChildDied("exceeded the time limit and was killed", timed_out=True) from None
         except OSError:
             raise self.died() from None
+        finally:
+            self.sock.settimeout(None)
 
     def receive(
         self, deadline: float, max_rss_bytes: int | None = None, gpu: GpuShare | None = None

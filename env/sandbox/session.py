@@ -154,7 +154,7 @@ class SandboxSession:
                 dtype.itemsize,
                 self._chunk_buffer(device),
                 self._receive_token,
-                self.child.send_token,
+                self._send_token,
                 guard,
             )
             try:
@@ -168,6 +168,9 @@ class SandboxSession:
 
     def _receive_token(self, token: memoryview) -> None:
         self.child.receive_into(token, self.deadline, self.max_rss_bytes, self.gpu)
+
+    def _send_token(self, token: bytes) -> None:
+        self.child.send_token(token, self.deadline)
 
     def _chunk_buffer(self, device: torch.device | None) -> torch.Tensor:
         """Where chunks land: on a CUDA device, copied there from the device ring or from the

@@ -333,7 +333,42 @@ def test_a_child_gone_mid_stream_is_reported_as_its_death() -> None:
     try:
         child.kill()  # every process of it, the one holding the channel included
         with pytest.raises(ChildDied, match="killed"):
-            child.send_token(FREED)
+            child.send_token(FREED, time.monotonic() + 30)
+    finally:
+        child.close()
+        children.close()
+
+
+def test_a_child_that_reads_no_tokens_is_killed_at_its_deadline() -> None:
+    """The worker writes a token for every chunk it read; a child that reads none fills the
+    channel, and the worker's write then ends at the evaluation's deadline, the child killed
+    for its time limit, instead of holding the worker's thread (and its slot) for ever."""
+
+    from kernelrl.env.sandbox.child_process import ChildDied
+    from kernelrl.env.sandbox.stream import FREED
+
+    children = ChildPool("cpu", spare=0)
+    child = children.acquire()
+    ended: list[BaseException] = []
+
+    def write_until_stopped() -> None:
+        deadline = time.monotonic() + 2.0
+        try:
+            while True:
+                child.send_token(FREED, deadline)
+        except BaseException as exc:  # noqa: BLE001 - what ended it is the finding
+            ended.append(exc)
+
+    try:
+        child.pause()  # reads nothing from now on
+        writer = threading.Thread(target=write_until_stopped, daemon=True)
+        started = time.monotonic()
+        writer.start()
+        writer.join(timeout=30)
+        assert ended, "the write never ended"
+        assert isinstance(ended[0], ChildDied) and ended[0].timed_out, ended[0]
+        assert 2.0 <= time.monotonic() - started < 10
+        assert child.process.wait(timeout=15) is not None
     finally:
         child.close()
         children.close()
