@@ -195,13 +195,15 @@ class ChildRunPhases:
         for index, seed in enumerate(seeds):
             paused_before = session.child.paused_seconds
             session.send_call(seed)
-            if not made:
+            if not made:  # made while the child runs the same inputs
                 started = time.perf_counter()
-                with self._trusted_gpu_work():  # computed while the child runs the same inputs
-                    if reference is None:
-                        reference = self.references.model(task, model_seed)
-                    outputs = self.references.output
-                    made = [outputs(task, reference, s) for s in seeds[index : index + ahead]]
+                batch, lock = seeds[index : index + ahead], self._trusted_gpu_work
+                if reference is None:
+                    reference, made = self.references.model_and_outputs(
+                        task, model_seed, batch, lock
+                    )
+                else:
+                    made = self.references.outputs(task, reference, batch, lock)
                 _charge(result, "reference", started)
             expected = made.pop(0)
             report = session.receive()
@@ -453,8 +455,7 @@ class ChildRunPhases:
                 timing_seed, index, int(entry["version"]), int(timing["placements_asked"])
             )
             started = time.perf_counter()
-            with self._trusted_gpu_work():
-                expected = self.references.output(task, reference, seed)
+            (expected,) = self.references.outputs(task, reference, [seed], self._trusted_gpu_work)
             _charge(result, "reference", started)
             started = time.perf_counter()
             comparison = self._compare(task, session, entry, expected, index, reference, seed)

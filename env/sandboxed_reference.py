@@ -52,6 +52,7 @@ from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import TimingConfig
 
 Release = Callable[[], None]
+Guard = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 class JobSettings(Protocol):
@@ -199,16 +200,19 @@ class SandboxedReference:
             self._on_exit()
 
     # ------------------------------------------------------------------ the evaluation's calls
-    def output(self, seed: int) -> list[Any]:
+    def output(self, seed: int, guard: Guard = contextlib.nullcontext) -> list[Any]:
         """The reference's outputs on input set ``seed``, as tensors on the worker's device
-        (plain values as they are), read in full from the child."""
+        (plain values as they are), read in full from the child. ``guard`` is held around the
+        worker's own GPU work (their allocation, each chunk's copy), never while the child
+        computes or the worker waits on it."""
         session = self._live_session()
         with self._task_failures("computing its outputs"):
             session.send_call(seed)
             report = session.receive()
             self._expect(report, "outputs", "computing its outputs")
             described = report["outputs"]
-            expected = self._allocate(described)
+            with guard():
+                expected = self._allocate(described)
             flat = {i: v.view(-1) for i, v in enumerate(expected) if type(v) is torch.Tensor}
             filled = dict.fromkeys(flat, 0)
 
@@ -217,7 +221,7 @@ class SandboxedReference:
                 flat[index][start : start + chunk.numel()].copy_(chunk)
                 filled[index] = start + chunk.numel()
 
-            session.read_tensors(described, fill)
+            session.read_tensors(described, fill, None, guard)
         return expected
 
     def time(self, compiled: bool) -> TimingStats | None:
@@ -445,21 +449,29 @@ class TaskReferences:
             return self.runner.init_compute(task)
         return self._sandboxed(task).init_compute
 
-    def model(self, task: Task, model_seed: int) -> Any:
-        """The reference model, or for an untrusted task the handle of its child's."""
+    def model_and_outputs(
+        self, task: Task, model_seed: int, seeds: list[int], guard: Guard
+    ) -> tuple[Any, list[list[Any]]]:
+        """The reference model (for an untrusted task the handle of its child's) and its
+        outputs on ``seeds``, the worker's own GPU work under ``guard``: a trusted task's model
+        and outputs in one turn of it; an untrusted task's child is never waited on under it."""
         if task.trusted:
-            return self.runner.model(task, model_seed)
+            with guard():
+                model = self.runner.model(task, model_seed)
+                return model, [self.runner.output(task, model, seed) for seed in seeds]
         reference = self._sandboxed(task)
         if model_seed != reference.model_seed:
             raise ReferenceStateError(f"task {task.id}: its reference was built from another seed")
-        return reference
+        return reference, self.outputs(task, reference, seeds, guard)
 
-    def output(self, task: Task, model: Any, seed: int) -> list[Any]:
+    def outputs(self, task: Task, model: Any, seeds: list[int], guard: Guard) -> list[list[Any]]:
+        """The outputs of ``model`` (``model_and_outputs``'s) on ``seeds``, as that says."""
         if task.trusted:
-            return self.runner.output(task, model, seed)
+            with guard():
+                return [self.runner.output(task, model, seed) for seed in seeds]
         if model is not self._sandboxed(task):
             raise ReferenceStateError(f"task {task.id}: outputs asked of another reference")
-        return model.output(seed)
+        return [model.output(seed, guard) for seed in seeds]
 
     def time(self, task: Task, compiled: bool, config: TimingConfig) -> TimingStats | None:
         """A trusted task's reference timed here; an untrusted one's timed by its child, with

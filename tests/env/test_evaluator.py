@@ -393,7 +393,7 @@ def test_the_first_call_says_how_long_it_was_held_paused_for_others(
     while it compiles looks like compile time; the worker says how much of the first call (from
     the call sent to its report read) was such a pause."""
     evaluator = Evaluator(EvalConfig(device="cpu", timeout_s=60, spare_children=0))
-    output, calls = evaluator.references.output, []
+    output, calls = evaluator.references.runner.output, []
 
     def output_during_a_pause(*args):
         calls.append(1)
@@ -406,7 +406,7 @@ def test_the_first_call_says_how_long_it_was_held_paused_for_others(
                 other.close()
         return output(*args)
 
-    monkeypatch.setattr(evaluator.references, "output", output_during_a_pause)
+    monkeypatch.setattr(evaluator.references.runner, "output", output_during_a_pause)
     result = _good_relu_once(evaluator)
     paused = result.phase_seconds["first_call_paused"]
     assert 0.5 <= paused <= result.phase_seconds["paused_for_others"]

@@ -60,7 +60,7 @@ def test_the_reference_s_outputs_of_every_checked_call_are_made_while_the_first_
     is still of the seed its own call is sent, and the seeds differ."""
     evaluator = Evaluator(EvalConfig(device="cpu", timeout_s=60, spare_children=0))
     events: list[tuple[str, int]] = []
-    output, send_call = evaluator.references.output, SandboxSession.send_call
+    output, send_call = evaluator.references.runner.output, SandboxSession.send_call
 
     def noted_output(task, model, seed):
         events.append(("output", seed))
@@ -70,7 +70,7 @@ def test_the_reference_s_outputs_of_every_checked_call_are_made_while_the_first_
         events.append(("call", seed))
         return send_call(self, seed, *args, **kwargs)
 
-    monkeypatch.setattr(evaluator.references, "output", noted_output)
+    monkeypatch.setattr(evaluator.references.runner, "output", noted_output)
     monkeypatch.setattr(SandboxSession, "send_call", noted_call)
     try:
         result = evaluator.evaluate(RELU_TASK, RELU_SOLUTION)

@@ -281,6 +281,42 @@ def test_a_trusted_task_still_runs_its_reference_in_the_worker(evaluated: dict[s
     assert {RELU_TASK.hash, evaluated["trusted_hash"]} <= {h for h, _ in evaluated["in_worker"]}
 
 
+def test_the_worker_holds_no_lock_while_an_untrusted_reference_computes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's GPU lock is taken for its own GPU work only: an untrusted reference's child
+    runs the task's code, which could take as long as its limit allows, and every other
+    evaluation's measurement would wait for the lock meanwhile. The worker holds it around
+    the allocation and copies of that child's outputs, never while it waits on the child."""
+    import contextlib
+
+    from kernelrl.env.sandbox.session import SandboxSession
+
+    task = task_from_source(hostile_source(tmp_path / "marker"), "hostile", trusted=False)
+    held, waits, receive = [], [], SandboxSession.receive
+
+    def noted_receive(self, *args, **kwargs):
+        waits.append(bool(held))
+        return receive(self, *args, **kwargs)
+
+    monkeypatch.setattr(SandboxSession, "receive", noted_receive)
+    with Evaluator(EvalConfig(device="cpu", timeout_s=60, spare_children=0)) as evaluator:
+        guard = evaluator._trusted_gpu_work
+
+        @contextlib.contextmanager
+        def noted_guard():
+            with guard():
+                held.append(True)
+                yield
+                held.pop()
+
+        monkeypatch.setattr(evaluator, "_trusted_gpu_work", noted_guard)
+        result = evaluator.evaluate(task, RIGHT)
+    assert result.status is Status.CORRECT, result.feedback
+    assert waits and not any(waits)
+    assert not (tmp_path / "marker").exists()
+
+
 @pytest.mark.gpu
 def test_an_untrusted_task_on_a_gpu(tmp_path: Path) -> None:
     """On a GPU the reference's child reports the footprint its memory is admitted by, and
