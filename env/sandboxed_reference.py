@@ -200,7 +200,7 @@ class SandboxedReference:
             self._on_exit()
 
     # ------------------------------------------------------------------ the evaluation's calls
-    def output(self, seed: int, guard: Guard = contextlib.nullcontext) -> list[Any]:
+    def output(self, seed: int, guard: Guard) -> list[Any]:
         """The reference's outputs on input set ``seed``, as tensors on the worker's device
         (plain values as they are), read in full from the child. ``guard`` is held around the
         worker's own GPU work (their allocation, each chunk's copy), never while the child
