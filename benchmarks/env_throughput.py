@@ -57,6 +57,7 @@ PHASES = (
     ("child_load", "child", "load the solution"),
     ("child_first_call", "child", "first call: Triton compile and first run"),
     ("child_compile_ahead", "child", "of the first call: waiting for the compile companion"),
+    ("child_launchers", "child", "of the first call: Triton's launchers, found or built"),
     ("first_call_paused", "worker", "of the first call, held paused while others were measured"),
     ("child_correctness", "child", "correctness on 3 input sets (first call included)"),
     ("paused_for_others", "child", "held paused while others were measured (in the rows above)"),

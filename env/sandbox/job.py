@@ -46,6 +46,7 @@ from kernelrl.env.sandbox.protocol import (
 )
 from kernelrl.env.sandbox.stream import OutputRing, send_tensor_bytes
 from kernelrl.env.sandbox.timed_run import TimedRun, plain_outputs
+from kernelrl.env.sandbox.triton_launchers import LaunchersMade
 from kernelrl.env.timing import TimingConfig, fitted
 
 
@@ -161,9 +162,12 @@ class Job:
         self.previous: tuple[list[torch.Tensor], list[tuple[int, int]]] | None = None
         self.gpu_only: list[str] = []  # launches skipped as only a GPU can run them (CPU)
         self.compile_ahead: CompileAhead | None = None  # the companion's, if one was handed
+        self.launchers = LaunchersMade(self.phase)  # signatures the worker may build for others
 
     def send(self, message: dict[str, Any]) -> None:
         extra = {"compile_ahead": self.compile_ahead.report()} if self.compile_ahead else {}
+        if launchers := self.launchers.take():
+            extra["launchers"] = launchers
         send_message(self.sock, {**message, "phase": self.phase, **extra})
 
     def expect(self, kind: str) -> dict[str, Any]:
@@ -215,6 +219,8 @@ class Job:
         )
         if self.compile_ahead is not None:
             self.compile_ahead.install(job["solution_source"])
+        if self.device.type == "cuda":
+            self.launchers.install()
 
         start = time.perf_counter()
         # Compute at import (a module-level table) is judged as the constructor's is: one audit

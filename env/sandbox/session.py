@@ -38,6 +38,7 @@ from kernelrl.env.sandbox.companion import Companion
 from kernelrl.env.sandbox.gpu_memory import GpuShare
 from kernelrl.env.sandbox.protocol import CHUNK_BYTES, TASK_MODULE
 from kernelrl.env.sandbox.stream import StreamError, read_tensor_bytes
+from kernelrl.env.sandbox.triton_launchers import shared_launchers
 
 
 def reference_as_solution() -> dict[str, Any]:
@@ -70,7 +71,10 @@ class SandboxSession:
         self._buffer: torch.Tensor | None = None
 
     def receive(self) -> dict[str, Any]:
-        return self.child.receive(self.deadline, self.max_rss_bytes, self.gpu)
+        message = self.child.receive(self.deadline, self.max_rss_bytes, self.gpu)
+        if "launchers" in message:  # the child's word: only which launchers to build
+            shared_launchers().learn(message["launchers"])
+        return message
 
     def start(
         self,

@@ -23,6 +23,7 @@ from kernelrl.env.sandbox.fork_server import ForkServer
 from kernelrl.env.sandbox.isolation_view import VIEW_PACKAGE_ENV, package_view
 from kernelrl.env.sandbox.scratch import make_scratch
 from kernelrl.env.sandbox.stream import Ring
+from kernelrl.env.sandbox.triton_launchers import shared_launchers
 from kernelrl.env.sandbox.triton_seed import triton_seed
 
 # Only these variables reach the child: no credentials (WANDB_API_KEY, HF_TOKEN, ...) leak in.
@@ -189,6 +190,8 @@ def _spawn(device: str, gpu_index: int | None, entry: str) -> Child:
         seed = triton_seed(device, gpu_index) if entry == CHILD else None
         if seed is not None:  # its own copy: what it compiles stays its own
             shutil.copytree(seed, env["TRITON_CACHE_DIR"])
+        if entry == CHILD and device == "cuda":
+            shared_launchers().copy_into(env["TRITON_CACHE_DIR"])
         process = start(scratch, env, child_sock, log.fileno())
     except BaseException:
         if ring is not None:
