@@ -97,11 +97,7 @@ class LaunchersMade:
 
         def recorded(constants: Any, signature: dict, tensordesc_meta: Any) -> str:
             if not tensordesc_meta:
-                values = list(signature.values())
-                key = json.dumps(values)
-                if key not in self.seen:
-                    self.seen.add(key)
-                    self.pending.append(values)
+                self.note(list(signature.values()))
             return make(constants, signature, tensordesc_meta)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -115,6 +111,15 @@ class LaunchersMade:
 
         driver.make_launcher = recorded
         driver.compile_module_from_src = timed
+
+    def note(self, values: list[Any]) -> None:
+        try:  # a signature that cannot be sent is simply not reported: the launch goes on
+            key = json.dumps(values)
+        except (TypeError, ValueError):
+            return
+        if key not in self.seen:
+            self.seen.add(key)
+            self.pending.append(values)
 
     def take(self) -> list[Any]:
         taken, self.pending = self.pending, []

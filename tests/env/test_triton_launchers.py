@@ -18,6 +18,7 @@ from kernelrl.env.sandbox.triton_launchers import (
     MAX_ARGUMENTS,
     MAX_LAUNCHERS,
     MAX_PER_MESSAGE,
+    LaunchersMade,
     SharedLaunchers,
     launcher_signature,
 )
@@ -59,6 +60,17 @@ def test_a_child_s_report_is_bounded_and_taken_once() -> None:
     for start in range(0, len(others), MAX_PER_MESSAGE):
         shared.accept(others[start : start + MAX_PER_MESSAGE])
     assert len(shared.known) == MAX_LAUNCHERS
+
+
+def test_a_child_reports_each_signature_once_and_keeps_launching_whatever_it_is() -> None:
+    made = LaunchersMade({})
+    made.note(["*fp32", "i32"])
+    made.note(["*fp32", "i32"])
+    made.note(["*fp32", object()])  # nothing JSON can say: not reported, and no error
+    made.note(["*fp32", ("i32", "i64")])
+    assert made.take() == [["*fp32", "i32"], ["*fp32", ("i32", "i64")]]
+    made.note(["*fp32", "i32"])
+    assert made.take() == []  # each one goes to the worker once
 
 
 def test_the_builder_refuses_what_is_not_a_signature() -> None:
