@@ -108,7 +108,10 @@ class EnvPoolConfig:
     )
     env_per_gpu: int = field(
         default=EVALS_PER_GPU,
-        metadata={"help": "evaluations in flight per GPU; 0 sizes them from the host's cores"},
+        metadata={
+            "help": "evaluations in flight per GPU; 0 sizes them from the host's cores (local "
+            "and process pools)"
+        },
     )
     env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})
     env_time_reference_compile: bool = field(

@@ -111,6 +111,8 @@ class RayPool(SubmitPool):
         seed the scheduler's cost estimates, as ``task_seconds`` (per task hash) do."""
         import ray
 
+        if per_gpu < 1:  # each actor's host is not this one: its slots are given, not sized
+            raise ValueError(f"RayPool needs per_gpu >= 1 evaluations in flight, got {per_gpu}")
         self.config = own_config(config or EvalConfig(), per_gpu)
         self.per_gpu = per_gpu
         self.eval_timeout_s = self.config.timeout_s + eval_margin_s

@@ -1,12 +1,11 @@
 """How many sandboxes a GPU gets, from the host's cores and memory.
 
-On a GPU an evaluation is mostly CPU work: the child's start (``import torch``, CUDA context,
-CUPTI), the Triton compile and the correctness calls all run on the host's cores, and only the
-measurement (timing and profile) needs the GPU to itself. Throughput is therefore set by how
-many cores are kept busy with children, not by the GPU: with a fixed 4 evaluations in flight
-and 8 children warming, an H100 host of 16 cores left half of them idle and every slot waited
-for a ready child. Pure arithmetic (no torch): the pools and ``benchmarks/cluster_sizing.py``
-both use it.
+On a GPU an evaluation is mostly CPU work (the child's start, the Triton compile, the
+correctness calls) and only the measurement needs the GPU to itself, during which every other
+child of the GPU is paused. The rate is then set by how many evaluations are in flight through
+one another's pauses, bounded by the exclusive windows (at most one over the mean window), and
+the children's memory bounds how many there can be. Pure arithmetic (no torch): the pools and
+the benchmarks use it.
 """
 
 from __future__ import annotations
@@ -64,12 +63,14 @@ class Sizing:
 def size_gpu_pool(host: HostResources, per_gpu: int = AUTO) -> Sizing:
     """Slots and spares for one GPU of ``host``.
 
-    Half a core's worth of slots per core: every child is paused while another evaluation is
-    measured, so more slots lengthen every evaluation and starve the spares, and do not raise
-    throughput (docs/decisions.md, "Pool sizing"). One warming child per core, so that a slot
-    never waits for a ready child. Capped so that the children fit in half the host's memory
-    and their CUDA contexts in ``GPU_SHARE`` of the device. An explicit ``per_gpu`` is kept and
-    only the spares are sized."""
+    A slot per core, and a warming child per two cores: an evaluation keeps a third of a core busy
+    on average (the rest of its wall is the child paused while others are measured, and waits
+    for the GPU), so the host's cores are not the bound; what is, is how many evaluations are
+    in flight while each is paused through the others' windows, and a slot's child is ready
+    before it is asked for while spares outnumber the children a second of evaluations takes
+    (docs/decisions.md, "Pool sizing"). Capped so that the children fit in half the host's
+    memory and their CUDA contexts in ``GPU_SHARE`` of the device: the spares give way first,
+    down to ``MIN_IN_FLIGHT``. An explicit ``per_gpu`` is kept within that cap."""
     cores = max(host.cores // host.gpus, 1)
     by_host = int(host.host_memory_bytes * HOST_SHARE / host.gpus) // CHILD_HOST_BYTES
     by_gpu = int(host.gpu_memory_bytes * GPU_SHARE) // CHILD_GPU_BYTES
@@ -77,11 +78,11 @@ def size_gpu_pool(host: HostResources, per_gpu: int = AUTO) -> Sizing:
     if per_gpu > 0:
         slots, why = per_gpu, "per_gpu given"
     else:
-        slots = min(max(cores // 2, MIN_IN_FLIGHT), MAX_IN_FLIGHT)
+        slots = min(max(cores, MIN_IN_FLIGHT), MAX_IN_FLIGHT)
         why = f"{cores} cores per GPU"
-    spares = max(cores, 2 * MIN_IN_FLIGHT)
-    if slots + spares > limit:  # both shrink in proportion, slots no lower than the old 4
-        slots = max(slots * limit // (slots + spares), min(MIN_IN_FLIGHT, limit // 2))
-        spares = max(limit - slots, 1)
+    spares = max(cores // 2, MIN_IN_FLIGHT)
+    if slots + spares > limit:
+        spares = max(limit - slots, MIN_IN_FLIGHT)
+        slots = min(slots, limit - spares)
         why += f"; capped at {limit} children by memory"
     return Sizing(slots, spares, why)

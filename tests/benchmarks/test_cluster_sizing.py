@@ -24,12 +24,17 @@ def _load(name: str):
 
 def test_pool_is_sized_by_cores_and_capped_by_memory() -> None:
     h100_host = HostResources(cores=16, host_memory_bytes=128 * GIB, gpu_memory_bytes=80 * GIB)
-    assert (size_gpu_pool(h100_host).per_gpu, size_gpu_pool(h100_host).spares) == (8, 16)
+    assert (size_gpu_pool(h100_host).per_gpu, size_gpu_pool(h100_host).spares) == (16, 8)
     assert size_gpu_pool(h100_host, per_gpu=4).per_gpu == 4  # an explicit choice is kept
     small = HostResources(cores=64, host_memory_bytes=32 * GIB, gpu_memory_bytes=80 * GIB)
-    assert size_gpu_pool(small).children <= 32 * GIB * 0.5 // (2 * GIB)
+    capped = size_gpu_pool(small)  # 8 children fit: the spares give way first, to 4
+    assert (capped.per_gpu, capped.spares) == (4, 4) and "capped" in capped.why
+    small_gpu = HostResources(cores=32, host_memory_bytes=512 * GIB, gpu_memory_bytes=40 * GIB)
+    assert (size_gpu_pool(small_gpu).per_gpu, size_gpu_pool(small_gpu).spares) == (10, 4)
     eight_gpus = HostResources(cores=128, host_memory_bytes=1024 * GIB, gpus=8)
-    assert size_gpu_pool(eight_gpus).per_gpu == 8  # 16 cores per GPU
+    assert size_gpu_pool(eight_gpus).per_gpu == 16  # 16 cores per GPU
+    four_cores = HostResources(cores=4, host_memory_bytes=64 * GIB)
+    assert (size_gpu_pool(four_cores).per_gpu, size_gpu_pool(four_cores).spares) == (4, 4)
 
 
 def test_new_kernels_are_distinct_texts_of_the_same_kernel() -> None:

@@ -130,6 +130,12 @@ def test_local_pool_interface_and_parallel_workers(pool: RayPool) -> None:
     assert futures[1].result(timeout=300).status is Status.CORRECT
 
 
+def test_slots_sized_from_the_host_are_refused_in_one_line() -> None:
+    # Its actors run on other hosts than the one that would size them: no Ray is started.
+    with pytest.raises(ValueError, match="per_gpu >= 1"):
+        RayPool(EvalConfig(device="cpu"), workers=1, per_gpu=0)
+
+
 def test_format_errors_never_reach_a_gpu_worker(pool: RayPool) -> None:
     rejected = pool.stats()["precheck_rejected"]
     (result,) = pool.evaluate([RELU], ["I could not write a kernel for this, sorry."])
