@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-gpu",
         type=int,
         default=EVALS_PER_GPU,
-        help="evaluations in flight per GPU (per logical GPU on CPU)",
+        help="evaluations in flight per GPU (per logical GPU on CPU; 0: sized from the host)",
     )
     suite.add_argument("--tasks", default="", help="comma-separated substrings of task ids")
     suite.add_argument("--repeats", type=int, default=1, help="evaluate every pair this many times")

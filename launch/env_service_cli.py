@@ -65,7 +65,8 @@ class EnvServiceConfig:
         metadata=_help("GPUs to declare when starting a local Ray without GPUs (default: workers)"),
     )
     per_gpu: int = field(
-        default=EVALS_PER_GPU, metadata=_help("evaluations in flight per GPU worker")
+        default=EVALS_PER_GPU,
+        metadata=_help("evaluations in flight per GPU worker (0: sized from its node)"),
     )
     precheck_workers: int = field(
         default=1, metadata=_help("CPU actors for parsing and static checks (0: none)")
@@ -145,7 +146,9 @@ class EnvServiceConfig:
             raise ValueError(
                 "detach needs an address: a local Ray instance ends with `kernelrl env serve`"
             )
-        for name in ("per_gpu", "max_pending", "http_port"):
+        if self.per_gpu < 0:
+            raise ValueError("per_gpu must be at least 1, or 0 to size it from each GPU's node")
+        for name in ("max_pending", "http_port"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("http_max_body_mb", "http_body_timeout_s"):

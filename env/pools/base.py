@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
+from kernelrl.env.pools.sizing import AUTO
 from kernelrl.env.result import EvalResult
 from kernelrl.env.task import Task
 
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
     from kernelrl.env.evaluator import EvalConfig
 
 # Evaluations in flight on one GPU: they compile and check in parallel and take turns for the
-# GPU-exclusive measurement. 4 gave 50.6 evaluations/min on one H100 (benchmarks/README.md).
-EVALS_PER_GPU = 4
+# GPU-exclusive measurement. By default sized from the host each GPU is on (``sizing``: 16 on
+# a 16-core H100 host), which every pool does where its GPUs are.
+EVALS_PER_GPU = AUTO
 
 
 @runtime_checkable

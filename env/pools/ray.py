@@ -6,7 +6,7 @@ Ray does what Ray does: actors pinned to GPUs (``num_gpus=1``), restarted when t
 evaluation runs next and where (longest-first), and blame isolation when a worker dies.
 
 - **Workers** (``ray_workers``): one async ``EvalWorker`` per GPU, ``per_gpu`` evaluations in
-  flight; without GPUs, a local Ray with *logical* GPUs whose actors evaluate on CPU under the
+  flight (by default each actor sizes them from its own node); without GPUs, a local Ray with *logical* GPUs whose actors evaluate on CPU under the
   Triton interpreter (same code paths). ``precheck_workers`` CPU actors run parse and static
   checks first, so a completion failing them takes no GPU slot (GPU workers check too).
 - **Faults.** Ray does not retry a call whose GPU worker died (``max_task_retries=0``): a blind
@@ -44,6 +44,7 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.base import EVALS_PER_GPU, SubmitPool, check_batch, own_config, settle
 from kernelrl.env.pools.ray_workers import Fleet, Worker, init_ray
 from kernelrl.env.pools.scheduler import CostModel, Job, Scheduler, blame
+from kernelrl.env.pools.sizing import AUTO
 from kernelrl.env.pools.verdicts import (
     first_line,
     is_harness_error,
@@ -111,10 +112,9 @@ class RayPool(SubmitPool):
         seed the scheduler's cost estimates, as ``task_seconds`` (per task hash) do."""
         import ray
 
-        if per_gpu < 1:  # each actor's host is not this one: its slots are given, not sized
-            raise ValueError(f"RayPool needs per_gpu >= 1 evaluations in flight, got {per_gpu}")
+        if per_gpu < AUTO:
+            raise ValueError(f"per_gpu must be at least 1, or {AUTO} to size it, got {per_gpu}")
         self.config = own_config(config or EvalConfig(), per_gpu)
-        self.per_gpu = per_gpu
         self.eval_timeout_s = self.config.timeout_s + eval_margin_s
         self.batch_timeout_s = batch_timeout_s
         self._started_ray = init_ray(address, namespace, logical_gpus, workers, precheck_workers)
@@ -154,8 +154,8 @@ class RayPool(SubmitPool):
                 seconds.update(store.task_seconds(self.device_name))
         self._costs = CostModel({**seconds, **(task_seconds or {})})
         self._scheduler = Scheduler(max_retries)
-        for worker in self._workers:
-            self._scheduler.add_worker(worker.index, per_gpu)
+        for worker in self._workers:  # each actor's slots, given or sized from its node
+            self._scheduler.add_worker(worker.index, worker.info["slots"])
         self._start_loop(max_pending)
 
     def _start_loop(self, max_pending: int) -> None:
@@ -182,7 +182,7 @@ class RayPool(SubmitPool):
     # ------------------------------------------------------------------ public interface
     @property
     def num_slots(self) -> int:
-        return len(self._workers) * self.per_gpu
+        return sum(worker.info["slots"] for worker in self._workers)
 
     def actor(self, index: int) -> Any:
         """Worker ``index``'s actor handle (as in ``stats()``), for operators and fault tests."""
@@ -435,7 +435,7 @@ class RayPool(SubmitPool):
 
     async def _revive(self, worker: Worker) -> None:
         if await self._fleet.revive(worker, lambda: self._closing):
-            self._scheduler.set_up(worker.index, True)
+            self._scheduler.set_up(worker.index, True, worker.info["slots"])
         self._pump()
 
     def _shutdown_ray(self) -> None:

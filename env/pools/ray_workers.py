@@ -25,11 +25,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernelrl.env.evaluator import EvalConfig, check_statically, finish_result, new_result
+from kernelrl.env.pools.base import own_config
+from kernelrl.env.pools.sizing import AUTO, HostResources, size_gpu_pool
 from kernelrl.env.pools.verdicts import first_line
 from kernelrl.env.result import EvalResult
 from kernelrl.env.task import Task, TaskError
 
 log = logging.getLogger("kernelrl.env.pools.ray")
+
+
+def node_resources(gpu_index: int) -> HostResources:
+    """This node's cores and memory, shared by the GPUs it shows (every actor of the node sees
+    them all: ``CUDA_VISIBLE_DEVICES`` is not narrowed), and the actor's GPU's memory; a node
+    without a GPU (logical GPUs) counts as one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return HostResources.detect()
+    memory = torch.cuda.get_device_properties(gpu_index).total_memory
+    return HostResources.detect(torch.cuda.device_count(), memory)
 
 
 class EvalWorker:
@@ -41,6 +55,8 @@ class EvalWorker:
     """
 
     def __init__(self, config: EvalConfig, slots: int, store_path: str | None = None) -> None:
+        """``slots``: evaluations at once, or ``AUTO`` to size them (and the spares) from this
+        actor's own host, which the driver's may not be."""
         import ray
 
         from kernelrl.env.evaluator import Evaluator
@@ -51,12 +67,18 @@ class EvalWorker:
             visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v]
             first = self.gpu_ids[0]
             gpu_index = visible.index(first) if first in visible else int(first)
+        if slots == AUTO:
+            sizing = size_gpu_pool(node_resources(gpu_index))
+            slots, config = sizing.per_gpu, own_config(config, sizing.spares)
+        self.slots = slots
         timing_cache = None
         if store_path:
             from kernelrl.env.store import ResultsStore
 
             timing_cache = ResultsStore(store_path).reference_timings()
-        self.evaluator = Evaluator(config, gpu_index=gpu_index, timing_cache=timing_cache)
+        self.evaluator = Evaluator(
+            config, gpu_index=gpu_index, in_flight=slots, timing_cache=timing_cache
+        )
         self.evaluator.warm()
         self.threads = ThreadPoolExecutor(slots, thread_name_prefix="kernelrl-eval")
         self.node = ray.get_runtime_context().get_node_id()
@@ -71,6 +93,7 @@ class EvalWorker:
             "device_name": self.evaluator.device_name,
             "versions": self.evaluator.versions,
             "started": self.started,
+            "slots": self.slots,
         }
 
     async def evaluate(self, task: Task, solution: str) -> tuple[str, Any]:

@@ -110,9 +110,12 @@ class Scheduler:
     def add_worker(self, worker: Hashable, slots: int) -> None:
         self._workers[worker] = _Worker(slots, len(self._workers))
 
-    def set_up(self, worker: Hashable, up: bool) -> None:
-        """A worker that is down (dead, restarting) gets nothing new."""
+    def set_up(self, worker: Hashable, up: bool, slots: int | None = None) -> None:
+        """A worker that is down (dead, restarting) gets nothing new; one back up may come
+        with other ``slots`` (a replacement sized on another node)."""
         self._workers[worker].up = up
+        if slots is not None:
+            self._workers[worker].slots = slots
 
     def in_flight(self, worker: Hashable) -> int:
         return len(self._workers[worker].running)

@@ -23,6 +23,7 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools import Pool
 from kernelrl.env.pools.cached import CachedPool
 from kernelrl.env.pools.ray import RayPool
+from kernelrl.env.pools.sizing import AUTO, HostResources, size_gpu_pool
 from kernelrl.env.pools.verdicts import HARNESS_FIRST_ERROR_KEY, HARNESS_RETRIES_KEY
 from kernelrl.env.result import POOL_ERROR_KEY, EvalResult, Status
 from kernelrl.env.store import ResultsStore
@@ -128,12 +129,6 @@ def test_local_pool_interface_and_parallel_workers(pool: RayPool) -> None:
     with pytest.raises(TaskError, match="reference fails to run"):
         futures[0].result(timeout=300)
     assert futures[1].result(timeout=300).status is Status.CORRECT
-
-
-def test_slots_sized_from_the_host_are_refused_in_one_line() -> None:
-    # Its actors run on other hosts than the one that would size them: no Ray is started.
-    with pytest.raises(ValueError, match="per_gpu >= 1"):
-        RayPool(EvalConfig(device="cpu"), workers=1, per_gpu=0)
 
 
 def test_format_errors_never_reach_a_gpu_worker(pool: RayPool) -> None:
@@ -342,3 +337,15 @@ def test_a_worker_that_stops_answering_is_restarted_and_its_job_blamed() -> None
         assert stats["eval_timeouts"] == 2 and stats["worker_deaths"] == 2
         wait_until(lambda: worker_states(stuck)[0]["state"] == "ok", pool=stuck)
         assert worker_states(stuck)[0]["pid"] != pid  # a restarted process serves now
+
+
+def test_each_actor_sizes_its_slots_from_its_own_node() -> None:
+    """Runs after the module's pool closed (it needs a logical GPU). ``per_gpu=AUTO``: the
+    actor sizes its slots and spares where it runs, and the pool schedules on what it reports
+    (here the node is this machine, without a GPU)."""
+    config = EvalConfig(device="cpu", timeout_s=TIMEOUT_S, static_checks=False)
+    with pytest.raises(ValueError, match="per_gpu must be at least 1, or 0 to size it, got -1"):
+        RayPool(config, workers=1, per_gpu=-1)
+    with RayPool(config, workers=1, per_gpu=AUTO) as sized:
+        assert sized.num_slots == size_gpu_pool(HostResources.detect()).per_gpu
+        assert sized.evaluate([RELU], [variant(GOOD, "sized")])[0].status is Status.CORRECT
