@@ -109,8 +109,8 @@ class EnvPoolConfig:
     env_per_gpu: int = field(
         default=EVALS_PER_GPU,
         metadata={
-            "help": "evaluations in flight per GPU; 0 sizes them from the host's cores (local "
-            "and process pools)"
+            "help": "evaluations in flight per GPU; 0 sizes them from the cores and memory of "
+            "each GPU's host"
         },
     )
     env_timeout_s: float = field(default=180.0, metadata={"help": "seconds for one evaluation"})

@@ -6,8 +6,8 @@ Ray does what Ray does: actors pinned to GPUs (``num_gpus=1``), restarted when t
 evaluation runs next and where (longest-first), and blame isolation when a worker dies.
 
 - **Workers** (``ray_workers``): one async ``EvalWorker`` per GPU, ``per_gpu`` evaluations in
-  flight (by default each actor sizes them from its own node); without GPUs, a local Ray with *logical* GPUs whose actors evaluate on CPU under the
-  Triton interpreter (same code paths). ``precheck_workers`` CPU actors run parse and static
+  flight (by default each actor sizes them from its own node); without GPUs, a local Ray with
+  *logical* GPUs whose actors evaluate on CPU under the Triton interpreter (same code paths). ``precheck_workers`` CPU actors run parse and static
   checks first, so a completion failing them takes no GPU slot (GPU workers check too).
 - **Faults.** Ray does not retry a call whose GPU worker died (``max_task_retries=0``): a blind
   retry would rerun a worker-killing solution beside innocent ones. What was in flight reruns

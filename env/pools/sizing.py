@@ -63,14 +63,14 @@ class Sizing:
 def size_gpu_pool(host: HostResources, per_gpu: int = AUTO) -> Sizing:
     """Slots and spares for one GPU of ``host``.
 
-    A slot per core, and a warming child per two cores: an evaluation keeps a third of a core busy
-    on average (the rest of its wall is the child paused while others are measured, and waits
-    for the GPU), so the host's cores are not the bound; what is, is how many evaluations are
-    in flight while each is paused through the others' windows, and a slot's child is ready
-    before it is asked for while spares outnumber the children a second of evaluations takes
-    (docs/decisions.md, "Pool sizing"). Capped so that the children fit in half the host's
-    memory and their CUDA contexts in ``GPU_SHARE`` of the device: the spares give way first,
-    down to ``MIN_IN_FLIGHT``. An explicit ``per_gpu`` is kept within that cap."""
+    A slot per core: an evaluation keeps about a third of a core busy (the rest of its wall its
+    child is paused for others' measurements or waits for the GPU), so the cores are not what
+    bounds the rate; how many evaluations are in flight through one another's pauses is. A
+    warming child per two cores: a child starts in about a second and a GPU finishes about four
+    evaluations a second, so half as many spares as slots keep one ready for each (a slot waited
+    0.02-0.2 s for one; docs/decisions.md, "Pool sizing"). Capped so that the children fit in
+    half the host's memory and their CUDA contexts in ``GPU_SHARE`` of the device: the spares
+    give way first, down to ``MIN_IN_FLIGHT``. An explicit ``per_gpu`` is kept within that cap."""
     cores = max(host.cores // host.gpus, 1)
     by_host = int(host.host_memory_bytes * HOST_SHARE / host.gpus) // CHILD_HOST_BYTES
     by_gpu = int(host.gpu_memory_bytes * GPU_SHARE) // CHILD_GPU_BYTES
