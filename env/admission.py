@@ -1,9 +1,9 @@
 """GPU work admitted by its memory footprint.
 
-A pool runs several evaluations on one GPU (4 by default), which suits tasks of megabytes. A
-KernelBench level-1 task of 6 GiB inputs needs that much in the sandbox and again on the trusted
-side (reference inputs and outputs): four at once would exhaust an 80 GiB H100 and fail as
-out-of-memory errors that are nobody's fault. Each evaluation therefore reserves its estimated
+A pool runs several evaluations on one GPU (16 on a 16-core host), which suits tasks of
+megabytes. A KernelBench level-1 task of 6 GiB inputs needs that much in the sandbox and again
+on the trusted side (reference inputs and outputs): four at once would exhaust an 80 GiB H100
+and fail as out-of-memory errors that are nobody's fault. Each evaluation therefore reserves its estimated
 footprint before it starts; a task too large to share the GPU waits until it can run alone.
 """
 
