@@ -221,7 +221,9 @@ def rate_decomposition(summary_path: str) -> dict:
     rate is slots / mean latency (Little's law), and a latency is the evaluation's own work and
     the time its child was held paused while the others' measurements had the GPU; those pauses
     are about (slots - 1) exclusive windows an evaluation, so more slots buy less as the windows
-    fill the GPU's time, and their own work grows with the host's load."""
+    fill the GPU's time, and their own work grows with the host's load. Slots whose evaluations
+    do not all fit the GPU-memory admission queue there (``admission_wait_s``, part of the own
+    work) and hold no child meanwhile."""
     summary, warm = _warm_records(summary_path)
     phases = [r["phase_seconds"] for r in warm]
     slots = int(summary["warm"]["slots"])
@@ -240,6 +242,7 @@ def rate_decomposition(summary_path: str) -> dict:
         "paused_in_windows_of_the_others": paused / ((slots - 1) * window) if slots > 1 else 0.0,
         "gpu_exclusive_share": summary["warm"]["gpu_exclusive_share"],
         "trusted_gpu_wait_s": statistics.mean(p.get("trusted_gpu_wait", 0.0) for p in phases),
+        "admission_wait_s": statistics.mean(p.get("admission", 0.0) for p in phases),
     }
 
 

@@ -103,3 +103,16 @@ def test_a_recorded_runs_rate_is_its_slots_over_its_mean_latency() -> None:
         parts["mean_latency_s"]
     )
     assert 0.8 < parts["paused_in_windows_of_the_others"] < 1.0
+    assert parts["admission_wait_s"] < 0.1  # 8 slots: each admitted as it starts
+
+
+def test_slots_beyond_what_the_admission_fits_queue_there() -> None:
+    """The runs of a slot per core on an H100 kept in the repository: 16 slots, of whose memory
+    plans about 9.5 fit the admission, so a second and more of each latency is that queue."""
+    sizing = _load("cluster_sizing")
+    folder = ROOT / "benchmarks/results/throughput_h100/slots"
+    sized = sizing.rate_decomposition(str(folder / "b_sized_1.json"))
+    before = sizing.rate_decomposition(str(folder / "b_before_1.json"))
+    assert (sized["slots"], before["slots"]) == (16, 8)
+    assert sized["admission_wait_s"] > 1.0 > 0.1 > before["admission_wait_s"]
+    assert sized["measured_evals_per_min"] > before["measured_evals_per_min"]
