@@ -35,6 +35,7 @@ from rich.table import Table
 
 from kernelrl.env.backends import get_backend
 from kernelrl.env.pools import EVALS_PER_GPU
+from kernelrl.env.pools.sizing import check_per_gpu
 from kernelrl.launch.recipe import add_recipe_command, parse_recipe
 
 SERVE_USAGE = """usage: kernelrl env serve --config recipes/env/RECIPE.yaml [--key value ...]
@@ -146,8 +147,7 @@ class EnvServiceConfig:
             raise ValueError(
                 "detach needs an address: a local Ray instance ends with `kernelrl env serve`"
             )
-        if self.per_gpu < 0:
-            raise ValueError("per_gpu must be at least 1, or 0 to size it from each GPU's node")
+        check_per_gpu(self.per_gpu)
         for name in ("max_pending", "http_port"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

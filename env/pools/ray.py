@@ -44,7 +44,7 @@ from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.pools.base import EVALS_PER_GPU, SubmitPool, check_batch, own_config, settle
 from kernelrl.env.pools.ray_workers import Fleet, Worker, init_ray
 from kernelrl.env.pools.scheduler import CostModel, Job, Scheduler, blame
-from kernelrl.env.pools.sizing import AUTO
+from kernelrl.env.pools.sizing import check_per_gpu
 from kernelrl.env.pools.verdicts import (
     first_line,
     is_harness_error,
@@ -112,8 +112,7 @@ class RayPool(SubmitPool):
         seed the scheduler's cost estimates, as ``task_seconds`` (per task hash) do."""
         import ray
 
-        if per_gpu < AUTO:
-            raise ValueError(f"per_gpu must be at least 1, or {AUTO} to size it, got {per_gpu}")
+        check_per_gpu(per_gpu)
         self.config = own_config(config or EvalConfig(), per_gpu)
         self.eval_timeout_s = self.config.timeout_s + eval_margin_s
         self.batch_timeout_s = batch_timeout_s

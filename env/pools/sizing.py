@@ -29,6 +29,12 @@ CHILD_GPU_BYTES = 1 * GIB
 GPU_SHARE = 0.35
 
 
+def check_per_gpu(per_gpu: int) -> None:
+    """A one-line error for an in-flight count that is neither given nor ``AUTO``."""
+    if per_gpu < AUTO:
+        raise ValueError(f"per_gpu must be at least 1, or {AUTO} to size it, got {per_gpu}")
+
+
 @dataclass(frozen=True)
 class HostResources:
     cores: int

@@ -117,6 +117,7 @@ def test_recipe_errors_are_one_line_exit_2(tmp_path: Path, capsys: pytest.Captur
         (["--config", str(unknown)], "wrokers"),
         (["--device", "tpu"], "device must be cpu, cuda or auto"),
         (["--detach", "true"], "detach needs an address"),
+        (["--per_gpu", "-1"], "per_gpu must be at least 1, or 0 to size it, got -1"),
     ):
         assert cli_main(["env", "serve", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
