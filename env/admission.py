@@ -126,37 +126,61 @@ def plan_for(
 
 
 class GpuMemoryBudget:
-    """Bytes of one GPU handed out to evaluations in flight; thread-safe."""
+    """Bytes of one GPU handed out to evaluations in flight; thread-safe.
+
+    An evaluation's plan counts the CUDA context of the child it runs in: admitted first, it
+    takes its child after. A child taken before its admission (one that measures the footprint
+    the plan is made of) holds its context while it waits, counted by ``hold_context`` until
+    the admission takes it over. The contexts of children warming for later evaluations are
+    in no plan: ``for_device`` leaves them out of the capacity.
+    """
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity = capacity_bytes
         self.reserved = 0
         self.in_flight = 0
+        self.contexts_waiting = 0
         self._changed = threading.Condition()
 
     @classmethod
     def for_device(
-        cls, device: torch.device, processes: int, fraction: float = 0.9
+        cls, device: torch.device, warming: int, fraction: float = 0.9
     ) -> GpuMemoryBudget:
-        """A share of the device, less the CUDA contexts of ``processes`` sandboxes (running
-        and warming), which hold memory whatever they evaluate."""
+        """A share of the device, less the CUDA contexts of ``warming`` spare sandboxes, which
+        hold memory whatever is evaluated."""
         total = torch.cuda.get_device_properties(device).total_memory
-        return cls(int(total * fraction) - processes * CHILD_OVERHEAD_BYTES)
+        return cls(int(total * fraction) - warming * CHILD_OVERHEAD_BYTES)
 
-    def acquire(self, nbytes: int) -> Callable[[], None]:
+    def hold_context(self) -> Callable[[], None]:
+        """Count the context of a child taken before its evaluation is admitted, at once and
+        whatever the capacity (it is held already); returns the release for a child given up
+        before its admission. ``acquire(..., context=)`` takes the hold over."""
+        with self._changed:
+            self.reserved += CHILD_OVERHEAD_BYTES
+            self.contexts_waiting += 1
+        return self._release_of(CHILD_OVERHEAD_BYTES, evaluations=0, contexts=1)
+
+    def acquire(self, nbytes: int, context: Callable[[], None] | None = None) -> Callable[[], None]:
         """Wait until ``nbytes`` fit beside what is reserved (an evaluation larger than the
         whole capacity is admitted when it would run alone); returns the release, which
         gives them back once however often it is called (from any thread: a child's memory is
-        free only when its reaper has seen it exit)."""
+        free only when its reaper has seen it exit). ``context``: the ``hold_context`` of the
+        child this evaluation took before, whose context ``nbytes`` counts again."""
+        own = CHILD_OVERHEAD_BYTES if context is not None else 0
         with self._changed:
-            self._changed.wait_for(lambda: self.reserved + nbytes <= self.capacity or self._empty())
+            self._changed.wait_for(
+                lambda: self.reserved - own + nbytes <= self.capacity or self._empty()
+            )
             self.reserved += nbytes
             self.in_flight += 1
+        if context is not None:
+            context()
         return self._release_of(nbytes, evaluations=1)
 
     def _empty(self) -> bool:
-        """Nothing in flight and nothing held: a reservation of any size may start."""
-        return self.in_flight == 0 and self.reserved == 0
+        """No evaluation in flight and nothing held but the contexts of children waiting for
+        their admission: a reservation of any size may start."""
+        return self.in_flight == 0 and self.reserved == self.contexts_waiting * CHILD_OVERHEAD_BYTES
 
     def overdraw(self, nbytes: int) -> Callable[[], None]:
         """Count ``nbytes`` more at once, without waiting and whatever the capacity: memory
@@ -168,7 +192,7 @@ class GpuMemoryBudget:
             self.reserved += nbytes
         return self._release_of(nbytes, evaluations=0)
 
-    def _release_of(self, nbytes: int, evaluations: int) -> Callable[[], None]:
+    def _release_of(self, nbytes: int, evaluations: int, contexts: int = 0) -> Callable[[], None]:
         released = False
 
         def release() -> None:
@@ -179,14 +203,15 @@ class GpuMemoryBudget:
                 released = True
                 self.reserved -= nbytes
                 self.in_flight -= evaluations
+                self.contexts_waiting -= contexts
                 self._changed.notify_all()
 
         return release
 
     @contextlib.contextmanager
-    def reserve(self, nbytes: int) -> Iterator[None]:
+    def reserve(self, nbytes: int, context: Callable[[], None] | None = None) -> Iterator[None]:
         """``acquire`` for the length of a block."""
-        release = self.acquire(nbytes)
+        release = self.acquire(nbytes, context)
         try:
             yield
         finally:

@@ -128,10 +128,7 @@ class Evaluator(ChildRunPhases):
         config: EvalConfig | None = None,
         gpu_index: int = 0,
         timing_cache: ReferenceTimingCache | None = None,
-        in_flight: int = 4,
     ) -> None:
-        """``in_flight``: evaluations its pool runs at once on this device (each holds a
-        sandbox's CUDA context, as do the spares), for the GPU memory budget."""
         self.config = config or EvalConfig()
         self.device_kind = self.config.resolved_device()
         self.device = (
@@ -148,10 +145,7 @@ class Evaluator(ChildRunPhases):
         # A trusted task's reference runs here, an untrusted one's in a child of this pool.
         self.references = TaskReferences(ReferenceRunner(self.device), self.children, self.config)
         self.gpu_memory = (
-            # Sandboxes holding a context: the evaluations in flight and the spares warming.
-            GpuMemoryBudget.for_device(
-                self.device, processes=in_flight + self.config.spare_children
-            )
+            GpuMemoryBudget.for_device(self.device, warming=self.config.spare_children)
             if self.device_kind == "cuda"
             else None
         )

@@ -140,13 +140,14 @@ class SandboxedReference:
         self._session = SandboxSession(
             child, self.settings.timeout_s, self.settings.host_memory_bytes
         )
+        context = budget.hold_context() if budget is not None else _nothing_reserved
         admitted: list[Release] = []
         plans: list[MemoryPlan] = []
 
         def admit(footprint: dict[str, Any]) -> dict[str, int]:
             assert budget is not None and self._session is not None
             plan, reference_bytes = _plan_of(footprint, budget.capacity, self.settings.timing)
-            admitted.append(budget.acquire(plan.total_bytes))
+            admitted.append(budget.acquire(plan.total_bytes, context=context))
             plans.append(plan)
             # The wait for memory is not the task's time: the child's clock starts now.
             self._session.deadline = time.monotonic() + self.settings.timeout_s
@@ -161,7 +162,7 @@ class SandboxedReference:
                     raise TypeError("init_compute is not a mapping")
                 self.init_compute = frozenset(str(name) for name in built)
         except BaseException:
-            self._on_exit = admitted[0] if admitted else _nothing_reserved
+            self._on_exit = admitted[0] if admitted else context
             self.close()
             raise
         if budget is None:

@@ -118,9 +118,8 @@ class ReferenceProber:
         self._active_lock = threading.Lock()
         gpu_device = torch.device("cuda", config.gpu_index) if self.kind == "cuda" else None
         self.device_name = device_name(gpu_device or torch.device("cpu"))
-        # Runs in flight and children warming each hold a CUDA context.
         self.gpu_budget = (
-            GpuMemoryBudget.for_device(gpu_device, processes=2 * max(config.validate_workers, 1))
+            GpuMemoryBudget.for_device(gpu_device, warming=max(config.validate_workers, 1))
             if gpu_device is not None
             else None
         )
@@ -162,7 +161,9 @@ class ReferenceProber:
             session = SandboxSession(child, config.validate_timeout_s, config.host_memory_bytes)
             admit = None
             if self.gpu_budget is not None:
-                admit = functools.partial(self._admit, reservation, alone)
+                # The child's context is held from now; the admission takes the hold over.
+                context = reservation.callback(self.gpu_budget.hold_context())
+                admit = functools.partial(self._admit, reservation, alone, context)
             self._run(session, task, model_seed, input_seeds, time_it, probe, admit)
         except ChildDied as exc:
             probe.failure = "reference_timeout" if exc.timed_out else "reference_crashes"
@@ -190,7 +191,11 @@ class ReferenceProber:
         return probe
 
     def _admit(
-        self, reservation: contextlib.ExitStack, alone: bool, footprint: dict[str, Any]
+        self,
+        reservation: contextlib.ExitStack,
+        alone: bool,
+        context: Callable[[], None],
+        footprint: dict[str, Any],
     ) -> dict[str, int]:
         """Reserve the GPU memory a run reports it needs (all of it when the child could not
         measure, or when the run must be alone) and hold it until the run ends. The run is
@@ -211,7 +216,7 @@ class ReferenceProber:
             )
             nbytes = budget.capacity if alone else plan.child_bytes
             admitted["timing_placements"] = plan.placements
-        reservation.enter_context(budget.reserve(nbytes))
+        reservation.enter_context(budget.reserve(nbytes, context))
         return {"bytes": nbytes, **admitted}
 
     def _run(

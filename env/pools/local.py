@@ -102,9 +102,7 @@ class LocalPool(SubmitPool):
                 sizing = Sizing(sizing.per_gpu, spares, sizing.why + "; spares given")
             self.sizing = sizing
             self.config = own_config(config, sizing.spares)
-            self.evaluators = [
-                Evaluator(self.config, gpu_index=i, in_flight=sizing.per_gpu) for i in indices
-            ]
+            self.evaluators = [Evaluator(self.config, gpu_index=i) for i in indices]
             slots = [ev for ev in self.evaluators for _ in range(sizing.per_gpu)]
             log.info("LocalPool: GPU(s) %s, %s (%s)", indices, sizing, sizing.why)
         else:

@@ -76,9 +76,7 @@ class EvalWorker:
             from kernelrl.env.store import ResultsStore
 
             timing_cache = ResultsStore(store_path).reference_timings()
-        self.evaluator = Evaluator(
-            config, gpu_index=gpu_index, in_flight=slots, timing_cache=timing_cache
-        )
+        self.evaluator = Evaluator(config, gpu_index=gpu_index, timing_cache=timing_cache)
         self.evaluator.warm()
         self.threads = ThreadPoolExecutor(slots, thread_name_prefix="kernelrl-eval")
         self.node = ray.get_runtime_context().get_node_id()

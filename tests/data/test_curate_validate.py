@@ -155,9 +155,9 @@ class RecordingBudget(GpuMemoryBudget):
         super().__init__(capacity_bytes)
         self.asked: list[int] = []
 
-    def reserve(self, nbytes: int):  # type: ignore[override]
+    def reserve(self, nbytes: int, context=None):  # type: ignore[override]
         self.asked.append(nbytes)
-        return super().reserve(nbytes)
+        return super().reserve(nbytes, context)
 
 
 def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> None:
@@ -183,8 +183,12 @@ def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> Non
             unmeasurable, *seeds_for(unmeasurable, 0, config.num_input_sets), time_it=False
         )
         with contextlib.ExitStack() as held:
+            context = held.callback(budget.hold_context())
             large = prober._admit(
-                held, False, {"input_bytes": 8 * GIB, "param_bytes": 0, "output_bytes": 0}
+                held,
+                False,
+                context,
+                {"input_bytes": 8 * GIB, "param_bytes": 0, "output_bytes": 0},
             )
     timing = config.timing
     assert large == {"bytes": plan_for(8 * GIB, 0, 0, timing).child_bytes, "timing_placements": 1}
@@ -193,7 +197,8 @@ def test_runs_start_once_the_footprint_the_sandbox_measured_is_reserved() -> Non
     expected = plan_for(tensor, 0, tensor, timing).child_bytes
     largest = plan_for(8 * GIB, 0, 0, timing).child_bytes
     assert budget.asked == [expected, 64 * GIB, 64 * GIB, largest]
-    assert budget.reserved == 0 and budget.in_flight == 0
+    # Each run's child held its context from its start, taken over by its admission.
+    assert budget.reserved == 0 and budget.in_flight == 0 and budget.contexts_waiting == 0
 
 
 def test_failures_that_may_be_ours_are_run_again_alone() -> None:

@@ -20,7 +20,8 @@ from kernelrl.env.admission import (
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.reference import ReferenceRunner
 from kernelrl.env.sandbox.gpu_memory import GpuMemoryWatch, GpuShare, counted_until_exit
-from kernelrl.env.sandboxed_reference import TaskReferences
+from kernelrl.env.sandbox.processes import ChildPool
+from kernelrl.env.sandboxed_reference import SandboxedReference, TaskReferences
 from kernelrl.env.task import task_from_source
 from kernelrl.env.timing import TimingConfig
 
@@ -195,6 +196,96 @@ def test_a_task_larger_than_the_device_waits_for_memory_a_dying_child_holds() ->
     give_back()
     assert admitted.wait(5)
     waiting.join(5)
+
+
+def test_a_context_held_before_admission_counts_once_and_is_taken_over() -> None:
+    """A child taken before its admission (an untrusted task's reference, which measures the
+    footprint) holds its CUDA context while it waits: counted from then, so other evaluations
+    cannot be admitted into it, and counted once, by the plan, after its admission."""
+    budget = GpuMemoryBudget(10 * GIB)
+    running = budget.acquire(8 * GIB)
+    context = budget.hold_context()
+    assert budget.reserved == 9 * GIB and budget.in_flight == 1
+    other = threading.Event()
+    waiting = threading.Thread(target=lambda: (budget.acquire(2 * GIB), other.set()))
+    waiting.start()
+    assert not other.wait(0.2)  # 8 + 1 held: 2 more do not fit in 10
+    admitted = threading.Event()
+    # Its plan (2 GiB with the context) fits beside the 8 GiB once its own context is not
+    # counted twice; the other evaluation waits on.
+    mine = threading.Thread(target=lambda: (budget.acquire(2 * GIB, context), admitted.set()))
+    mine.start()
+    assert admitted.wait(5)
+    mine.join(5)
+    assert budget.reserved == 10 * GIB and budget.contexts_waiting == 0
+    context()  # taken over: its release changes nothing
+    assert budget.reserved == 10 * GIB and not other.is_set()
+    running()
+    assert other.wait(5)
+    waiting.join(5)
+
+
+def test_a_task_larger_than_the_device_is_not_kept_waiting_by_contexts_before_admission() -> None:
+    """Running alone means no evaluation in flight: children waiting for their own admission
+    hold contexts but run nothing, and two such large tasks do not wait for each other."""
+    budget = GpuMemoryBudget(10 * GIB)
+    first, second = budget.hold_context(), budget.hold_context()
+    releases: list = []
+    threads = [
+        threading.Thread(target=lambda c=c: releases.append(budget.acquire(40 * GIB, c)))
+        for c in (first, second)
+    ]
+    threads[0].start()
+    threads[0].join(5)
+    assert len(releases) == 1 and budget.in_flight == 1  # admitted beside the other's context
+    threads[1].start()
+    time.sleep(0.2)
+    assert len(releases) == 1  # the second waits for the first to end
+    releases[0]()
+    threads[1].join(5)
+    assert len(releases) == 2
+    releases[1]()
+    assert budget.reserved == 0 and budget.in_flight == 0 and budget.contexts_waiting == 0
+
+
+def test_an_untrusted_reference_child_counts_its_context_while_it_waits() -> None:
+    """A real reference child of an untrusted task: taken, it reports its footprint and waits
+    for memory; meanwhile its context is counted, and once admitted only its plan is."""
+    task = task_from_source(_task(1024), "client_relu", trusted=False)
+    children = ChildPool("cpu", spare=0)
+    budget = GpuMemoryBudget(40 * GIB)
+    running = budget.acquire(39 * GIB)
+    reference = SandboxedReference(task, children, torch.device("cpu"), EvalConfig(device="cpu"))
+    started: list = []
+    starting = threading.Thread(target=lambda: started.append(reference.start(budget)))
+    try:
+        starting.start()
+        deadline = time.monotonic() + 120
+        while budget.contexts_waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert budget.contexts_waiting == 1 and budget.reserved == 40 * GIB
+        running()  # room for its plan: admitted, its context now counted by the plan alone
+        starting.join(120)
+        ((plan, release),) = started
+        assert plan is not None and budget.contexts_waiting == 0
+        assert budget.reserved == plan.total_bytes and budget.in_flight == 1
+        release()  # the solution's child has exited...
+        reference.close()  # ...and the reference's: its reaper gives the plan back
+        while budget.reserved and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert budget.reserved == 0 and budget.in_flight == 0
+    finally:
+        starting.join(5)
+        children.close()
+
+
+def test_a_context_given_up_before_admission_is_given_back() -> None:
+    budget = GpuMemoryBudget(10 * GIB)
+    context = budget.hold_context()
+    assert budget.reserved == 1 * GIB
+    context()
+    context()
+    assert budget.reserved == 0 and budget.contexts_waiting == 0
 
 
 def test_a_release_from_another_thread_counts_once() -> None:
