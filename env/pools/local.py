@@ -31,7 +31,7 @@ import torch
 from kernelrl.env.evaluator import EvalConfig, Evaluator
 from kernelrl.env.pools.base import SubmitPool, check_batch, own_config, settle
 from kernelrl.env.pools.scheduler import CostModel
-from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
+from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, check_per_gpu, size_gpu_pool
 from kernelrl.env.pools.verdicts import (
     first_line,
     is_harness_error,
@@ -82,6 +82,7 @@ class LocalPool(SubmitPool):
         others, one per trainer rank: each rank times kernels on its own GPU only (never on
         another rank's policy), and each GPU is sized as its share of the host's cores, the
         others' shares belonging to the other processes. Default: the first ``workers``."""
+        check_per_gpu(per_gpu)
         config = config or EvalConfig()
         self.sizing: Sizing | None = None
         if config.resolved_device() == "cuda":

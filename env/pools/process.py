@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from kernelrl.env.pools.base import SubmitPool, check_batch, settle
+from kernelrl.env.pools.sizing import AUTO, check_per_gpu
 from kernelrl.env.pools.verdicts import pool_result
 from kernelrl.env.result import EvalResult, Status
 from kernelrl.env.task import Task
@@ -42,6 +43,7 @@ class ProcessPool(SubmitPool):
     """See the module docstring. Arguments as ``LocalPool``'s."""
 
     def __init__(self, config: Any = None, **local_pool_kwargs: Any) -> None:
+        check_per_gpu(local_pool_kwargs.get("per_gpu", AUTO))  # here, not in the pool process
         context = mp.get_context("spawn")  # never fork a process that may hold CUDA or threads
         self._conn, child = context.Pipe()
         self._process = context.Process(

@@ -62,6 +62,17 @@ def test_the_callers_config_is_left_as_it_was() -> None:
     assert config == EvalConfig(device="cpu", timeout_s=60)
 
 
+def test_an_in_flight_count_below_zero_is_refused_by_every_local_pool() -> None:
+    """A negative count is neither a number of slots nor ``AUTO``: refused with one line before
+    anything starts, by the pool in this process and by the one in a process of its own."""
+    from kernelrl.env.pools.process import ProcessPool
+
+    expected = "per_gpu must be at least 1, or 0 to size it, got -2"
+    for make in (LocalPool, ProcessPool):
+        with pytest.raises(ValueError, match=expected):
+            make(EvalConfig(device="cpu"), per_gpu=-2)
+
+
 def test_batch_deadline_answers_what_is_not_done() -> None:
     hang = (
         Path(__file__).parents[1] / "solutions" / "dynamic" / "timeout__infinite_loop.py"
