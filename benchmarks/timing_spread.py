@@ -18,7 +18,11 @@ evaluator pauses the other sandboxes of its GPU; ``--prelude``: the measured pro
 runs 3 other input sets and keeps them, as a sandbox child does for its correctness checks;
 ``--cupti``: it starts CUPTI first, as a sandbox child does; ``--churn``: beside each measured
 process another holds a random pattern of GPU memory, a new one per process, so that each gets
-other physical memory (what a pool's other sandboxes do). ``sets=Kp`` rows time each of the K
+other physical memory (what a pool's other sandboxes do); ``--forked``: every measured process
+is forked from one process that imported torch, Triton and the sandbox child's code without a
+CUDA context, as a pool's children are forked from its fork server (``sandbox.zygote``), rather
+than started afresh: whether a draw is one of the process or one its siblings share.
+``sets=Kp`` rows time each of the K
 sets on its own and average their medians, as the evaluator does; the other ``sets=K*`` rows
 time the same sets in reverse order, with new contents before every call, with each set's
 outputs in memory of their own, or with its outputs and the model's parameters
@@ -28,6 +32,7 @@ outputs in memory of their own, or with its outputs and the model's parameters
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -266,20 +271,58 @@ def parse_args() -> argparse.Namespace:
         default=list(PLACED_WAYS),
         help="how the K sets are placed and timed one by one (see PLACED_WAYS)",
     )
+    parser.add_argument(
+        "--forked",
+        action="store_true",
+        help="fork the measured processes from one that imported torch and Triton, as a pool does",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fork-parent", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     if args.child:
-        gated = args.busy > 0
-        medians = measure(
-            args.tasks, args.sets, args.prelude, gated, args.warmup_ms, args.cupti, args.ways
-        )
-        print(json.dumps(medians))
+        measure_and_print(args)
+        return
+    if args.fork_parent:
+        fork_measured(args)
         return
     print_spreads(args, run_processes(args))
+
+
+def measure_and_print(args: argparse.Namespace) -> None:
+    medians = measure(
+        args.tasks, args.sets, args.prelude, args.busy > 0, args.warmup_ms, args.cupti, args.ways
+    )
+    print(json.dumps(medians), flush=True)
+
+
+def fork_measured(args: argparse.Namespace) -> None:
+    """The fork parent: imports what a pool's fork server does, never touches the GPU, and
+    forks one measured process for every ``next`` line, saying ``done <exit code>`` after each
+    (the process reads the ``go`` lines of a gated timing from the same stdin meanwhile)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*multi-threaded.*fork", category=DeprecationWarning)
+    from kernelrl.env.sandbox import child  # noqa: F401 - torch, Triton, the harness
+    from kernelrl.env.sandbox.zygote import PRELOADED
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    while sys.stdin.readline().strip() == "next":
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                measure_and_print(args)
+                code = 0
+            finally:
+                sys.stdout.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(f"done {os.waitstatus_to_exitcode(status)}", flush=True)
 
 
 def _start(source: str, *argv: str) -> subprocess.Popen:
@@ -297,17 +340,28 @@ def run_processes(args: argparse.Namespace) -> list[dict]:
     busy = [_start(BUSY) for _ in range(args.busy)]
     for process in busy:
         os.kill(process.pid, signal.SIGSTOP)
+    command = [sys.executable, __file__, "--tasks", *args.tasks, "--sets"]
+    command += [str(k) for k in args.sets] + (["--prelude"] if args.prelude else [])
+    command += ["--busy", str(args.busy), "--warmup-ms", str(args.warmup_ms)]
+    command += ["--cupti"] if args.cupti else []
+    command += ["--ways", *args.ways]
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE}
+    parent = subprocess.Popen([*command, "--fork-parent"], **pipes) if args.forked else None
     runs = []
     try:
         for index in range(args.processes):
-            command = [sys.executable, __file__, "--child", "--tasks", *args.tasks, "--sets"]
-            command += [str(k) for k in args.sets] + (["--prelude"] if args.prelude else [])
-            command += ["--busy", str(args.busy), "--warmup-ms", str(args.warmup_ms)]
-            command += ["--cupti"] if args.cupti else []
-            command += ["--ways", *args.ways]
             churn = _start(CHURN, str(index)) if args.churn else None
-            child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            for line in child.stdout:
+            if parent is None:
+                measured = subprocess.Popen([*command, "--child"], **pipes)
+            else:
+                measured = parent
+                parent.stdin.write(b"next\n")
+                parent.stdin.flush()
+            code = None
+            for line in measured.stdout:
+                if line.startswith(b"done "):  # a forked process ended
+                    code = int(line.split()[1])
+                    break
                 if line.strip() != b"ready":
                     runs.append(json.loads(line))
                     continue
@@ -317,16 +371,16 @@ def run_processes(args: argparse.Namespace) -> list[dict]:
                 for process in busy:
                     os.kill(process.pid, signal.SIGSTOP)
                 time.sleep(0.05)
-                child.stdin.write(b"go\n")
-                child.stdin.flush()
-            if child.wait() != 0:
+                measured.stdin.write(b"go\n")
+                measured.stdin.flush()
+            if (code if parent is not None else measured.wait()) != 0:
                 raise RuntimeError(f"measuring process {index} failed")
             if churn is not None:
                 churn.kill()
                 churn.wait()
             print(f"process {index}: {runs[-1]}", flush=True)
     finally:
-        for process in neighbours + busy:
+        for process in neighbours + busy + ([parent] if parent else []):
             process.kill()
     return runs
 
@@ -334,7 +388,8 @@ def run_processes(args: argparse.Namespace) -> list[dict]:
 def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
     """Max/min over the processes of each task's solution, reference and speedup."""
     print(
-        f"\nmax/min over {args.processes} fresh processes (medians in ms), neighbours:"
+        f"\nmax/min over {args.processes} {'forked' if args.forked else 'fresh'} processes"
+        " (medians in ms), neighbours:"
         f" {args.neighbours}, busy: {args.busy}, prelude: {args.prelude},"
         f" warm-up {args.warmup_ms:g} ms, CUPTI started: {args.cupti}, churn: {args.churn}"
         " (sets=Kp: mean of K sets timed one by one; Kr: in reverse order; Ke: new contents"
