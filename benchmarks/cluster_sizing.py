@@ -223,7 +223,8 @@ def rate_decomposition(summary_path: str) -> dict:
     are about (slots - 1) exclusive windows an evaluation, so more slots buy less as the windows
     fill the GPU's time, and their own work grows with the host's load. Slots whose evaluations
     do not all fit the GPU-memory admission queue there (``admission_wait_s``, part of the own
-    work) and hold no child meanwhile."""
+    work) and hold no child meanwhile; once admitted, an evaluation may wait for a ready child
+    (``child_wait_s``, likewise) where the spares are taken faster than they warm."""
     summary, warm = _warm_records(summary_path)
     phases = [r["phase_seconds"] for r in warm]
     slots = int(summary["warm"]["slots"])
@@ -243,6 +244,7 @@ def rate_decomposition(summary_path: str) -> dict:
         "gpu_exclusive_share": summary["warm"]["gpu_exclusive_share"],
         "trusted_gpu_wait_s": statistics.mean(p.get("trusted_gpu_wait", 0.0) for p in phases),
         "admission_wait_s": statistics.mean(p.get("admission", 0.0) for p in phases),
+        "child_wait_s": statistics.mean(p.get("child_wait", 0.0) for p in phases),
     }
 
 

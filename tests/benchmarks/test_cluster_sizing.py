@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 
@@ -116,3 +117,21 @@ def test_slots_beyond_what_the_admission_fits_queue_there() -> None:
     assert (sized["slots"], before["slots"]) == (16, 8)
     assert sized["admission_wait_s"] > 1.0 > 0.1 > before["admission_wait_s"]
     assert sized["measured_evals_per_min"] > before["measured_evals_per_min"]
+
+
+NEW_OLD = ("new_1", "old_1", "old_2", "new_2")  # in the order they ran
+
+
+def test_a_context_counted_once_moves_the_wait_from_the_admission_to_the_children() -> None:
+    """The kept runs of the admission that counts a sandbox's context once (``new_*``) against
+    the one that counted it twice (``old_*``), alternated on one H100 at 16 slots: the
+    admission's wait halves, the wait for a ready child doubles, the rate stays."""
+    sizing = _load("cluster_sizing")
+    folder = ROOT / "benchmarks/results/throughput_h100/contexts"
+    runs = {n: sizing.rate_decomposition(str(folder / f"{n}.json")) for n in NEW_OLD}
+    new = [runs[n] for n in NEW_OLD if n.startswith("new")]
+    old = [runs[n] for n in NEW_OLD if n.startswith("old")]
+    assert max(r["admission_wait_s"] for r in new) < 0.6 * min(r["admission_wait_s"] for r in old)
+    assert min(r["child_wait_s"] for r in new) > 1.5 * max(r["child_wait_s"] for r in old)
+    rates = [statistics.mean(r["measured_evals_per_min"] for r in side) for side in (new, old)]
+    assert rates[0] == pytest.approx(rates[1], rel=0.05)
