@@ -251,14 +251,13 @@ def _serve(words: list[str]) -> int:
         _teardown(config, started_ray, token)
         remove_token(config.name, token)
         raise
-    if config.detach:
-        print("\n".join(lines), flush=True)
-        return 0
     # Before the banner: a Ctrl-C the moment it is read stops the service as any other does.
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     print("\n".join(lines), flush=True)
+    if config.detach:
+        return 0
     code = 0
     try:
         while not stop.wait(5.0):
