@@ -12,7 +12,13 @@ import torch
 
 from kernelrl.env.sandbox.device_ring import SLOT_BYTES, DeviceRing
 from kernelrl.env.sandbox.protocol import CHUNK_BYTES
-from kernelrl.env.sandbox.stream import FILLED, read_tensor_bytes, send_tensor_bytes, socket_reader
+from kernelrl.env.sandbox.stream import (
+    FILLED,
+    FREED,
+    read_tensor_bytes,
+    send_tensor_bytes,
+    socket_reader,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -77,18 +83,25 @@ def test_an_output_of_many_slots_arrives_whole_on_the_device(rings) -> None:
 def test_a_slot_rewritten_after_its_token_changes_nothing_the_worker_reads(rings) -> None:
     """A child that rewrites the slot once it has said FILLED (here: at once, before the worker
     looks) changes what it claims, never memory the worker compares: the chunk handed on is
-    the worker's copy, and a rewrite after that copy leaves it as it was."""
+    the worker's copy, and a rewrite after that copy leaves it as it was. The slot is freed
+    once the worker is done with its chunk, not before."""
     left, right, worker, child = rings
+    left.settimeout(30)  # a free that never comes fails the test rather than hanging it
     child.slots[0][:8] = torch.arange(8, dtype=torch.uint8, device=DEVICE)
     torch.cuda.synchronize()
     left.sendall(FILLED)
     buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8, device=DEVICE)
     chunks = read_tensor_bytes(worker, 8, 1, buffer, socket_reader(right), right.sendall)
     chunk = next(chunks)
+    left.setblocking(False)
+    with pytest.raises(BlockingIOError):  # still the worker's: not freed while it compares
+        left.recv(1)
+    left.settimeout(30)
     child.slots[0][:8] = 255
     torch.cuda.synchronize()
     assert chunk.tolist() == list(range(8))
-    assert left.recv(1) == b"\x02"  # freed only after the copy was done
+    assert next(chunks, None) is None  # the worker done with its only chunk
+    assert left.recv(1) == FREED
 
 
 def test_the_child_unmapping_its_view_leaves_the_worker_s_mapping_whole() -> None:
