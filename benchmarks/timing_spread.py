@@ -157,10 +157,14 @@ def measure(
                 medians[task_id][f"{name}@{sets}:mhz"] = sm_mhz()
                 medians[task_id][f"{name}@{sets}"] = time_cuda(call, config).median_ms
                 if sets > 1:  # each set timed on its own: the mean of K placements
-                    for way in ways:
+                    for way in [w for w in ways if w != "i"]:
                         each = placed_medians(model, inputs, way, config, make, anew[name])
                         medians[task_id][f"{name}@{sets}{way}"] = sum(each) / len(each)
                         medians[task_id][f"{name}@{sets}{way}:sets"] = each
+            if sets > 1 and "i" in ways:
+                for name, each in interleaved_medians(models, inputs, config).items():
+                    medians[task_id][f"{name}@{sets}i"] = sum(each) / len(each)
+                    medians[task_id][f"{name}@{sets}i:sets"] = each
             del inputs
         del kept
         torch.cuda.empty_cache()
@@ -178,8 +182,12 @@ def measure(
 # leaves a small weight on the pages it had); "k" with the solution's kernels compiled and
 # loaded anew for every set (its source given a distinct comment, as a new kernel's is in the
 # throughput benchmark), the parameters where they were: whether the process's draw is where its
-# kernels' code lies (the reference's kernels stay as they are).
-PLACED_WAYS = ("p", "r", "e", "o", "w", "g", "k")
+# kernels' code lies (the reference's kernels stay as they are); "i" the solution's and the
+# reference's sets in turn, set by set (solution on set 0, reference on set 0, solution on set 1,
+# ...), as the evaluator interleaves them when it times the reference in every evaluation
+# (``env/side_by_side.py``): whether a state of the machine that moves both divides out of the
+# speedup when they are timed side by side.
+PLACED_WAYS = ("p", "r", "e", "o", "w", "g", "k", "i")
 PAGE_BYTES = 2 << 20
 
 
@@ -209,6 +217,20 @@ def on_own_page(tensor):
     copy = block[:nbytes].view(tensor.dtype).view(tensor.shape)
     copy.copy_(tensor)
     return copy
+
+
+def interleaved_medians(models: dict, inputs: list, config) -> dict[str, list[float]]:
+    """Way "i": each set's median for the solution and then the reference, set by set, so the
+    two medians of a set are measured a moment apart."""
+    from kernelrl.env.sandbox import harness
+    from kernelrl.env.timing import time_cuda
+
+    medians = {name: [0.0] * len(inputs) for name in ("sol", "ref")}
+    for index in range(len(inputs)):
+        for name in ("sol", "ref"):
+            call = harness.forward_call(models[name], inputs, index)
+            medians[name][index] = time_cuda(call, config).median_ms
+    return medians
 
 
 def placed_medians(model, inputs: list, way: str, config, make, anew=None) -> list[float]:
@@ -395,7 +417,7 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
         " (sets=Kp: mean of K sets timed one by one; Kr: in reverse order; Ke: new contents"
         " before every call; Ko: each set's outputs in their own memory; Kw: its outputs and"
         " parameters; Kg: its parameters each on pages of their own; Kk: its kernels loaded"
-        " anew):"
+        " anew; Ki: the solution's and the reference's sets in turn):"
     )
     print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
     for task_id in args.tasks:
