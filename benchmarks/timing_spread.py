@@ -186,8 +186,11 @@ def measure(
 # reference's sets in turn, set by set (solution on set 0, reference on set 0, solution on set 1,
 # ...), as the evaluator interleaves them when it times the reference in every evaluation
 # (``env/side_by_side.py``): whether a state of the machine that moves both divides out of the
-# speedup when they are timed side by side.
-PLACED_WAYS = ("p", "r", "e", "o", "w", "g", "k", "i")
+# speedup when they are timed side by side; "l" with the context's local memory (where a kernel's
+# spilled registers live: allocated once per context, so one placement for every set of a
+# process) given up and allocated anew before every set: whether the draw is where the spills go.
+PLACED_WAYS = ("p", "r", "e", "o", "w", "g", "k", "i", "l")
+CU_LIMIT_STACK_SIZE = 0  # CUlimit
 PAGE_BYTES = 2 << 20
 
 
@@ -217,6 +220,24 @@ def on_own_page(tensor):
     copy = block[:nbytes].view(tensor.dtype).view(tensor.shape)
     copy.copy_(tensor)
     return copy
+
+
+def local_memory_moved(index: int, kept: list) -> None:
+    """Way "l": a new block of device memory taken and kept, then the stack limit raised a
+    little, which makes the driver replace the context's local memory (now elsewhere) before
+    the next launch."""
+    import ctypes
+
+    import torch
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    limit = ctypes.c_size_t()
+    if cuda.cuCtxGetLimit(ctypes.byref(limit), CU_LIMIT_STACK_SIZE) != 0:
+        raise RuntimeError("cuCtxGetLimit failed")
+    torch.cuda.empty_cache()  # the block below then comes from the driver, not the cache
+    kept.append(torch.empty((index + 1) << 24, dtype=torch.uint8, device="cuda"))
+    if cuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(limit.value + 16)) != 0:
+        raise RuntimeError("cuCtxSetLimit failed")
 
 
 def interleaved_medians(models: dict, inputs: list, config) -> dict[str, list[float]]:
@@ -252,6 +273,8 @@ def placed_medians(model, inputs: list, way: str, config, make, anew=None) -> li
             for tensor in [*model.parameters(), *model.buffers()]:
                 kept.append(tensor.data)
                 tensor.data = tensor.data.clone() if way == "w" else on_own_page(tensor.data)
+        if way == "l":
+            local_memory_moved(index, kept)
         if way == "k" and anew is not None:
             model = anew(f"set {index}")
             kept.append(model)  # its kernels' module stays loaded, so the next is put elsewhere
@@ -417,7 +440,8 @@ def print_spreads(args: argparse.Namespace, runs: list[dict]) -> None:
         " (sets=Kp: mean of K sets timed one by one; Kr: in reverse order; Ke: new contents"
         " before every call; Ko: each set's outputs in their own memory; Kw: its outputs and"
         " parameters; Kg: its parameters each on pages of their own; Kk: its kernels loaded"
-        " anew; Ki: the solution's and the reference's sets in turn):"
+        " anew; Ki: the solution's and the reference's sets in turn; Kl: the local memory"
+        " moved before every set):"
     )
     print(f"{'task':<24} {'sets':>4} {'solution':>9} {'reference':>9} {'speedup':>8}")
     for task_id in args.tasks:
