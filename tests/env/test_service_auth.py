@@ -246,13 +246,16 @@ def test_a_ray_client_that_dies_leaves_nothing_queued(service: dict, env: dict[s
     """The same for a Ray client whose process is killed: while it lives (longer than its lease)
     its items stay; once its lease lapses they are cancelled."""
     command = [sys.executable, "-c", RAY_CLIENT, str(ROOT), NAME, service["address"], "3000"]
+    dropped_earlier = wait_for(lambda s: True, service, 0)["client_items_dropped"]
     client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
         line = client.stdout.readline().decode()
         assert line.startswith("queued 3000"), client.stderr.read().decode()[-3000:]
         time.sleep(2.5 * LEASE_S)  # alive past its lease: renewed, so nothing was dropped
         before = wait_for(lambda s: True, service, 0)
-        assert before["service_unresolved"] >= 2900 and before["clients"] >= 1
+        # What the pool evaluated meanwhile depends on the machine's speed; what was dropped not.
+        assert before["client_items_dropped"] == dropped_earlier and before["clients"] >= 1
+        assert before["service_unresolved"] >= 2600
     finally:
         client.kill()
         client.wait()
