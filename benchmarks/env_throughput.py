@@ -316,6 +316,11 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
         help="how L2 is emptied before every timed call (TimingConfig)",
     )
     parser.add_argument(
+        "--move-local-memory",
+        action="store_true",
+        help="the child's local memory allocated anew before each input set (TimingConfig)",
+    )
+    parser.add_argument(
         "--compile-ahead",
         action="store_true",
         help="Triton kernels compiled by a companion sandbox without a GPU, never paused "
@@ -424,6 +429,7 @@ def main() -> None:
             l2_flush=args.l2_flush,
             enough_timed_ms=args.enough_timed_ms,
             min_reps=args.min_reps,
+            move_local_memory=args.move_local_memory,
         ),
     )
     started = time.perf_counter()

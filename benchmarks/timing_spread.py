@@ -190,7 +190,6 @@ def measure(
 # spilled registers live: allocated once per context, so one placement for every set of a
 # process) given up and allocated anew before every set: whether the draw is where the spills go.
 PLACED_WAYS = ("p", "r", "e", "o", "w", "g", "k", "i", "l")
-CU_LIMIT_STACK_SIZE = 0  # CUlimit
 PAGE_BYTES = 2 << 20
 
 
@@ -222,24 +221,6 @@ def on_own_page(tensor):
     return copy
 
 
-def local_memory_moved(index: int, kept: list) -> None:
-    """Way "l": a new block of device memory taken and kept, then the stack limit raised a
-    little, which makes the driver replace the context's local memory (now elsewhere) before
-    the next launch."""
-    import ctypes
-
-    import torch
-
-    cuda = ctypes.CDLL("libcuda.so.1")
-    limit = ctypes.c_size_t()
-    if cuda.cuCtxGetLimit(ctypes.byref(limit), CU_LIMIT_STACK_SIZE) != 0:
-        raise RuntimeError("cuCtxGetLimit failed")
-    torch.cuda.empty_cache()  # the block below then comes from the driver, not the cache
-    kept.append(torch.empty((index + 1) << 24, dtype=torch.uint8, device="cuda"))
-    if cuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(limit.value + 16)) != 0:
-        raise RuntimeError("cuCtxSetLimit failed")
-
-
 def interleaved_medians(models: dict, inputs: list, config) -> dict[str, list[float]]:
     """Way "i": each set's median for the solution and then the reference, set by set, so the
     two medians of a set are measured a moment apart."""
@@ -261,6 +242,7 @@ def placed_medians(model, inputs: list, way: str, config, make, anew=None) -> li
     import torch
 
     from kernelrl.env.sandbox import harness
+    from kernelrl.env.sandbox.local_memory import move_local_memory
     from kernelrl.env.timing import time_cuda
 
     kept: list = []
@@ -273,8 +255,8 @@ def placed_medians(model, inputs: list, way: str, config, make, anew=None) -> li
             for tensor in [*model.parameters(), *model.buffers()]:
                 kept.append(tensor.data)
                 tensor.data = tensor.data.clone() if way == "w" else on_own_page(tensor.data)
-        if way == "l":
-            local_memory_moved(index, kept)
+        if way == "l":  # a block growing by set, so that each replacement lands elsewhere
+            move_local_memory(kept, (index + 1) << 24)
         if way == "k" and anew is not None:
             model = anew(f"set {index}")
             kept.append(model)  # its kernels' module stays loaded, so the next is put elsewhere

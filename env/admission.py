@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kernelrl.env.sandbox.harness import TIMED_OUTPUTS_CHECKED
+from kernelrl.env.sandbox.local_memory import MOVE_BYTES
 from kernelrl.env.sizes import estimate_footprint
 from kernelrl.env.task import Task, TaskError
 from kernelrl.env.timing import L2_FLUSH_BYTES, TimingConfig
@@ -52,8 +53,9 @@ class MemoryPlan:
     The child holds the parameters, the input sets it times on (``placements``) and the new
     contents a refresh makes beside one of them, the outputs of the current call and one more
     per kept one (the previous call's, kept to detect reuse, or the copies of timed calls'
-    outputs the trusted side checks), the harness's buffers, its CUDA context, and room for the
-    solution's own workspaces. The worker holds a child to ``child_bytes``
+    outputs the trusted side checks), the harness's buffers (and, where the timing moves its
+    local memory, what each move keeps), its CUDA context, and room for the solution's own
+    workspaces. The worker holds a child to ``child_bytes``
     (``sandbox.gpu_memory``): the plan is a limit, not only an estimate. The trusted side holds
     the reference's inputs and parameters, and the outputs of ``outputs_ahead`` correctness
     calls while it compares them chunk by chunk.
@@ -72,7 +74,7 @@ class MemoryPlan:
         return self.child_bytes + self.trusted_bytes
 
 
-_plans: dict[tuple[str, int, int], MemoryPlan] = {}
+_plans: dict[tuple[str, int, int, bool], MemoryPlan] = {}
 _plans_lock = threading.Lock()
 
 
@@ -81,7 +83,7 @@ def memory_plan(task: Task, timing: TimingConfig) -> MemoryPlan:
     sets: a plan counted for fewer would cut the timing to them), measured once per task
     source: every evaluation of a task asks for it, and measuring loads the task and runs it on
     the meta device."""
-    key = (task.hash, timing.placements, timing.most_placements)
+    key = (task.hash, timing.placements, timing.most_placements, timing.move_local_memory)
     with _plans_lock:
         plan = _plans.get(key)
     if plan is None:
@@ -111,12 +113,14 @@ def plan_for(
     outputs = 1 + max(min(TIMED_OUTPUTS_CHECKED, sets), 1)
     ahead = 1 if large else OUTPUT_SETS_AHEAD
     workspace = max(input_bytes + output_bytes, GIB)
+    moves = MOVE_BYTES * sets if timing.move_local_memory else 0
     return MemoryPlan(
         child_bytes=param_bytes
         + input_bytes * (sets + 1)
         + output_bytes * outputs
         + workspace
         + HARNESS_BYTES
+        + moves
         + CHILD_OVERHEAD_BYTES,
         trusted_bytes=input_bytes + param_bytes + output_bytes * ahead,
         large=large,

@@ -68,6 +68,10 @@ class TimingConfig:
     most_placements: int = 16
     placements_rel_err: float = 0.005
     fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
+    # GPU: the solution's child gives up its context's local memory (spilled registers, stack)
+    # and takes it anew elsewhere before each input set (``sandbox.local_memory``), so a
+    # spilling kernel's time draws per set, not once per process.
+    move_local_memory: bool = False
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
 
@@ -393,13 +397,14 @@ def time_fn(
     after_call: Callable[[], None] | None = None,
     after_placement: Callable[[int], None] | None = None,
     steps: TimingSteps | None = None,
+    before_placement: Callable[[int], None] | None = None,
 ) -> TimingStats:
     """Time each call (one per input set; the first only on a CPU) while the sets timed are not
     enough (``placements_enough``: the first ``placements``, then more while their mean is
     not known well enough), and average their medians; ``prepares[i]`` (if given, and
     ``config.fresh_inputs``) runs before each call of ``calls[i]``, ``after_call`` after every
-    call, and ``after_placement(i)`` once input set ``i`` is timed (where the reference is
-    timed interleaved with them); ``steps`` adds up where the time went, over every placement."""
+    call, ``before_placement(i)`` before input set ``i`` is timed and ``after_placement(i)``
+    once it is (where the reference is timed interleaved with them); ``steps`` adds up where the time went, over every placement."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
 
@@ -410,7 +415,7 @@ def time_fn(
         )
 
     count = len(calls) if device.type == "cuda" else 1
-    return time_sets(time_one, count, config, after_placement)
+    return time_sets(time_one, count, config, after_placement, before_placement)
 
 
 def time_sets(
@@ -418,12 +423,15 @@ def time_sets(
     count: int,
     config: TimingConfig,
     after_placement: Callable[[int], None] | None = None,
+    before_placement: Callable[[int], None] | None = None,
 ) -> TimingStats:
     """Input sets ``0, 1, ...`` (at most ``count``) timed by ``time_one`` while they are not
     enough (``placements_enough``), their medians averaged: the one loop by which the
     solution's child and the trusted side's reference both stop."""
     runs: list[TimingStats] = []
     while len(runs) < count and not placements_enough(runs, config):
+        if before_placement is not None:
+            before_placement(len(runs))
         runs.append(time_one(len(runs)))
         if after_placement is not None:
             after_placement(len(runs) - 1)

@@ -31,6 +31,7 @@ from kernelrl.env.integrity.audit import (
 )
 from kernelrl.env.sandbox import harness
 from kernelrl.env.sandbox.failures import SolutionFailure, solution_failure
+from kernelrl.env.sandbox.local_memory import move_local_memory
 from kernelrl.env.timing import TimingConfig, TimingSteps, placements, time_fn
 
 # Between two timed batches, an audited call runs with this probability, on a random input set:
@@ -162,6 +163,7 @@ class TimedRun:
         self.kept = KeptOutputs(wanted, rng)
         self.pending: tuple[int, int, Any] | None = None
         self.waited = 0.0  # seconds the trusted side spent timing the reference meanwhile
+        self.spacers: list[torch.Tensor] = []  # blocks kept while local memory is moved
 
     def forward(self, index: int) -> None:
         """One timed call; its output waits for ``after_call``."""
@@ -218,6 +220,11 @@ class TimedRun:
         self.served.expect("time_next")
         self.waited += time.perf_counter() - started
 
+    def local_memory_moved(self, index: int) -> None:
+        """Before input set ``index``: the context's local memory allocated anew elsewhere
+        (``TimingConfig.move_local_memory``), outside the timed spans."""
+        move_local_memory(self.spacers)
+
     def run(self) -> None:
         served, device = self.served, self.served.device
         sets = range(len(self.timed.sets))
@@ -226,12 +233,14 @@ class TimedRun:
         gpu_only_before = len(served.gpu_only)
         served.counter.counts.clear()
         steps = TimingSteps()
+        moves = self.config.move_local_memory and device.type == "cuda"
         start = time.perf_counter()
         timing = partial(
             time_fn, calls, device, self.config, self.spot_audit, prepares,
             after_call=self.after_call,
             after_placement=self.reference_turn if served.job.get("interleave") else None,
             steps=steps,
+            before_placement=self.local_memory_moved if moves else None,
         )  # fmt: skip
         if device.type == "cuda":
             stats = timing()

@@ -3,7 +3,6 @@ by set in the order the evaluator interleaves them, and the local memory moved b
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import timing_spread  # noqa: E402
 
 from kernelrl.env import timing  # noqa: E402
+from kernelrl.env.sandbox import local_memory  # noqa: E402
 
 
 class Recorder(torch.nn.Module):
@@ -46,41 +46,22 @@ def test_the_interleaved_way_times_each_set_for_the_solution_then_the_reference(
     assert medians == {"sol": [10.0, 11.0, 12.0], "ref": [20.0, 21.0, 22.0]}
 
 
-class FakeDriver:
-    """libcuda's two limit calls as the way uses them: the stack limit read, then raised."""
+def test_the_local_memory_way_moves_it_before_every_set_past_a_growing_block(monkeypatch) -> None:
+    moves: list = []
 
-    def __init__(self, stack_bytes: int) -> None:
-        self.stack_bytes, self.calls = stack_bytes, []
+    def move(kept: list, spacer_bytes: int) -> None:
+        moves.append((spacer_bytes, len(kept)))
+        kept.append(spacer_bytes)
 
-    def cuCtxGetLimit(self, value, which: int) -> int:  # noqa: N802 - the driver's name
-        self.calls.append(("get", which))
-        value._obj.value = self.stack_bytes
-        return 0
+    def fake_time_cuda(call, config, prepare=None):
+        call()
+        return SimpleNamespace(median_ms=float(len(moves)))
 
-    def cuCtxSetLimit(self, which: int, value) -> int:  # noqa: N802 - the driver's name
-        self.calls.append(("set", which, value.value))
-        self.stack_bytes = value.value
-        return 0
-
-
-def test_the_local_memory_way_keeps_new_memory_then_raises_the_stack_limit(monkeypatch) -> None:
-    driver, events = FakeDriver(1024), []
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: driver)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
-
-    def empty(nbytes: int, dtype, device: str) -> torch.Tensor:
-        events.append(("block", nbytes, device))
-        return torch.zeros(0)
-
-    monkeypatch.setattr(torch, "empty", empty)
-    kept: list = []
-    for index in range(2):
-        timing_spread.local_memory_moved(index, kept)
-    assert events == [
-        "empty_cache",
-        ("block", 1 << 24, "cuda"),
-        "empty_cache",
-        ("block", 2 << 24, "cuda"),
-    ]
-    assert len(kept) == 2
-    assert driver.calls == [("get", 0), ("set", 0, 1040), ("get", 0), ("set", 0, 1056)]
+    monkeypatch.setattr(local_memory, "move_local_memory", move)
+    monkeypatch.setattr(timing, "time_cuda", fake_time_cuda)
+    calls: list = []
+    inputs = [[torch.tensor(float(i))] for i in range(3)]
+    medians = timing_spread.placed_medians(Recorder("sol", calls), inputs, "l", None, None)
+    assert moves == [(1 << 24, 0), (2 << 24, 1), (3 << 24, 2)]
+    assert calls == [("sol", 0), ("sol", 1), ("sol", 2)]
+    assert medians == [1.0, 2.0, 3.0]

@@ -20,6 +20,7 @@ from kernelrl.env.admission import (
 from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.reference import ReferenceRunner
 from kernelrl.env.sandbox.gpu_memory import GpuMemoryWatch, GpuShare, counted_until_exit
+from kernelrl.env.sandbox.local_memory import MOVE_BYTES
 from kernelrl.env.sandbox.processes import ChildPool
 from kernelrl.env.sandboxed_reference import SandboxedReference, TaskReferences
 from kernelrl.env.task import task_from_source
@@ -93,6 +94,14 @@ def test_a_plan_counts_the_input_sets_the_timing_asks_for() -> None:
     plan, release = references.admit(task, GpuMemoryBudget(64 * GIB))
     release()
     assert plan is not None and plan.placements == 8
+
+
+def test_a_plan_counts_what_moving_the_local_memory_keeps_for_every_input_set() -> None:
+    task = task_from_source(_task(2**20), "relu_moved")
+    still = memory_plan(task, TimingConfig(most_placements=8))
+    moved = memory_plan(task, TimingConfig(most_placements=8, move_local_memory=True))
+    assert moved.child_bytes - still.child_bytes == 8 * MOVE_BYTES
+    assert moved.trusted_bytes == still.trusted_bytes
 
 
 def test_reservations_wait_until_they_fit() -> None:

@@ -95,9 +95,10 @@ def test_a_gpu_times_every_placement() -> None:
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_after_placement_runs_once_each_input_set_is_timed(device: str) -> None:
-    """Where the reference takes its turn (interleaved timing): after every set's last timed
-    call, before the next set's first; a CPU times one set."""
+def test_hooks_run_once_around_each_input_set_timed(device: str) -> None:
+    """``after_placement``, where the reference takes its turn (interleaved timing): after every
+    set's last timed call; ``before_placement``, where the local memory moves: before its first
+    (its warm-up's included). A CPU times one set."""
     events: list[tuple[str, int]] = []
 
     def call_for(index: int):
@@ -113,9 +114,11 @@ def test_after_placement_runs_once_each_input_set_is_timed(device: str) -> None:
         torch.device(device),
         config,
         after_placement=lambda index: events.append(("after", index)),
+        before_placement=lambda index: events.append(("before", index)),
     )
     sets = 3 if device == "cuda" else 1
-    assert events == [(kind, i) for i in range(sets) for kind in ("call", "after")]
+    kinds = ("before", "call", "after")
+    assert events == [(kind, i) for i in range(sets) for kind in kinds]
 
 
 @pytest.mark.gpu

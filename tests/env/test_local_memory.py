@@ -1,0 +1,96 @@
+"""The local memory's move between input sets, through the driver's two limit calls as they are
+spelled, checked against a driver that records them, and on a real one (GPU)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from kernelrl.data.bundled import bundled_pairs
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.pools.local import LocalPool
+from kernelrl.env.result import Status
+from kernelrl.env.sandbox import local_memory
+from kernelrl.env.timing import TimingConfig
+
+
+class FakeDriver:
+    """libcuda's two limit calls as the move uses them: the stack limit read, then raised."""
+
+    def __init__(self, stack_bytes: int, fails: str = "") -> None:
+        self.stack_bytes, self.fails, self.calls = stack_bytes, fails, []
+
+    def cuCtxGetLimit(self, value, which: int) -> int:  # noqa: N802 - the driver's name
+        self.calls.append(("get", which))
+        value._obj.value = self.stack_bytes
+        return 1 if self.fails == "get" else 0
+
+    def cuCtxSetLimit(self, which: int, value) -> int:  # noqa: N802 - the driver's name
+        self.calls.append(("set", which, value.value))
+        self.stack_bytes = value.value
+        return 1 if self.fails == "set" else 0
+
+
+def faked(monkeypatch, driver: FakeDriver) -> list:
+    events: list = []
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: driver)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+
+    def empty(nbytes: int, dtype, device: str) -> torch.Tensor:
+        events.append(("block", nbytes, device))
+        return torch.zeros(0)
+
+    monkeypatch.setattr(torch, "empty", empty)
+    return events
+
+
+def test_a_new_block_is_kept_before_the_stack_limit_rises(monkeypatch) -> None:
+    driver = FakeDriver(1024)
+    events = faked(monkeypatch, driver)
+    kept: list = []
+    local_memory.move_local_memory(kept)
+    local_memory.move_local_memory(kept, 4096)
+    spacer = local_memory.SPACER_BYTES
+    assert events == [
+        "empty_cache",
+        ("block", spacer, "cuda"),
+        "empty_cache",
+        ("block", 4096, "cuda"),
+    ]
+    assert len(kept) == 2
+    assert driver.calls == [("get", 0), ("set", 0, 1040), ("get", 0), ("set", 0, 1056)]
+
+
+def test_a_refused_limit_call_raises_rather_than_timing_on_unmoved_memory(monkeypatch) -> None:
+    for fails in ("get", "set"):
+        faked(monkeypatch, FakeDriver(1024, fails))
+        with pytest.raises(RuntimeError, match="cuCtx"):
+            local_memory.move_local_memory([])
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_stack_limit_rises_and_kernels_run_on_the_new_local_memory() -> None:
+    cuda = ctypes.CDLL("libcuda.so.1")
+    x = torch.randn(1 << 20, device="cuda")
+    limit = ctypes.c_size_t()
+    assert cuda.cuCtxGetLimit(ctypes.byref(limit), local_memory.CU_LIMIT_STACK_SIZE) == 0
+    before, kept = limit.value, []
+    for _ in range(3):
+        local_memory.move_local_memory(kept)
+        assert torch.equal(torch.relu(x), x.clamp(min=0))
+    assert cuda.cuCtxGetLimit(ctypes.byref(limit), local_memory.CU_LIMIT_STACK_SIZE) == 0
+    assert limit.value == before + 3 * local_memory.STACK_STEP_BYTES
+    assert [block.numel() for block in kept] == [local_memory.SPACER_BYTES] * 3
+
+
+@pytest.mark.gpu
+def test_a_spilling_convolution_is_judged_and_timed_with_its_local_memory_moved() -> None:
+    pairs = [(t, s) for t, s in bundled_pairs("triton") if t.id == "31_conv2d_stride2_relu"]
+    config = EvalConfig(device="cuda", timeout_s=300, timing=TimingConfig(move_local_memory=True))
+    with LocalPool(config, workers=1) as pool:
+        [result] = pool.evaluate([t for t, _ in pairs], [s for _, s in pairs])
+    assert result.status is Status.CORRECT, result.feedback
+    assert result.timing_meaningful and result.runtime is not None
+    assert len(result.runtime.placement_medians_ms) >= TimingConfig().placements
