@@ -72,8 +72,8 @@ def _key_before_fresh_inputs(config) -> str:
     (``placement_warmup_ms``), L2 was flushed by reading (``l2_flush``, then the boolean
     ``flush_l2``), a long kernel's repetitions could stop early (``enough_timed_ms``), a placement
     took 10 timed calls instead of 30 (``min_reps``), the key named the procedure's version and
-    a timing could add input sets (``most_placements``, ``placements_rel_err``): the journals
-    below were written then."""
+    a timing could add input sets (``most_placements``, ``placements_rel_err``) and move the
+    local memory (``move_local_memory``): the journals below were written then."""
     settings = pipeline.validate_settings(config)
     timing = settings["config"]["timing"]
     assert timing.pop("procedure") == PROCEDURE
@@ -85,6 +85,7 @@ def _key_before_fresh_inputs(config) -> str:
     assert timing.pop("enough_timed_ms") == 50.0
     assert timing.pop("most_placements") == 16
     assert timing.pop("placements_rel_err") == 0.005
+    assert timing.pop("move_local_memory") is False
     timing["flush_l2"] = True
     return fingerprint("validate", settings)
 
@@ -94,7 +95,8 @@ def test_a_journal_written_before_the_steps_had_their_own_configs_still_resumes(
     it when the step's keys were fields of one flat ``CurateConfig``: nothing else a verdict
     depends on has drifted since. A change of what a verdict depends on (``TimingConfig``: fresh
     timed inputs, the later placements' warm-up, the L2 flush, the timed calls a placement, the
-    procedure's version, the input sets added while their mean is not known; a new setting,
+    procedure's version, the input sets added while their mean is not known, the local memory
+    moved between them; a new setting,
     even at the value that times as before) changes it on purpose, so those journals are not
     resumed now."""
     expected = {
