@@ -404,7 +404,8 @@ def time_fn(
     not known well enough), and average their medians; ``prepares[i]`` (if given, and
     ``config.fresh_inputs``) runs before each call of ``calls[i]``, ``after_call`` after every
     call, ``before_placement(i)`` before input set ``i`` is timed and ``after_placement(i)``
-    once it is (where the reference is timed interleaved with them); ``steps`` adds up where the time went, over every placement."""
+    once it is (where the reference is timed interleaved with them); ``steps`` adds up where
+    the time went, over every placement."""
     if not (prepares and config.fresh_inputs):
         prepares = [None] * len(calls)
 
