@@ -21,19 +21,26 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["descendants", "start_reaper"]
+__all__ = ["descendants", "end_processes", "identity", "start_reaper", "stop_session"]
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time) of ``pid`` from /proc, None if it is gone."""
+    """(parent pid, start time) of ``pid`` from /proc, None if it is gone or a zombie (it
+    has exited; only its parent's wait is missing)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces and ')'
-    return int(fields[1]), int(fields[19])
+    return None if fields[0] == "Z" else (int(fields[1]), int(fields[19]))
+
+
+def identity(pid: int) -> Proc | None:
+    """``pid`` with its start time, None if it is not running."""
+    stat = _stat(pid)
+    return None if stat is None else (pid, stat[1])
 
 
 def descendants(root: int) -> set[Proc]:
@@ -64,28 +71,68 @@ def _alive(proc: Proc) -> bool:
 
 def reap(root: int, poll_s: float = 0.5, grace_s: float = 5.0) -> int:
     """Watch ``root``; once it is gone, end its remembered descendants. Returns how many
-    were still running."""
+    needed SIGKILL."""
     me = os.getpid()
-    identity = _stat(root)
-    if identity is None:
+    target = identity(root)
+    if target is None:
         return 0
-    target: Proc = (root, identity[1])
     known: set[Proc] = set()
     while _alive(target):
         known |= {p for p in descendants(root) if p[0] != me}
         time.sleep(poll_s)
-    left = {p for p in known if _alive(p)}
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid, _ in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(p) for p in left):
-            time.sleep(0.1)
+    return end_processes(known, grace_s)
+
+
+def signal_each(procs: set[Proc], sig: int) -> None:
+    for pid, _ in procs:
+        with contextlib.suppress(OSError):
+            os.kill(pid, sig)
+
+
+def wait_gone(procs: set[Proc], within_s: float) -> set[Proc]:
+    """Those of ``procs`` still running after up to ``within_s``."""
+    deadline = time.monotonic() + within_s
+    left = {p for p in procs if _alive(p)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
         left = {p for p in left if _alive(p)}
-        if not left:
-            break
+    return left
+
+
+def end_processes(procs: set[Proc], grace_s: float) -> int:
+    """SIGTERM to each of ``procs`` still running, SIGKILL to those left after ``grace_s``.
+    Returns how many needed SIGKILL.
+
+    Why wait for every one, not for a parent: a parent that exits at once on SIGTERM (vLLM's
+    server) leaves its children still tearing down, and a SIGKILL then leaves behind what they
+    were about to remove (their shared memory in /dev/shm)."""
+    left = {p for p in procs if _alive(p)}
+    signal_each(left, signal.SIGTERM)
+    left = wait_gone(left, grace_s)
+    signal_each(left, signal.SIGKILL)
+    wait_gone(left, grace_s)
     return len(left)
+
+
+def stop_session(process: subprocess.Popen, grace_s: float) -> None:
+    """End ``process``, started in a session of its own, and everything it started: SIGTERM
+    to its process group, then SIGKILL to what is left after ``grace_s``, the group and the
+    descendants that left it (torchrun's ranks and Ray's workers have sessions of their own).
+    The grace runs until the whole family is gone, not its leader alone (see ``end_processes``)."""
+    family = descendants(process.pid)
+    if (leader := identity(process.pid)) is not None:
+        family.add(leader)
+    _signal_group(process.pid, signal.SIGTERM)
+    left = wait_gone(family, grace_s)
+    _signal_group(process.pid, signal.SIGKILL)  # what joined the group meanwhile
+    signal_each(left, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace_s)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def start_reaper(pid: int | None = None) -> subprocess.Popen[bytes]:

@@ -28,7 +28,6 @@ where it stopped. ``<log_dir>/pids.json`` names every process group it started.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
@@ -42,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelrl.launch.reaper import stop_session
 from kernelrl.launch.recipe import RecipeError
 
+STOP_GRACE_S = 30.0  # how long a stopped process and its children may take to exit
 ENV_READY = "ready:"  # the line `kernelrl env serve` prints once its workers answer
 
 
@@ -194,25 +195,11 @@ class Topology:
         print("[topology] environment service and generation server ready", flush=True)
 
     def stop(self) -> None:
-        """SIGTERM every group (trainers first, the Ray head last), SIGKILL what stays, and
-        every descendant that left its group (torchrun's ranks, Ray's workers have their own
-        sessions)."""
+        """Each process and all it started (trainers first, the Ray head last), given
+        ``STOP_GRACE_S`` to exit."""
         for name in ("trainers", "server", "env", "ray"):
-            process = self.processes.get(name)
-            if process is None:
-                continue
-            family = descendants(process.pid)
-            if process.poll() is None:
-                _signal_group(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    _signal_group(process.pid, signal.SIGKILL)
-                    process.wait(timeout=10)
-            _signal_group(process.pid, signal.SIGKILL)  # children left in the group
-            for pid in family:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            if name in self.processes:
+                stop_session(self.processes[name], STOP_GRACE_S)
 
     def run(self) -> int:
         commands = self.commands()
@@ -241,31 +228,6 @@ class Topology:
             f"`kernelrl topology --train_config {self.config.train_config} "
             "--resume_from_checkpoint latest`"
         )
-
-
-def descendants(root: int) -> list[int]:
-    """Every living process under ``root`` (by parent pid, from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelrl.launch.reaper import descendants
+from kernelrl.launch.reaper import descendants, stop_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -59,6 +59,48 @@ def test_orphans_of_a_killed_process_are_ended(tmp_path: Path) -> None:
     parent.kill()
     parent.wait()
     assert not _wait_gone({grandchild}, 20), "the orphan outlived its killed parent"
+
+
+#: A child that takes a while to clean up after SIGTERM, and one that ignores SIGTERM in a
+#: session of its own; each says when its handler is in place.
+CHILD = """
+import signal, sys, time
+from pathlib import Path
+folder, how = Path(sys.argv[1]), sys.argv[2]
+def clean_up(*_):
+    time.sleep(1.5)  # as vLLM's engine unlinking its shared memory on a busy machine
+    (folder / "cleaned").write_text("yes")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, clean_up if how == "slow" else signal.SIG_IGN)
+(folder / how).write_text("ready")
+time.sleep(600)
+"""
+#: Starts both children, then exits at once on SIGTERM, as vLLM's server does.
+PARENT = f"""
+import signal, subprocess, sys, time
+child = {CHILD!r}
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+slow = subprocess.Popen([sys.executable, "-c", child, sys.argv[1], "slow"])
+deaf = subprocess.Popen([sys.executable, "-c", child, sys.argv[1], "deaf"], start_new_session=True)
+time.sleep(600)
+"""
+
+
+def test_a_stopped_session_gives_every_process_its_grace(tmp_path: Path) -> None:
+    """``stop_session`` waits for the whole family, not for its leader alone: the child still
+    cleaning up when its parent has exited finishes, and the one that ignores SIGTERM from a
+    session of its own is killed once the grace is over."""
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path)], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not ((tmp_path / "slow").exists() and (tmp_path / "deaf").exists()):
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.1)
+    family = {p for p, _ in descendants(parent.pid)}
+    started = time.monotonic()
+    stop_session(parent, grace_s=5)
+    assert (tmp_path / "cleaned").read_text() == "yes", "a child was killed while cleaning up"
+    assert not _wait_gone(family | {parent.pid}, 5), "a process outlived its grace"
+    assert time.monotonic() - started < 15
 
 
 @pytest.mark.slow

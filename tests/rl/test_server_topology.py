@@ -31,6 +31,7 @@ pytest.importorskip("ray")
 from rl_support import VerdictPool, smollm2_folder, task_rows  # noqa: E402
 
 from kernelrl.env.result import Status  # noqa: E402
+from kernelrl.launch.reaper import stop_session  # noqa: E402
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -66,18 +67,6 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _stop(process: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """One generation server for the module, started as `kernelrl topology` starts it
@@ -104,7 +93,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
             time.sleep(2)
         yield url, port
     finally:
-        _stop(process)
+        stop_session(process, grace_s=60)
 
 
 def _hf_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:  # noqa: ANN001
@@ -218,7 +207,7 @@ def _run(command: list[str], timeout: float) -> subprocess.CompletedProcess:
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _stop(process)
+        stop_session(process, grace_s=60)
         out, _ = process.communicate()
         raise AssertionError(f"kernelrl topology hung for {timeout} s:\n{out[-4000:]}") from None
     return subprocess.CompletedProcess(command, process.returncode, out)
@@ -319,16 +308,16 @@ def _finish(process: subprocess.Popen, timeout: float) -> int:
     try:
         return process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _stop(process)
+        stop_session(process, grace_s=60)
         raise AssertionError(f"no exit within {timeout} s after the fault: a hang") from None
 
 
 def _process_with(root: int, marker: bytes, where: str = "environ") -> int:
     """The process under ``root`` (torchrun's ranks and Ray's workers leave its group) whose
     /proc file holds ``marker``."""
-    from kernelrl.launch.topology_cli import descendants
+    from kernelrl.launch.reaper import descendants
 
-    for pid in descendants(root):
+    for pid, _ in descendants(root):
         try:
             if marker in Path(f"/proc/{pid}/{where}").read_bytes():
                 return pid
