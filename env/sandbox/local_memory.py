@@ -30,12 +30,12 @@ def move_local_memory(kept: list[torch.Tensor], spacer_bytes: int = SPACER_BYTES
     """A block of ``spacer_bytes`` taken from the driver and appended to ``kept`` (held by the
     caller while the new local memory is in use), then the stack limit raised
     ``STACK_STEP_BYTES``, so that the next launch runs on local memory allocated anew."""
-    cuda = ctypes.CDLL("libcuda.so.1")
+    torch.cuda.empty_cache()  # the block then comes from the driver, not the allocator's cache
+    kept.append(torch.empty(spacer_bytes, dtype=torch.uint8, device="cuda"))
+    cuda = ctypes.CDLL("libcuda.so.1")  # the calls below act on the context current here
     limit = ctypes.c_size_t()
     if cuda.cuCtxGetLimit(ctypes.byref(limit), CU_LIMIT_STACK_SIZE) != 0:
         raise RuntimeError("cuCtxGetLimit(CU_LIMIT_STACK_SIZE) failed")
-    torch.cuda.empty_cache()  # the block then comes from the driver, not the allocator's cache
-    kept.append(torch.empty(spacer_bytes, dtype=torch.uint8, device="cuda"))
     raised = ctypes.c_size_t(limit.value + STACK_STEP_BYTES)
     if cuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, raised) != 0:
         raise RuntimeError("cuCtxSetLimit(CU_LIMIT_STACK_SIZE) failed")
