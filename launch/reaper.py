@@ -9,6 +9,9 @@ watched process has gone, it sends SIGTERM, then SIGKILL, to every listed proces
 runs (a pid is matched with its start time, so a reused pid is never hit), then exits.
 
     python -m kernelrl.launch.reaper PID      # or start_reaper() from the process itself
+
+The same ending, given to a process that is still running, is ``stop_session``: how
+``kernelrl topology`` stops the processes it started.
 """
 
 from __future__ import annotations
