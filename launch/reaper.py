@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["descendants", "end_processes", "identity", "start_reaper", "stop_session"]
+__all__ = ["descendants", "start_reaper", "stop_session"]
 
 Proc = tuple[int, int]  # (pid, start time in clock ticks since boot)
 
@@ -40,7 +40,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return None if fields[0] == "Z" else (int(fields[1]), int(fields[19]))
 
 
-def identity(pid: int) -> Proc | None:
+def _identity(pid: int) -> Proc | None:
     """``pid`` with its start time, None if it is not running."""
     stat = _stat(pid)
     return None if stat is None else (pid, stat[1])
@@ -76,23 +76,23 @@ def reap(root: int, poll_s: float = 0.5, grace_s: float = 5.0) -> int:
     """Watch ``root``; once it is gone, end its remembered descendants. Returns how many
     needed SIGKILL."""
     me = os.getpid()
-    target = identity(root)
+    target = _identity(root)
     if target is None:
         return 0
     known: set[Proc] = set()
     while _alive(target):
         known |= {p for p in descendants(root) if p[0] != me}
         time.sleep(poll_s)
-    return end_processes(known, grace_s)
+    return _end_processes(known, grace_s)
 
 
-def signal_each(procs: set[Proc], sig: int) -> None:
+def _signal_each(procs: set[Proc], sig: int) -> None:
     for pid, _ in procs:
         with contextlib.suppress(OSError):
             os.kill(pid, sig)
 
 
-def wait_gone(procs: set[Proc], within_s: float) -> set[Proc]:
+def _wait_gone(procs: set[Proc], within_s: float) -> set[Proc]:
     """Those of ``procs`` still running after up to ``within_s``."""
     deadline = time.monotonic() + within_s
     left = {p for p in procs if _alive(p)}
@@ -102,7 +102,7 @@ def wait_gone(procs: set[Proc], within_s: float) -> set[Proc]:
     return left
 
 
-def end_processes(procs: set[Proc], grace_s: float) -> int:
+def _end_processes(procs: set[Proc], grace_s: float) -> int:
     """SIGTERM to each of ``procs`` still running, SIGKILL to those left after ``grace_s``.
     Returns how many needed SIGKILL.
 
@@ -110,10 +110,10 @@ def end_processes(procs: set[Proc], grace_s: float) -> int:
     server) leaves its children still tearing down, and a SIGKILL then leaves behind what they
     were about to remove (their shared memory in /dev/shm)."""
     left = {p for p in procs if _alive(p)}
-    signal_each(left, signal.SIGTERM)
-    left = wait_gone(left, grace_s)
-    signal_each(left, signal.SIGKILL)
-    wait_gone(left, grace_s)
+    _signal_each(left, signal.SIGTERM)
+    left = _wait_gone(left, grace_s)
+    _signal_each(left, signal.SIGKILL)
+    _wait_gone(left, grace_s)
     return len(left)
 
 
@@ -121,14 +121,14 @@ def stop_session(process: subprocess.Popen, grace_s: float) -> None:
     """End ``process``, started in a session of its own, and everything it started: SIGTERM
     to its process group, then SIGKILL to what is left after ``grace_s``, the group and the
     descendants that left it (torchrun's ranks and Ray's workers have sessions of their own).
-    The grace runs until the whole family is gone, not its leader alone (see ``end_processes``)."""
+    The grace runs until the whole family is gone, not its leader alone (see ``_end_processes``)."""
     family = descendants(process.pid)
-    if (leader := identity(process.pid)) is not None:
+    if (leader := _identity(process.pid)) is not None:
         family.add(leader)
     _signal_group(process.pid, signal.SIGTERM)
-    left = wait_gone(family, grace_s)
+    left = _wait_gone(family, grace_s)
     _signal_group(process.pid, signal.SIGKILL)  # what joined the group meanwhile
-    signal_each(left, signal.SIGKILL)
+    _signal_each(left, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=grace_s)
 
