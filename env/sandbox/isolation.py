@@ -56,7 +56,7 @@ import sys
 from dataclasses import dataclass, field
 
 from kernelrl.env.sandbox import cgroups
-from kernelrl.env.sandbox.isolation_user import drop_privileges, needed_paths
+from kernelrl.env.sandbox.isolation_user import SANDBOX_UID_BASE, drop_privileges, needed_paths
 from kernelrl.env.sandbox.isolation_view import confine_filesystem
 from kernelrl.env.sandbox.linux import (
     CLONE_NEWIPC,
@@ -72,8 +72,6 @@ from kernelrl.env.sandbox.linux import (
     prctl,
 )
 
-# Far above the ranges distributions, systemd and subuid allocations hand out.
-SANDBOX_UID_BASE = 0x40000000
 # The host's name (often the machine's or the pod's) is not the solution's business.
 SANDBOX_HOSTNAME = "kernelrl-sandbox"
 

@@ -13,6 +13,10 @@ import sys
 from kernelrl.env.sandbox.linux import PR_SET_NO_NEW_PRIVS, load_libc, prctl
 
 _CAPABILITY_VERSION_3 = 0x20080522
+# Far above the ranges distributions, systemd and subuid allocations hand out; a child's uid is
+# the base plus its waiter's pid, so the range is as wide as the kernel's largest pid.
+SANDBOX_UID_BASE = 0x40000000
+SANDBOX_UIDS = range(SANDBOX_UID_BASE, SANDBOX_UID_BASE + 2**22)
 
 
 def is_package_folder(path: str) -> bool:

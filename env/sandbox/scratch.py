@@ -6,8 +6,9 @@ but a worker killed by SIGKILL or the OOM killer cannot, and on tmpfs what it le
 memory until the machine restarts. Each folder's name carries the worker's PID namespace and
 PID; a worker sweeps, once, the folders of workers of its own PID namespace that no longer
 exist. Folders of another namespace are never touched: their owners' PIDs mean nothing here;
-nor is anything in the shared folder that is not a folder of this user (another user's, planted
-under a dead worker's name, or a symbolic link to somewhere else).
+nor is anything in the shared folder that is not a folder of this user or, for a worker running
+as root, of a sandbox user (a child's home is handed to the child's own uid) — another user's,
+planted under a dead worker's name, or a symbolic link to somewhere else, stays.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kernelrl.env.sandbox.isolation_user import SANDBOX_UIDS
 from kernelrl.env.sandbox.linux import process_exists
 
 PREFIX = "kernelrl-"
@@ -54,6 +56,11 @@ def make_scratch(kind: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=scratch_root()))
 
 
+def _owned_by_us(uid: int) -> bool:
+    """This user's, or (as root, which hands each child's home to the child's uid) a child's."""
+    return uid == os.geteuid() or (os.geteuid() == 0 and uid in SANDBOX_UIDS)
+
+
 def sweep_orphans(root: str | None = None) -> list[Path]:
     """Remove the scratch folders of this PID namespace's workers that no longer run; once per
     process unless ``root`` is given. Returns what was removed."""
@@ -74,7 +81,7 @@ def sweep_orphans(root: str | None = None) -> list[Path]:
             info = os.lstat(path)
         except OSError:
             continue
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        if not stat.S_ISDIR(info.st_mode) or not _owned_by_us(info.st_uid):
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

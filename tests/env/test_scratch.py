@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from kernelrl.env.sandbox import scratch
+from kernelrl.env.sandbox.isolation_user import SANDBOX_UIDS
 
 
 def _dead_pid() -> int:
@@ -59,3 +60,19 @@ def test_only_this_users_own_folders_are_swept(tmp_path: Path) -> None:
     theirs.mkdir()
     os.chown(theirs, 65534, 65534)
     assert scratch.sweep_orphans(str(tmp_path)) == [] and theirs.is_dir()
+
+
+def test_a_dead_workers_child_home_handed_to_the_childs_uid_is_swept(tmp_path: Path) -> None:
+    """As root, a child's home belongs to the child's sandbox uid by the time the worker dies;
+    it is still the worker's to sweep (a uid just outside the sandbox range is not)."""
+    if os.geteuid() != 0:
+        return  # only root hands folders to sandbox uids
+    namespace = scratch._pid_namespace()
+    homes = [tmp_path / f"kernelrl-sbx-{namespace}-{_dead_pid()}-{n}" for n in ("a", "b")]
+    for home, uid in zip(homes, (SANDBOX_UIDS[-1], SANDBOX_UIDS[0] - 1), strict=True):
+        home.mkdir()
+        (home / "child.log").write_text("")
+        os.chown(home / "child.log", uid, uid)
+        os.chown(home, uid, uid)
+    assert scratch.sweep_orphans(str(tmp_path)) == [homes[0]]
+    assert not homes[0].exists() and homes[1].is_dir()
