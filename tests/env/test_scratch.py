@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kernelrl.env.sandbox import scratch
 from kernelrl.env.sandbox.isolation_user import SANDBOX_UIDS
 
@@ -66,7 +68,7 @@ def test_a_dead_workers_child_home_handed_to_the_childs_uid_is_swept(tmp_path: P
     """As root, a child's home belongs to the child's sandbox uid by the time the worker dies;
     it is still the worker's to sweep (a uid just outside the sandbox range is not)."""
     if os.geteuid() != 0:
-        return  # only root hands folders to sandbox uids
+        pytest.skip("only root hands folders to sandbox uids")
     namespace = scratch._pid_namespace()
     homes = [tmp_path / f"kernelrl-sbx-{namespace}-{_dead_pid()}-{n}" for n in ("a", "b")]
     for home, uid in zip(homes, (SANDBOX_UIDS[-1], SANDBOX_UIDS[0] - 1), strict=True):
