@@ -109,6 +109,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="kernelrl's timing: a placement whose timed calls add up to this may stop before "
         "its minimum repetitions (TimingConfig's default where not given; 0: never)",
     )
+    p.add_argument(
+        "--move-local-memory",
+        action="store_true",
+        help="kernelrl's timing: the child's local memory allocated anew before each input set",
+    )
     p.add_argument("--kb-correct-trials", type=int, default=3)
     p.add_argument("--kb-perf-trials", type=int, default=20)
     p.add_argument("--time-budget-s", type=float, default=450.0, help="for all three phases")
@@ -181,7 +186,7 @@ def kernelrl_phase(
     return {
         "kernelrl options": (
             f"enough_timed_ms={stats['enough_timed_ms']}, "
-            f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}"
+            f"move_local_memory={args.move_local_memory}, compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}"
         ),
         "kernelrl evaluations": stats["evaluations"],
         "kernelrl evals/min (pool warm)": _fmt(stats["evals_per_min"], ".1f"),

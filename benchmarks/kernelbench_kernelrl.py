@@ -149,7 +149,7 @@ def run_kernelrl_phase(
     heavy = [m for m in ("trl", "ray", "datasets", "vllm") if m in sys.modules]
     tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
     started = time.perf_counter()
-    timing = TimingConfig()
+    timing = TimingConfig(move_local_memory=args.move_local_memory)
     if args.enough_timed_ms is not None:
         timing = replace(timing, enough_timed_ms=args.enough_timed_ms)
     config = EvalConfig(
