@@ -99,3 +99,61 @@ def test_a_spilling_convolution_is_judged_and_timed_with_its_local_memory_moved(
     assert result.status is Status.CORRECT, result.feedback
     assert result.timing_meaningful and result.runtime is not None
     assert len(result.runtime.placement_medians_ms) >= TimingConfig().placements
+
+
+# Run in its own process: the stack limit it sets leaves gigabytes of local memory behind.
+REPLACEMENT_PROBE = """
+import ctypes, json, torch
+cuda = ctypes.CDLL("libcuda.so.1")
+STACK = 16384
+
+def free():
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+def replaced(stack, room):
+    filler = torch.empty(free() - room, dtype=torch.uint8, device="cuda")
+    code = cuda.cuCtxSetLimit(0, ctypes.c_size_t(stack))
+    try:
+        if code == 0:
+            torch.ones(1, device="cuda").add_(1)  # a launch on the new local memory
+            torch.cuda.synchronize()
+    except RuntimeError as error:
+        return "launch: " + str(error).splitlines()[0]
+    finally:
+        del filler
+        torch.cuda.empty_cache()
+    return code
+
+torch.ones(1, device="cuda").add_(1)
+before = free()
+assert cuda.cuCtxSetLimit(0, ctypes.c_size_t(STACK)) == 0
+torch.ones(1, device="cuda").add_(1)
+local = before - free()  # the local memory of a 16 KiB stack a thread
+half = local // 2
+print(json.dumps({
+    "local_bytes": local,
+    "moved_with_half_free": replaced(STACK + 16, half),
+    "tripled_with_half_free": replaced(3 * STACK, half),
+}))
+"""
+
+
+@pytest.mark.gpu
+def test_the_driver_gives_the_old_local_memory_back_before_it_takes_the_new() -> None:
+    """What a move holds at its peak. The plan counts the local memory's rise, not a second
+    local memory, which holds only if the driver frees the old one before it allocates the new.
+    With half a local memory free beside it, a move of the same size then succeeds, and a
+    replacement three times as large must fail (the probe does reach the driver's limit)."""
+    import json
+    import subprocess
+    import sys
+
+    ran = subprocess.run(
+        [sys.executable, "-c", REPLACEMENT_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    probe = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert probe["local_bytes"] > 2**30, probe  # 16 KiB for every resident thread
+    assert probe["tripled_with_half_free"] != 0, probe
+    assert probe["moved_with_half_free"] == 0, probe
