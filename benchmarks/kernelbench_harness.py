@@ -186,7 +186,8 @@ def kernelrl_phase(
     return {
         "kernelrl options": (
             f"enough_timed_ms={stats['enough_timed_ms']}, "
-            f"move_local_memory={args.move_local_memory}, compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}"
+            f"move_local_memory={args.move_local_memory}, "
+            f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}"
         ),
         "kernelrl evaluations": stats["evaluations"],
         "kernelrl evals/min (pool warm)": _fmt(stats["evals_per_min"], ".1f"),

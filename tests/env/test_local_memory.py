@@ -4,6 +4,9 @@ spelled, checked against a driver that records them, and on a real one (GPU)."""
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -104,7 +107,7 @@ def test_a_spilling_convolution_is_judged_and_timed_with_its_local_memory_moved(
 # Run in its own process: the stack limit it sets leaves gigabytes of local memory behind.
 REPLACEMENT_PROBE = """
 import ctypes, json, torch
-cuda = ctypes.CDLL("libcuda.so.1")
+cuda = ctypes.CDLL("libcuda.so.1")  # cuCtxSetLimit's first argument: CU_LIMIT_STACK_SIZE, 0
 STACK = 16384
 
 def free():
@@ -145,10 +148,6 @@ def test_the_driver_gives_the_old_local_memory_back_before_it_takes_the_new() ->
     local memory, which holds only if the driver frees the old one before it allocates the new.
     With half a local memory free beside it, a move of the same size then succeeds, and a
     replacement three times as large must fail (the probe does reach the driver's limit)."""
-    import json
-    import subprocess
-    import sys
-
     ran = subprocess.run(
         [sys.executable, "-c", REPLACEMENT_PROBE], capture_output=True, text=True, timeout=120
     )
