@@ -1,0 +1,118 @@
+"""Two settings of the throughput benchmark alternated on one machine, A B A B ..., each run in a
+process and pool of its own, and what they measured side by side: each run's new-kernel rate,
+verdicts and speed-up spread per task, and for each pair B's rate over A's.
+
+A shared machine drifts between calls by more than most settings move (benchmarks/README.md
+compares runs within a table only): alternating the two, and comparing each B with the A just
+before it, is what lets a difference be put down to the setting rather than the hour.
+
+    python benchmarks/alternate.py --pairs 2 --b=--move-local-memory --out OUT -- \\
+        --device cuda --new-kernels --repeats 6 --tasks 31_conv2d_stride2_relu 18_matmul
+
+Everything after ``--`` goes to both settings of ``env_throughput.py``; ``--a`` and ``--b`` add
+each one's own options (quoted, as one argument). Each run's log and ``--summary-out`` JSON are
+kept in OUT beside ``side_by_side.md``, the table this prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+THROUGHPUT = Path(__file__).resolve().parent / "env_throughput.py"
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The alternation's own options, and the options both settings share (after ``--``)."""
+    if "--" not in argv:
+        raise SystemExit("alternate.py: give env_throughput.py's shared options after '--'")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--a", default="", help="setting A's own options (default: none)")
+    parser.add_argument("--b", default="", help="setting B's own options")
+    parser.add_argument("--pairs", type=int, default=2, help="A-B pairs, run in turn")
+    parser.add_argument("--out", default="runs/alternate", help="logs, summaries and the table")
+    parser.add_argument(
+        "--run-timeout-s", type=float, default=None, help="a run still going then is stopped"
+    )
+    args = parser.parse_args(argv[:split])
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1, not {args.pairs}")
+    if args.a == args.b:
+        parser.error("--a and --b are the same setting: nothing to compare")
+    return args, argv[split + 1 :]
+
+
+def run_order(pairs: int) -> list[str]:
+    """The runs' labels in the order they run: a1 b1 a2 b2 ..."""
+    return [f"{side}{pair}" for pair in range(1, pairs + 1) for side in "ab"]
+
+
+def run_one(label: str, options: list[str], out: Path, timeout_s: float | None) -> dict:
+    """One run of the throughput benchmark; its summary, or why there is none."""
+    summary_path = out / f"{label}.json"
+    command = [sys.executable, str(THROUGHPUT), *options, "--summary-out", str(summary_path)]
+    started = time.perf_counter()
+    with (out / f"{label}.log").open("w") as log:
+        log.write(shlex.join(command) + "\n")
+        log.flush()
+        try:
+            code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+            failed = f"exit status {code.returncode}" if code.returncode else ""
+        except subprocess.TimeoutExpired:
+            failed = f"stopped after {timeout_s:.0f} s"
+    wall = time.perf_counter() - started
+    print(f"{label}: {failed or 'done'} in {wall:.0f} s", flush=True)
+    if failed or not summary_path.exists():
+        return {"failed": failed or "no summary written"}
+    return json.loads(summary_path.read_text())
+
+
+def side_by_side(summaries: dict[str, dict]) -> str:
+    """A markdown table: a row per run, in the order they ran, then each pair's rate ratio."""
+    tasks = sorted({t for s in summaries.values() for t in s.get("warm", {}).get("spreads", {})})
+    head = ["run", "new kernels/min", "verdicts", *(f"`{t}` spread" for t in tasks)]
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    for label, summary in summaries.items():
+        if "failed" in summary:
+            lines.append(f"| {label} | {summary['failed']} |" + " |" * (len(head) - 2))
+            continue
+        warm = summary["warm"]
+        verdicts = ", ".join(f"{n} {s}" for s, n in sorted(warm["statuses"].items()))
+        spreads = [warm.get("spreads", {}).get(t) for t in tasks]
+        cells = [label, f"{warm['evals_per_min']:.1f}", verdicts]
+        cells += ["-" if s is None else f"{s:.3f}" for s in spreads]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for pair in range(1, len(summaries) // 2 + 1):
+        a, b = summaries.get(f"a{pair}", {}), summaries.get(f"b{pair}", {})
+        if "warm" in a and "warm" in b:
+            ratio = b["warm"]["evals_per_min"] / a["warm"]["evals_per_min"]
+            lines.append(f"pair {pair}: B's rate / A's {ratio:.3f}")
+        else:
+            lines.append(f"pair {pair}: no ratio, a run of it failed")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, shared = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {"a": shlex.split(args.a), "b": shlex.split(args.b)}
+    print(f"A: {args.a or '(shared options only)'}; B: {args.b}; shared: {shlex.join(shared)}")
+    summaries = {
+        label: run_one(label, shared + settings[label[0]], out, args.run_timeout_s)
+        for label in run_order(args.pairs)
+    }
+    table = side_by_side(summaries)
+    (out / "side_by_side.md").write_text(table)
+    print(table, end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Two settings of the throughput benchmark alternated: the runs' order, the table that sets them
+side by side (a failed run named, not dropped), bad options refused in one line, and a real
+alternation of two CPU runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import alternate  # noqa: E402
+
+
+def summary(rate: float, spreads: dict[str, float]) -> dict:
+    return {"warm": {"evals_per_min": rate, "statuses": {"correct": 6}, "spreads": spreads}}
+
+
+def test_the_settings_run_in_turn() -> None:
+    assert alternate.run_order(2) == ["a1", "b1", "a2", "b2"]
+
+
+def test_the_table_sets_each_run_beside_the_others_and_each_b_against_its_a() -> None:
+    table = alternate.side_by_side(
+        {
+            "a1": summary(100.0, {"conv": 1.050, "matmul": 1.010}),
+            "b1": summary(95.0, {"conv": 1.012, "matmul": 1.008}),
+            "a2": summary(110.0, {"conv": 1.041}),
+            "b2": {"failed": "stopped after 130 s"},
+        }
+    ).splitlines()
+    assert table[0] == "| run | new kernels/min | verdicts | `conv` spread | `matmul` spread |"
+    assert table[2] == "| a1 | 100.0 | 6 correct | 1.050 | 1.010 |"
+    assert table[3] == "| b1 | 95.0 | 6 correct | 1.012 | 1.008 |"
+    assert table[4] == "| a2 | 110.0 | 6 correct | 1.041 | - |"
+    assert table[5].startswith("| b2 | stopped after 130 s |")
+    assert table[7:] == ["pair 1: B's rate / A's 0.950", "pair 2: no ratio, a run of it failed"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--b=--stale-inputs", "--device", "cpu"], "after '--'"),
+        (["--pairs", "0", "--b=--stale-inputs", "--", "--device", "cpu"], "at least 1"),
+        (["--a=--stale-inputs", "--b=--stale-inputs", "--"], "the same setting"),
+    ],
+)
+def test_bad_options_are_refused_in_one_line(argv, said, capsys) -> None:
+    with pytest.raises(SystemExit) as raised:
+        alternate.main(argv)
+    # argparse prints its usage and then the one line; a message of our own is the exit's
+    printed = capsys.readouterr().err.strip().splitlines()
+    line = printed[-1] if printed else str(raised.value)
+    assert said in line and "\n" not in line
+
+
+def test_two_cpu_runs_alternated_leave_their_logs_summaries_and_table(tmp_path) -> None:
+    shared = ["--device", "cpu", "--new-kernels", "--repeats", "1", "--tasks", "01_relu"]
+    alternate.main(["--pairs", "1", "--b=--stale-inputs", "--out", str(tmp_path), "--", *shared])
+    for name in ("a1.log", "a1.json", "b1.log", "b1.json", "side_by_side.md"):
+        assert (tmp_path / name).exists(), name
+    assert "--stale-inputs" in (tmp_path / "b1.log").read_text().splitlines()[0]
+    assert "--stale-inputs" not in (tmp_path / "a1.log").read_text().splitlines()[0]
+    table = (tmp_path / "side_by_side.md").read_text().splitlines()
+    assert table[2].startswith("| a1 |") and table[3].startswith("| b1 |")
+    assert "1 correct" in table[2] and "1 correct" in table[3]
+    assert table[-1].startswith("pair 1: B's rate / A's ")
