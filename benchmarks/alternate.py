@@ -1,6 +1,8 @@
-"""Two settings of the throughput benchmark alternated on one machine, A B A B ..., each run in a
-process and pool of its own, and what they measured side by side: each run's new-kernel rate,
-verdicts and speed-up spread per task, and for each pair B's rate over A's.
+"""Two settings of a benchmark alternated on one machine, A B A B ..., each run in a process and
+pool of its own, and what they measured side by side: each run's evaluation rate, verdicts and
+speed-up spread per task, and for each pair B's rate over A's. The benchmark is the bundled
+suite's throughput (``env_throughput.py``) or KernelBench's published sizes
+(``kernelbench_harness.py``, kernelrl's phase).
 
 A shared machine drifts between calls by more than most settings move (benchmarks/README.md
 compares runs within a table only): alternating the two, and comparing each B with the A just
@@ -9,9 +11,13 @@ before it, is what lets a difference be put down to the setting rather than the 
     python benchmarks/alternate.py --pairs 2 --b=--move-local-memory --out OUT -- \\
         --device cuda --new-kernels --repeats 6 --tasks 31_conv2d_stride2_relu 18_matmul
 
-Everything after ``--`` goes to both settings of ``env_throughput.py``; ``--a`` and ``--b`` add
-each one's own options (quoted, as one argument). Each run's log and ``--summary-out`` JSON are
-kept in OUT beside ``side_by_side.md``, the table this prints.
+    python benchmarks/alternate.py --bench harness --b=--move-local-memory --out OUT -- \
+        --kernelbench KB/KernelBench --phases kernelrl --shares kernelrl=1 --repeats 3
+
+Everything after ``--`` goes to both settings; ``--a`` and ``--b`` add each one's own options
+(quoted, as one argument). Each run's log and summary are kept in OUT beside
+``side_by_side.md``, the table this prints. The harness's rate is its kernelrl phase's over all
+repeats, and its spread each task's over them.
 """
 
 from __future__ import annotations
@@ -22,17 +28,23 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
-THROUGHPUT = Path(__file__).resolve().parent / "env_throughput.py"
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS))
+from kernelbench_harness import summarise_kernelrl  # noqa: E402
+
+SCRIPTS = {"throughput": "env_throughput.py", "harness": "kernelbench_harness.py"}
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The alternation's own options, and the options both settings share (after ``--``)."""
     if "--" not in argv:
-        raise SystemExit("alternate.py: give env_throughput.py's shared options after '--'")
+        raise SystemExit("alternate.py: give the benchmark's shared options after '--'")
     split = argv.index("--")
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", choices=SCRIPTS, default="throughput")
     parser.add_argument("--a", default="", help="setting A's own options (default: none)")
     parser.add_argument("--b", default="", help="setting B's own options")
     parser.add_argument("--pairs", type=int, default=2, help="A-B pairs, run in turn")
@@ -53,10 +65,16 @@ def run_order(pairs: int) -> list[str]:
     return [f"{side}{pair}" for pair in range(1, pairs + 1) for side in "ab"]
 
 
-def run_one(label: str, options: list[str], out: Path, timeout_s: float | None) -> dict:
-    """One run of the throughput benchmark; its summary, or why there is none."""
-    summary_path = out / f"{label}.json"
-    command = [sys.executable, str(THROUGHPUT), *options, "--summary-out", str(summary_path)]
+def run_one(bench: str, label: str, options: list[str], out: Path, timeout_s: float | None) -> dict:
+    """One run of the benchmark; its summary as ``env_throughput.py`` writes it, or why there is
+    none."""
+    if bench == "throughput":
+        summary_path = out / f"{label}.json"
+        where = ["--summary-out", str(summary_path)]
+    else:  # the harness writes its results.json into a folder of its own
+        summary_path = out / label / "results.json"
+        where = ["--out", str(out / label)]
+    command = [sys.executable, str(BENCHMARKS / SCRIPTS[bench]), *options, *where]
     started = time.perf_counter()
     with (out / f"{label}.log").open("w") as log:
         log.write(shlex.join(command) + "\n")
@@ -70,13 +88,29 @@ def run_one(label: str, options: list[str], out: Path, timeout_s: float | None) 
     print(f"{label}: {failed or 'done'} in {wall:.0f} s", flush=True)
     if failed or not summary_path.exists():
         return {"failed": failed or "no summary written"}
-    return json.loads(summary_path.read_text())
+    summary = json.loads(summary_path.read_text())
+    return summary if bench == "throughput" else harness_summary(summary)
+
+
+def harness_summary(results: dict) -> dict:
+    """The harness's ``results.json`` in the throughput benchmark's terms: the kernelrl phase's
+    rate over all repeats, its verdicts, and each task's speed-up spread over its repeats."""
+    runs = {stem: row.get("kernelrl") or [] for stem, row in results["rows"].items()}
+    spreads = {stem: summarise_kernelrl(r)["spread"] for stem, r in runs.items()}
+    rate = results["totals"].get("kernelrl evals/min (pool warm)", "-")
+    return {
+        "warm": {
+            "evals_per_min": None if rate == "-" else float(rate),
+            "statuses": dict(Counter(r["status"] for rs in runs.values() for r in rs)),
+            "spreads": {stem: s for stem, s in spreads.items() if s is not None},
+        }
+    }
 
 
 def side_by_side(summaries: dict[str, dict]) -> str:
     """A markdown table: a row per run, in the order they ran, then each pair's rate ratio."""
     tasks = sorted({t for s in summaries.values() for t in s.get("warm", {}).get("spreads", {})})
-    head = ["run", "new kernels/min", "verdicts", *(f"`{t}` spread" for t in tasks)]
+    head = ["run", "evaluations/min", "verdicts", *(f"`{t}` spread" for t in tasks)]
     lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
     for label, summary in summaries.items():
         if "failed" in summary:
@@ -85,17 +119,18 @@ def side_by_side(summaries: dict[str, dict]) -> str:
         warm = summary["warm"]
         verdicts = ", ".join(f"{n} {s}" for s, n in sorted(warm["statuses"].items()))
         spreads = [warm.get("spreads", {}).get(t) for t in tasks]
-        cells = [label, f"{warm['evals_per_min']:.1f}", verdicts]
+        rate = warm["evals_per_min"]
+        cells = [label, "-" if rate is None else f"{rate:.1f}", verdicts]
         cells += ["-" if s is None else f"{s:.3f}" for s in spreads]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for pair in range(1, len(summaries) // 2 + 1):
         a, b = summaries.get(f"a{pair}", {}), summaries.get(f"b{pair}", {})
-        if "warm" in a and "warm" in b:
-            ratio = b["warm"]["evals_per_min"] / a["warm"]["evals_per_min"]
-            lines.append(f"pair {pair}: B's rate / A's {ratio:.3f}")
+        rates = [run.get("warm", {}).get("evals_per_min") for run in (a, b)]
+        if None in rates:
+            lines.append(f"pair {pair}: no ratio, a run of it failed or evaluated nothing")
         else:
-            lines.append(f"pair {pair}: no ratio, a run of it failed")
+            lines.append(f"pair {pair}: B's rate / A's {rates[1] / rates[0]:.3f}")
     return "\n".join(lines) + "\n"
 
 
@@ -106,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = {"a": shlex.split(args.a), "b": shlex.split(args.b)}
     print(f"A: {args.a or '(shared options only)'}; B: {args.b}; shared: {shlex.join(shared)}")
     summaries = {
-        label: run_one(label, shared + settings[label[0]], out, args.run_timeout_s)
+        label: run_one(args.bench, label, shared + settings[label[0]], out, args.run_timeout_s)
         for label in run_order(args.pairs)
     }
     table = side_by_side(summaries)

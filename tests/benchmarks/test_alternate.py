@@ -4,6 +4,7 @@ alternation of two CPU runs."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -30,12 +31,15 @@ def test_the_table_sets_each_run_beside_the_others_and_each_b_against_its_a() ->
             "b2": {"failed": "stopped after 130 s"},
         }
     ).splitlines()
-    assert table[0] == "| run | new kernels/min | verdicts | `conv` spread | `matmul` spread |"
+    assert table[0] == "| run | evaluations/min | verdicts | `conv` spread | `matmul` spread |"
     assert table[2] == "| a1 | 100.0 | 6 correct | 1.050 | 1.010 |"
     assert table[3] == "| b1 | 95.0 | 6 correct | 1.012 | 1.008 |"
     assert table[4] == "| a2 | 110.0 | 6 correct | 1.041 | - |"
     assert table[5].startswith("| b2 | stopped after 130 s |")
-    assert table[7:] == ["pair 1: B's rate / A's 0.950", "pair 2: no ratio, a run of it failed"]
+    assert table[7:] == [
+        "pair 1: B's rate / A's 0.950",
+        "pair 2: no ratio, a run of it failed or evaluated nothing",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -66,3 +70,31 @@ def test_two_cpu_runs_alternated_leave_their_logs_summaries_and_table(tmp_path) 
     assert table[2].startswith("| a1 |") and table[3].startswith("| b1 |")
     assert "1 correct" in table[2] and "1 correct" in table[3]
     assert table[-1].startswith("pair 1: B's rate / A's ")
+
+
+def test_the_harness_results_read_as_the_throughput_benchmarks_summary(tmp_path) -> None:
+    from kernelbench_entries import Entry, Row
+    from kernelbench_harness import write_results
+
+    entries = [
+        Entry("19_ReLU", "level1/19_ReLU.py", tmp_path / "a.py", ""),
+        Entry("23_Softmax", "level1/23_Softmax.py", tmp_path / "b.py", ""),
+    ]
+    rows = {
+        "19_ReLU": Row(
+            kernelrl=[
+                {"status": "correct", "speedup_vs_eager": 1.00},
+                {"status": "correct", "speedup_vs_eager": 1.04},
+            ]
+        ),
+        "23_Softmax": Row(kernelrl=[{"status": "skipped (time budget)"}]),
+    }
+    write_results(tmp_path, entries, rows, {"kernelrl evals/min (pool warm)": "12.5"}, {})
+    summary = alternate.harness_summary(json.loads((tmp_path / "results.json").read_text()))
+    assert summary == {
+        "warm": {
+            "evals_per_min": 12.5,
+            "statuses": {"correct": 2, "skipped (time budget)": 1},
+            "spreads": {"19_ReLU": pytest.approx(1.04)},
+        }
+    }
