@@ -107,7 +107,8 @@ def test_a_spilling_convolution_is_judged_and_timed_with_its_local_memory_moved(
 # Run in its own process: the stack limit it sets leaves gigabytes of local memory behind.
 REPLACEMENT_PROBE = """
 import ctypes, json, torch
-cuda = ctypes.CDLL("libcuda.so.1")  # cuCtxSetLimit's first argument: CU_LIMIT_STACK_SIZE, 0
+from kernelrl.env.sandbox.local_memory import CU_LIMIT_STACK_SIZE
+cuda = ctypes.CDLL("libcuda.so.1")
 STACK = 16384
 
 def free():
@@ -116,7 +117,7 @@ def free():
 
 def replaced(stack, room):
     filler = torch.empty(free() - room, dtype=torch.uint8, device="cuda")
-    code = cuda.cuCtxSetLimit(0, ctypes.c_size_t(stack))
+    code = cuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(stack))
     try:
         if code == 0:
             torch.ones(1, device="cuda").add_(1)  # a launch on the new local memory
@@ -130,7 +131,7 @@ def replaced(stack, room):
 
 torch.ones(1, device="cuda").add_(1)
 before = free()
-assert cuda.cuCtxSetLimit(0, ctypes.c_size_t(STACK)) == 0
+assert cuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(STACK)) == 0
 torch.ones(1, device="cuda").add_(1)
 local = before - free()  # the local memory of a 16 KiB stack a thread
 half = local // 2
