@@ -129,6 +129,15 @@ class EnvPoolConfig:
             "slower)"
         },
     )
+    env_move_local_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "GPU: the solution's local memory (spilled registers) allocated anew before "
+            "each input set, so a spilling kernel's time is drawn per set, not once per "
+            "evaluation (narrower speed-ups between evaluations; off by default, "
+            "docs/decisions.md)"
+        },
+    )
     env_compile_ahead: bool = field(
         default=False,
         metadata={
@@ -164,6 +173,7 @@ class EnvPoolConfig:
     def make_pool(self, gpus: Sequence[int] | None = None) -> Pool:
         """The pool these keys describe (the caller closes it); ``gpus`` as in ``make_pool``."""
         from kernelrl.env.evaluator import EvalConfig
+        from kernelrl.env.timing import TimingConfig
 
         return make_pool(
             self.env_pool,
@@ -173,6 +183,7 @@ class EnvPoolConfig:
                 time_reference_compile=self.env_time_reference_compile,
                 cache_reference_timing=self.env_cache_reference_timing,
                 compile_ahead=self.env_compile_ahead,
+                timing=TimingConfig(move_local_memory=self.env_move_local_memory),
             ),
             workers=self.env_workers or None,
             per_gpu=self.env_per_gpu,
