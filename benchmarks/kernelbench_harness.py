@@ -193,7 +193,7 @@ def kernelrl_phase(
         "kernelrl evals/min (pool warm)": _fmt(stats["evals_per_min"], ".1f"),
         "kernelrl evals/min (first repeat)": _fmt(stats["evals_per_min_first_repeat"], ".1f"),
         "kernelrl evals/min (incl. pool start)": _fmt(stats["evals_per_min_with_startup"], ".1f"),
-        "kernelrl all correct": bool(statuses) and all(s == "correct" for s in statuses),
+        **verdict_totals("kernelrl", statuses),
         "kernelrl output rings": dict(
             Counter(str(r.get("output_ring")) for runs in kr.values() for r in runs)
         ),
@@ -243,11 +243,22 @@ def kb_phase(
     return {
         f"{phase} evaluations": done,
         f"{phase} evals/min": _fmt(rate, ".1f"),
-        f"{phase} all correct": all(r["verdict"] == "correct" for r in res.values()),
+        **verdict_totals(phase, [r["verdict"] for r in res.values()]),
         f"{phase} OOM": sum(bool(r.get("oom")) for r in res.values()),
         f"{phase} peak GPU memory used GiB ({mon.gpu_source})": _fmt(mon.peak_gpu_bytes / 2**30),
         f"{phase} peak RSS GiB (its processes)": _fmt(mon.peak_tree_rss_bytes / 2**30),
         f"{phase} modules missing for kernelbench.utils": missing or "none",
+    }
+
+
+def verdict_totals(phase: str, verdicts: list[str]) -> dict[str, Any]:
+    """Whether every task a phase evaluated was judged correct, and how many its budget left
+    unevaluated: a task skipped for time is neither correct nor a failure of the solution."""
+    evaluated = [v for v in verdicts if not v.startswith("skipped")]
+    return {
+        f"{phase} all evaluated correct": bool(evaluated)
+        and all(v == "correct" for v in evaluated),
+        f"{phase} skipped (time budget)": len(verdicts) - len(evaluated),
     }
 
 

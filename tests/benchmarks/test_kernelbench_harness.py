@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from kernelbench_harness import main, phase_sums  # noqa: E402
+from kernelbench_harness import main, phase_sums, verdict_totals  # noqa: E402
 from kernelbench_kb import import_error  # noqa: E402
 from kernelbench_kernelrl import result_row, timing_shared  # noqa: E402
 
@@ -60,3 +60,17 @@ def test_a_kernelbench_that_does_not_import_stops_the_run_before_any_phase(
     assert import_error(str(tmp_path / "src")) is not None
     (package / "eval.py").write_text("import json\n")
     assert import_error(str(tmp_path / "src")) is None
+
+
+def test_tasks_a_budget_left_unevaluated_are_counted_apart_from_the_verdicts() -> None:
+    """KernelBench's harness stopped by its time budget after two correct tasks: all it
+    evaluated was correct, and the rest are counted as skipped, not as failures."""
+    verdicts = ["correct", "correct", "skipped (time budget)", "skipped"]
+    assert verdict_totals("kb-inproc", verdicts) == {
+        "kb-inproc all evaluated correct": True,
+        "kb-inproc skipped (time budget)": 2,
+    }
+    failed = verdict_totals("kernelrl", ["correct", "incorrect"])
+    assert failed["kernelrl all evaluated correct"] is False
+    none_evaluated = verdict_totals("kernelrl", ["skipped (time budget)"])
+    assert none_evaluated["kernelrl all evaluated correct"] is False
