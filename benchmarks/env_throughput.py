@@ -46,7 +46,11 @@ from kernelrl.env.timing import L2_FLUSHES, TimingConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_sizing import steady_rate  # noqa: E402
 from machine import describe, resolve_gpus  # noqa: E402
-from speedup_spreads import report_clocks, report_spreads  # noqa: E402
+from speedup_spreads import (  # noqa: E402
+    report_clocks,
+    report_spread_evaluations,
+    report_spreads,
+)
 
 if TYPE_CHECKING:
     from kernelrl.env.pools.ray import RayPool
@@ -275,6 +279,7 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         "gpu_exclusive_share": exclusive / wall,
         "phase_medians": phases,
         **report_spreads(results),
+        "spread_evaluations": report_spread_evaluations(results),
         "gpu_clocks": report_clocks(results),
         "slots": pool.num_slots,
         "spares": pool.config.spare_children,

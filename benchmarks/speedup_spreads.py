@@ -91,6 +91,48 @@ def _spread(values: list[float]) -> float | None:
     return round(max(values) / min(values), 3) if len(values) > 1 else None
 
 
+def report_spread_evaluations(results: list[EvalResult], limit: float = 1.03) -> dict[str, list]:
+    """Prints, for each task whose speed-up spread is over ``limit``, its evaluations in the
+    order they started: where in the pass each began, its runtime against the task's median,
+    the sets it timed and how far they lay apart, and the SM clock as its timing ended. A
+    spread says two evaluations disagree; these say whether one lies off, and whether it is
+    the first of a pass, one moment of the run or one process's draw. Returns them by task."""
+    timed = [r for r in results if r.speedup_vs_eager is not None and r.runtime and r.ref_eager]
+    if not timed:
+        return {}
+    first = min(r.timestamp for r in results)
+    order = {id(r): i for i, r in enumerate(sorted(results, key=lambda r: r.timestamp))}
+    by_task: dict[str, list[EvalResult]] = defaultdict(list)
+    for r in timed:
+        by_task[r.task_id].append(r)
+    found: dict[str, list] = {}
+    for task_id, rs in sorted(by_task.items()):
+        spread = _spread([r.speedup_vs_eager for r in rs])
+        if spread is None or spread <= limit:
+            continue
+        median = statistics.median(r.runtime.median_ms for r in rs)
+        found[task_id] = [
+            {
+                "started": order[id(r)],
+                "started_s": round(r.timestamp - first, 2),
+                "runtime_ms": r.runtime.median_ms,
+                "of_median": round(r.runtime.median_ms / median, 4),
+                "sets": len(r.runtime.placement_medians_ms),
+                "sets_spread": _spread(r.runtime.placement_medians_ms),
+                "sm_mhz": (r.sandbox.get("gpu_clocks") or {}).get("sm_mhz"),
+            }
+            for r in sorted(rs, key=lambda r: r.timestamp)
+        ]
+        print(f"  {task_id} (spread {spread}), its evaluations as they started:")
+        for e in found[task_id]:
+            print(
+                f"    #{e['started']:<4d} at {e['started_s']:7.2f} s  runtime {e['runtime_ms']:.4f} ms"
+                f" ({e['of_median']:.4f} of the median)  sets {e['sets']}"
+                f" (max/min {e['sets_spread']})  SM {e['sm_mhz']} MHz"
+            )
+    return found
+
+
 def report_clocks(results: list[EvalResult]) -> dict[str, object]:
     """Prints what the GPU ran at as each timing ended (``EvalResult.sandbox["gpu_clocks"]``):
     the SM clock's range, the temperature's, and how often each reason held the clocks down; a

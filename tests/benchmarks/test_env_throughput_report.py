@@ -134,3 +134,35 @@ def test_more_first_input_sets_than_a_timing_may_take_is_refused_in_one_line(
     assert error.endswith("--placements (20) must be at least 1 and at most --most-placements (16)")
     monkeypatch.setattr(sys, "argv", ["env_throughput.py", "--most-placements", "4"])
     assert env_throughput.parse_args().most_placements == 4
+
+
+def test_a_task_over_the_spread_limit_lists_its_evaluations_as_they_started() -> None:
+    """Of a task whose speed-up spread is over 1.03, every evaluation in the order it started,
+    so that the one lying off can be told apart (here the first of the pass); a task within
+    the limit lists none."""
+
+    def result(task: str, started: float, runtime: float, *placed: float) -> SimpleNamespace:
+        return SimpleNamespace(
+            task_id=task,
+            timestamp=started,
+            speedup_vs_eager=2.0 / runtime,
+            runtime=SimpleNamespace(median_ms=runtime, placement_medians_ms=list(placed)),
+            ref_eager=SimpleNamespace(median_ms=2.0),
+            sandbox={"gpu_clocks": {"sm_mhz": 1980}},
+        )
+
+    results = [
+        result("conv", 100.5, 1.0, 1.0, 1.01),
+        result("conv", 100.0, 1.05, 1.04, 1.06),  # started first, lies 5% off
+        result("relu", 100.2, 1.0, 1.0),
+        result("relu", 101.0, 1.01, 1.01),
+        result("conv", 102.0, 1.0, 0.99, 1.0),
+    ]
+    found = speedup_spreads.report_spread_evaluations(results)
+    assert list(found) == ["conv"]
+    assert [e["started"] for e in found["conv"]] == [0, 2, 4]
+    assert [e["started_s"] for e in found["conv"]] == [0.0, 0.5, 2.0]
+    assert [e["of_median"] for e in found["conv"]] == [1.05, 1.0, 1.0]
+    assert found["conv"][0]["sets_spread"] == 1.019 and found["conv"][0]["sets"] == 2
+    assert found["conv"][0]["sm_mhz"] == 1980
+    assert speedup_spreads.report_spread_evaluations(results, limit=1.06) == {}
