@@ -253,6 +253,10 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
     print(f"GPU held exclusively for measurements: {exclusive / wall:.1%} of the wall time")
     rings = Counter(str(r.sandbox.get("output_ring")) for r in results)
     print(f"output rings: {dict(rings)}")
+    # --move-local-memory: the evaluations whose first call needed local memory, by task.
+    moved = Counter(r.task_id for r in results if r.phase_seconds.get("child_local_memory_move"))
+    if moved:
+        print(f"local memory moved in {moved.total()} evaluations: {dict(sorted(moved.items()))}")
     if any("compile_ahead" in r.sandbox for r in results):
         print(companions(results))
     print("| phase | where | what | median s |")
@@ -277,6 +281,7 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         "host_cores": cores,
         "cpu_s_per_eval": busy.host * wall / n if n else None,
         "gpu_exclusive_share": exclusive / wall,
+        "local_memory_moved": dict(moved),
         "phase_medians": phases,
         **report_spreads(results),
         "spread_evaluations": report_spread_evaluations(results),
@@ -323,7 +328,8 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--move-local-memory",
         action="store_true",
-        help="the child's local memory allocated anew before each input set (TimingConfig)",
+        help="the child's local memory allocated anew before each input set where the "
+        "solution's kernels need it (TimingConfig)",
     )
     parser.add_argument(
         "--compile-ahead",

@@ -70,7 +70,8 @@ class TimingConfig:
     fresh_inputs: bool = True  # new input contents before every timed call (``prepare``)
     # GPU: the solution's child gives up its context's local memory (spilled registers, stack)
     # and takes it anew elsewhere before each input set (``sandbox.local_memory``), so a
-    # spilling kernel's time draws per set, not once per process.
+    # spilling kernel's time draws per set, not once per process; only where the solution's
+    # first call needed local memory.
     move_local_memory: bool = False
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice

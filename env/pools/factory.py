@@ -132,8 +132,8 @@ class EnvPoolConfig:
     env_move_local_memory: bool = field(
         default=False,
         metadata={
-            "help": "GPU: the solution's local memory (spilled registers) allocated anew before "
-            "each input set, so a spilling kernel's time is drawn per set, not once per "
+            "help": "GPU: a spilling solution's local memory (spilled registers) allocated "
+            "anew before each input set, so its time is drawn per set, not once per "
             "evaluation (narrower speed-ups between evaluations; off by default, "
             "docs/decisions.md)"
         },

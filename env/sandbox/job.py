@@ -38,6 +38,7 @@ from kernelrl.env.sandbox.failures import (
     solution_failure,
 )
 from kernelrl.env.sandbox.guard import harness_guard
+from kernelrl.env.sandbox.local_memory import LocalMemoryWatch
 from kernelrl.env.sandbox.protocol import (
     SOLUTION_MODULE,
     TASK_MODULE,
@@ -163,6 +164,7 @@ class Job:
         self.gpu_only: list[str] = []  # launches skipped as only a GPU can run them (CPU)
         self.compile_ahead: CompileAhead | None = None  # the companion's, if one was handed
         self.launchers = LaunchersMade(self.phase)  # signatures the worker may build for others
+        self.local_memory_needed = False  # the first call's kernels needed local memory
 
     def send(self, message: dict[str, Any]) -> None:
         extra = {"compile_ahead": self.compile_ahead.report()} if self.compile_ahead else {}
@@ -319,6 +321,7 @@ class Job:
         # for curation computes by design and runs to the end.
         stop = bool(self.job.get("stop_at_compute"))
         audit = AtenAudit(self.counter, self.scalars, stop_at_compute=stop)
+        watch = LocalMemoryWatch() if self.watches_local_memory() else None
         call_start = time.perf_counter()
         skipped = len(self.gpu_only)
         try:
@@ -336,6 +339,7 @@ class Job:
         self.calls += 1
         if self.calls == 1:  # the first call compiles the kernels (JIT) and runs them once
             self.phase["first_call"] = time.perf_counter() - call_start
+            self.local_memory_needed = watch is not None and watch.needed()
         tensors = harness.tensors_in(outputs)
         try:
             flags = self._call_flags(input_tensors, before, tensors)
@@ -372,6 +376,12 @@ class Job:
         # Held until the next call: an output handed out again, or changed by that call, shows.
         self.previous = (tensors, [fingerprint(t) for t in tensors])
         del inputs, input_tensors
+
+    def watches_local_memory(self) -> bool:
+        """Whether this call is watched for the local memory its kernels need: the first, on a
+        GPU, where the timing moves the local memory (``TimingConfig.move_local_memory``)."""
+        moves = bool(self.job.get("timing", {}).get("move_local_memory"))
+        return moves and self.device.type == "cuda" and self.calls == 0
 
     def _stopped(self, exc: BaseException, audit: AtenAudit, skipped: int) -> None:
         """A checked call that did not return plain outputs: stopped at its first compute op

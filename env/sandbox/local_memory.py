@@ -8,6 +8,10 @@ an evaluation, one process, cannot average the draw away over its input sets. Ra
 stack limit makes the driver replace the local memory before the next launch; a block of new
 device memory taken and kept just before sends the replacement elsewhere. Done before each
 input set, the draw becomes one per set, which the sets' mean averages (``timing.time_sets``).
+
+A kernel without local memory draws nothing from its placement, and a move costs every set a
+wait for the device, so the child moves only where its first call needed local memory
+(``LocalMemoryWatch``).
 """
 
 from __future__ import annotations
@@ -26,16 +30,44 @@ SPACER_BYTES = 16 * 2**20
 MOVE_BYTES = SPACER_BYTES + 8 * 2**20
 
 
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")  # its calls act on the context current on this thread
+
+
+def stack_limit() -> int:
+    """The current context's per-thread stack limit in bytes, as the driver keeps it."""
+    limit = ctypes.c_size_t()
+    if _driver().cuCtxGetLimit(ctypes.byref(limit), CU_LIMIT_STACK_SIZE) != 0:
+        raise RuntimeError("cuCtxGetLimit(CU_LIMIT_STACK_SIZE) failed")
+    return limit.value
+
+
+def set_stack_limit(value: int) -> None:
+    """Asks for a stack limit of ``value`` bytes; the driver may round or clamp it, and waits
+    for the device before it replaces the local memory."""
+    if _driver().cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(value)) != 0:
+        raise RuntimeError("cuCtxSetLimit(CU_LIMIT_STACK_SIZE) failed")
+
+
 def move_local_memory(kept: list[torch.Tensor], spacer_bytes: int = SPACER_BYTES) -> None:
     """A block of ``spacer_bytes`` taken from the driver and appended to ``kept`` (held by the
     caller while the new local memory is in use), then the stack limit raised
     ``STACK_STEP_BYTES``, so that the next launch runs on local memory allocated anew."""
     torch.cuda.empty_cache()  # the block then comes from the driver, not the allocator's cache
     kept.append(torch.empty(spacer_bytes, dtype=torch.uint8, device="cuda"))
-    cuda = ctypes.CDLL("libcuda.so.1")  # the calls below act on the context current here
-    limit = ctypes.c_size_t()
-    if cuda.cuCtxGetLimit(ctypes.byref(limit), CU_LIMIT_STACK_SIZE) != 0:
-        raise RuntimeError("cuCtxGetLimit(CU_LIMIT_STACK_SIZE) failed")
-    raised = ctypes.c_size_t(limit.value + STACK_STEP_BYTES)
-    if cuda.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, raised) != 0:
-        raise RuntimeError("cuCtxSetLimit(CU_LIMIT_STACK_SIZE) failed")
+    set_stack_limit(stack_limit() + STACK_STEP_BYTES)
+
+
+class LocalMemoryWatch:
+    """Whether the launches after it is made needed local memory: the stack limit is lowered to
+    the driver's floor at once, and the driver raises it at the launch of any kernel whose
+    spills and stack need more, keeping it raised (CUDA's documented behaviour of the limit),
+    so a limit above the floor later says such a kernel ran. Made just before the solution's
+    first call and read right after it, the harness's own kernels do not count."""
+
+    def __init__(self) -> None:
+        set_stack_limit(0)
+        self.floor = stack_limit()
+
+    def needed(self) -> bool:
+        return stack_limit() > self.floor

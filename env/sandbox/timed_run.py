@@ -134,6 +134,7 @@ class Served(Protocol):
     rng: random.SystemRandom
     phase: dict[str, float]
     gpu_only: list[str]
+    local_memory_needed: bool
 
     def timed_inputs(self, seed: int, count: int) -> harness.TimedInputs: ...
     def refresh(self, timed: harness.TimedInputs, index: int) -> None: ...
@@ -223,7 +224,12 @@ class TimedRun:
     def local_memory_moved(self, index: int) -> None:
         """Before input set ``index``: the context's local memory allocated anew elsewhere
         (``TimingConfig.move_local_memory``), outside the timed spans."""
+        start = time.perf_counter()
         move_local_memory(self.spacers)
+        phase = self.served.phase
+        phase["local_memory_move"] = phase.get("local_memory_move", 0.0) + (
+            time.perf_counter() - start
+        )
 
     def run(self) -> None:
         served, device = self.served, self.served.device
@@ -233,7 +239,7 @@ class TimedRun:
         gpu_only_before = len(served.gpu_only)
         served.counter.counts.clear()
         steps = TimingSteps()
-        moves = self.config.move_local_memory and device.type == "cuda"
+        moves = self.config.move_local_memory and served.local_memory_needed
         start = time.perf_counter()
         timing = partial(
             time_fn, calls, device, self.config, self.spot_audit, prepares,
