@@ -15,10 +15,7 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict]:
     """Prints each task's speed-up spread over the repeats, beside its two sides' spreads and
     how far its input sets' medians lie apart within an evaluation; returns them with each
     task's median speed-up."""
-    by_task: dict[str, list[EvalResult]] = defaultdict(list)
-    for r in results:
-        if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
-            by_task[r.task_id].append(r)
+    by_task = _timed_by_task(results)
     spreads = {t: _spread([r.speedup_vs_eager for r in v]) for t, v in by_task.items()}
     spreads = {t: s for t, s in spreads.items() if s is not None}
     # Which side moves: the solution's runtime, the reference's (constant when cached), or both
@@ -62,6 +59,15 @@ def report_spreads(results: list[EvalResult]) -> dict[str, dict]:
     }
 
 
+def _timed_by_task(results: list[EvalResult]) -> dict[str, list[EvalResult]]:
+    """The evaluations with a speed-up, by task, in the order given."""
+    by_task: dict[str, list[EvalResult]] = defaultdict(list)
+    for r in results:
+        if r.speedup_vs_eager is not None and r.runtime and r.ref_eager:
+            by_task[r.task_id].append(r)
+    return by_task
+
+
 def _sets_timed(results: list[EvalResult]) -> str:
     """The input sets an evaluation of the task was timed on: the range over its evaluations."""
     counts = [len(r.runtime.placement_medians_ms) for r in results]
@@ -97,14 +103,11 @@ def report_spread_evaluations(results: list[EvalResult], limit: float = 1.03) ->
     the sets it timed and how far they lay apart, and the SM clock as its timing ended. A
     spread says two evaluations disagree; these say whether one lies off, and whether it is
     the first of a pass, one moment of the run or one process's draw. Returns them by task."""
-    timed = [r for r in results if r.speedup_vs_eager is not None and r.runtime and r.ref_eager]
-    if not timed:
+    by_task = _timed_by_task(results)
+    if not by_task:
         return {}
     first = min(r.timestamp for r in results)
     order = {id(r): i for i, r in enumerate(sorted(results, key=lambda r: r.timestamp))}
-    by_task: dict[str, list[EvalResult]] = defaultdict(list)
-    for r in timed:
-        by_task[r.task_id].append(r)
     found: dict[str, list] = {}
     for task_id, rs in sorted(by_task.items()):
         spread = _spread([r.speedup_vs_eager for r in rs])
