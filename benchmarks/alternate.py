@@ -131,6 +131,11 @@ def side_by_side(summaries: dict[str, dict]) -> str:
             lines.append(f"pair {pair}: no ratio, a run of it failed or evaluated nothing")
         else:
             lines.append(f"pair {pair}: B's rate / A's {rates[1] / rates[0]:.3f}")
+    for label, summary in summaries.items():  # --move-local-memory: where the child moved it
+        if summary.get("options", {}).get("move_local_memory"):
+            moved = summary["warm"].get("local_memory_moved", {})
+            said = ", ".join(f"`{t}` {n}" for t, n in sorted(moved.items())) or "no evaluation"
+            lines.append(f"{label}: local memory moved in {said}")
     return "\n".join(lines) + "\n"
 
 

@@ -42,6 +42,23 @@ def test_the_table_sets_each_run_beside_the_others_and_each_b_against_its_a() ->
     ]
 
 
+def test_the_table_says_where_each_run_with_the_move_moved_the_local_memory() -> None:
+    """Read off the table, as the move's rule asks: in which tasks' evaluations each run with
+    the move on moved its local memory, a run that moved none saying so; a run without the
+    move says nothing of it."""
+    a1, b1, b2 = (summary(100.0, {"conv": 1.01}) for _ in range(3))
+    a1 |= {"options": {"move_local_memory": False}}
+    b1 |= {"options": {"move_local_memory": True}}
+    b2 |= {"options": {"move_local_memory": True}}
+    for run, moved in ((a1, {}), (b1, {"conv3x3": 5, "conv1d": 2}), (b2, {})):
+        run["warm"]["local_memory_moved"] = moved
+    table = alternate.side_by_side({"a1": a1, "b1": b1, "b2": b2}).splitlines()
+    assert table[-2:] == [
+        "b1: local memory moved in `conv1d` 2, `conv3x3` 5",
+        "b2: local memory moved in no evaluation",
+    ]
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
