@@ -111,9 +111,7 @@ def test_a_driver_that_refuses_the_lower_limit_leaves_the_local_memory_to_be_mov
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_an_elementwise_kernel_needs_no_local_memory_and_a_stack_limit_rise_is_seen() -> (
-    None
-):
+def test_on_a_gpu_an_elementwise_kernel_needs_no_local_memory_and_a_raised_limit_is_seen() -> None:
     x = torch.randn(1 << 20, device="cuda")
     watch = local_memory.LocalMemoryWatch()
     assert watch.floor is not None  # the driver took a lower limit: the watch can tell
