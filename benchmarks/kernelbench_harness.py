@@ -96,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/kernelbench_harness")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--per-gpu", type=int, default=4, help="kernelrl evaluations in flight per GPU")
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=None,
+        help="kernelrl sandboxes kept warming per GPU (default: sized from the slots)",
+    )
     p.add_argument("--kernelrl-timeout-s", type=float, default=180.0)
     p.add_argument(
         "--compile-ahead",
@@ -187,7 +193,8 @@ def kernelrl_phase(
         "kernelrl options": (
             f"enough_timed_ms={stats['enough_timed_ms']}, "
             f"move_local_memory={args.move_local_memory}, "
-            f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}"
+            f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}, "
+            f"spares={stats['spares']}"
         ),
         "kernelrl evaluations": stats["evaluations"],
         "kernelrl evals/min (pool warm)": _fmt(stats["evals_per_min"], ".1f"),

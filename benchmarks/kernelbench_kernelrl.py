@@ -158,7 +158,7 @@ def run_kernelrl_phase(
         timing=timing,
         compile_ahead=args.compile_ahead,
     )
-    pool = LocalPool(config, per_gpu=args.per_gpu)
+    pool = LocalPool(config, per_gpu=args.per_gpu, spares=args.spares)
     ready = time.perf_counter()
     futures = []
     for _ in range(args.repeats):  # repeat r of every task before repeat r + 1
@@ -200,6 +200,7 @@ def run_kernelrl_phase(
     pool.close()
     stats = {
         "enough_timed_ms": timing.enough_timed_ms,
+        "spares": pool.sizing.spares,
         "evaluations": finished,
         "startup_s": ready - started,
         "wall_s": wall,

@@ -72,11 +72,14 @@ def size_gpu_pool(host: HostResources, per_gpu: int = AUTO) -> Sizing:
     A slot per core: an evaluation keeps about a third of a core busy (the rest of its wall its
     child is paused for others' measurements or waits for the GPU), so the cores are not what
     bounds the rate; how many evaluations are in flight through one another's pauses is. A
-    warming child per two cores: a child starts in about a second and a GPU finishes about four
+    warming child per two slots: a child starts in about a second and a GPU finishes about four
     evaluations a second, so half as many spares as slots keep one ready for each (a slot waited
-    0.02-0.2 s for one; docs/decisions.md, "Pool sizing"). Capped so that the children fit in
-    half the host's memory and their CUDA contexts in ``GPU_SHARE`` of the device: the spares
-    give way first, down to ``MIN_IN_FLIGHT``. An explicit ``per_gpu`` is kept within that cap."""
+    0.02-0.2 s for one; docs/decisions.md, "Pool sizing"). Counted from the slots, not the
+    cores: an explicit ``per_gpu`` below the cores would otherwise keep spares it never takes,
+    whose contexts are memory the admission cannot give an evaluation. Capped so that the
+    children fit in half the host's memory and their CUDA contexts in ``GPU_SHARE`` of the
+    device: the spares give way first, down to ``MIN_IN_FLIGHT``. An explicit ``per_gpu`` is
+    kept within that cap."""
     cores = max(host.cores // host.gpus, 1)
     by_host = int(host.host_memory_bytes * HOST_SHARE / host.gpus) // CHILD_HOST_BYTES
     by_gpu = int(host.gpu_memory_bytes * GPU_SHARE) // CHILD_GPU_BYTES
@@ -86,7 +89,7 @@ def size_gpu_pool(host: HostResources, per_gpu: int = AUTO) -> Sizing:
     else:
         slots = min(max(cores, MIN_IN_FLIGHT), MAX_IN_FLIGHT)
         why = f"{cores} cores per GPU"
-    spares = max(cores // 2, MIN_IN_FLIGHT)
+    spares = max(slots // 2, MIN_IN_FLIGHT)
     if slots + spares > limit:
         spares = max(limit - slots, MIN_IN_FLIGHT)
         slots = min(slots, limit - spares)

@@ -26,7 +26,14 @@ def _load(name: str):
 def test_pool_is_sized_by_cores_and_capped_by_memory() -> None:
     h100_host = HostResources(cores=16, host_memory_bytes=128 * GIB, gpu_memory_bytes=80 * GIB)
     assert (size_gpu_pool(h100_host).per_gpu, size_gpu_pool(h100_host).spares) == (16, 8)
-    assert size_gpu_pool(h100_host, per_gpu=4).per_gpu == 4  # an explicit choice is kept
+    explicit = size_gpu_pool(h100_host, per_gpu=4)  # an explicit choice is kept
+    assert (explicit.per_gpu, explicit.spares) == (4, 4)  # spares for the slots, not the cores
+    assert size_gpu_pool(h100_host, per_gpu=12).spares == 6
+    one_gpu_32_cores = HostResources(cores=32, host_memory_bytes=256 * GIB)
+    assert (size_gpu_pool(one_gpu_32_cores).per_gpu, size_gpu_pool(one_gpu_32_cores).spares) == (
+        16,
+        8,
+    )
     small = HostResources(cores=64, host_memory_bytes=32 * GIB, gpu_memory_bytes=80 * GIB)
     capped = size_gpu_pool(small)  # 8 children fit: the spares give way first, to 4
     assert (capped.per_gpu, capped.spares) == (4, 4) and "capped" in capped.why
