@@ -327,9 +327,10 @@ def add_timing_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--move-local-memory",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=TimingConfig.move_local_memory,
         help="the child's local memory allocated anew before each input set where the "
-        "solution's kernels need it (TimingConfig)",
+        "solution's kernels need it (TimingConfig; on by default)",
     )
     parser.add_argument(
         "--compile-ahead",

@@ -117,8 +117,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--move-local-memory",
-        action="store_true",
-        help="kernelrl's timing: the child's local memory allocated anew before each input set",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="kernelrl's timing: the child's local memory allocated anew before each input set "
+        "where the solution's kernels need it (TimingConfig's default where not given)",
     )
     p.add_argument("--kb-correct-trials", type=int, default=3)
     p.add_argument("--kb-perf-trials", type=int, default=20)
@@ -192,7 +194,7 @@ def kernelrl_phase(
     return {
         "kernelrl options": (
             f"enough_timed_ms={stats['enough_timed_ms']}, "
-            f"move_local_memory={args.move_local_memory}, "
+            f"move_local_memory={stats['move_local_memory']}, "
             f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}, "
             f"spares={stats['spares']}"
         ),

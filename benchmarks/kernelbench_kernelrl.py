@@ -149,7 +149,9 @@ def run_kernelrl_phase(
     heavy = [m for m in ("trl", "ray", "datasets", "vllm") if m in sys.modules]
     tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
     started = time.perf_counter()
-    timing = TimingConfig(move_local_memory=args.move_local_memory)
+    timing = TimingConfig()
+    if args.move_local_memory is not None:
+        timing = replace(timing, move_local_memory=args.move_local_memory)
     if args.enough_timed_ms is not None:
         timing = replace(timing, enough_timed_ms=args.enough_timed_ms)
     config = EvalConfig(
@@ -200,6 +202,7 @@ def run_kernelrl_phase(
     pool.close()
     stats = {
         "enough_timed_ms": timing.enough_timed_ms,
+        "move_local_memory": timing.move_local_memory,
         "spares": pool.sizing.spares,
         "evaluations": finished,
         "startup_s": ready - started,

@@ -71,8 +71,9 @@ class TimingConfig:
     # GPU: the solution's child gives up its context's local memory (spilled registers, stack)
     # and takes it anew elsewhere before each input set (``sandbox.local_memory``), so a
     # spilling kernel's time draws per set, not once per process; only where the solution's
-    # first call needed local memory.
-    move_local_memory: bool = False
+    # first call needed local memory (docs/decisions.md, "A spilling kernel's local memory is
+    # moved where its first call needed it").
+    move_local_memory: bool = True
     cpu_min_reps: int = 3
     cpu_budget_s: float = 0.0  # interpreter timings mean nothing: a few reps suffice
 

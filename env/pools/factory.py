@@ -130,12 +130,12 @@ class EnvPoolConfig:
         },
     )
     env_move_local_memory: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "GPU: a spilling solution's local memory (spilled registers) allocated "
             "anew before each input set, so its time is drawn per set, not once per "
-            "evaluation (narrower speed-ups between evaluations; off by default, "
-            "docs/decisions.md)"
+            "evaluation (narrower speed-ups between evaluations; only where the solution's "
+            "first call needed local memory; docs/decisions.md)"
         },
     )
     env_compile_ahead: bool = field(

@@ -85,7 +85,7 @@ def _key_before_fresh_inputs(config) -> str:
     assert timing.pop("enough_timed_ms") == 50.0
     assert timing.pop("most_placements") == 16
     assert timing.pop("placements_rel_err") == 0.005
-    assert timing.pop("move_local_memory") is False
+    assert timing.pop("move_local_memory") is True
     timing["flush_l2"] = True
     return fingerprint("validate", settings)
 

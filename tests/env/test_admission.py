@@ -53,13 +53,15 @@ def test_a_kernelbench_sized_task_is_planned_from_its_tensors() -> None:
     assert plan.large
     assert plan.trusted_bytes == 2 * tensor
     # Timed on one placement: its inputs and a refresh's new contents beside them, the current
-    # output and one kept copy, a workspace of inputs and outputs, the harness's buffers.
+    # output and one kept copy, a workspace of inputs and outputs, the harness's buffers, what
+    # moving the local memory keeps for its one set.
     assert plan.placements == 1
     assert plan.child_bytes == 2 * tensor + 2 * tensor + 2 * tensor + HARNESS_BYTES + (
-        CHILD_OVERHEAD_BYTES
+        MOVE_BYTES + CHILD_OVERHEAD_BYTES
     )
     small = memory_plan(task_from_source(_task(1024), "relu_small"), TimingConfig())
-    assert not small.large and small.placements == 16 and small.total_bytes < 3 * GIB
+    assert not small.large and small.placements == 16
+    assert small.total_bytes < 3 * GIB + 16 * MOVE_BYTES
     # The trusted side holds the reference's outputs of the checked calls made at once: a large
     # task's one call at a time.
     assert (plan.outputs_ahead, small.outputs_ahead) == (1, OUTPUT_SETS_AHEAD)
@@ -77,7 +79,8 @@ def test_more_input_sets_are_planned_while_they_fit_in_their_bytes() -> None:
     assert MORE_SETS_BYTES == 2 * GIB
     ten = plan_for(200 * mib, 0, 200 * mib, timing)
     four = plan_for(200 * mib, 0, 200 * mib, TimingConfig(most_placements=4))
-    assert ten.child_bytes - four.child_bytes == 6 * 200 * mib  # six more input sets
+    # six more input sets, and what moving the local memory keeps for each
+    assert ten.child_bytes - four.child_bytes == 6 * (200 * mib + MOVE_BYTES)
     assert plan_for(mib, 0, mib, TimingConfig(placements=2, most_placements=2)).placements == 2
 
 
@@ -88,7 +91,7 @@ def test_a_plan_counts_the_input_sets_the_timing_asks_for() -> None:
     four = memory_plan(task, TimingConfig(most_placements=4))
     eight = memory_plan(task, TimingConfig(most_placements=8))
     assert (four.placements, eight.placements) == (4, 8)
-    assert eight.child_bytes - four.child_bytes == 4 * 2**20 * 4  # four more input sets
+    assert eight.child_bytes - four.child_bytes == 4 * (2**20 * 4 + MOVE_BYTES)  # four more sets
     config = EvalConfig(device="cpu", timing=TimingConfig(most_placements=8))
     references = TaskReferences(ReferenceRunner(torch.device("cpu")), None, config)  # type: ignore[arg-type]
     plan, release = references.admit(task, GpuMemoryBudget(64 * GIB))
@@ -98,7 +101,7 @@ def test_a_plan_counts_the_input_sets_the_timing_asks_for() -> None:
 
 def test_a_plan_counts_what_moving_the_local_memory_keeps_for_every_input_set() -> None:
     task = task_from_source(_task(2**20), "relu_moved")
-    still = memory_plan(task, TimingConfig(most_placements=8))
+    still = memory_plan(task, TimingConfig(most_placements=8, move_local_memory=False))
     moved = memory_plan(task, TimingConfig(most_placements=8, move_local_memory=True))
     assert moved.child_bytes - still.child_bytes == 8 * MOVE_BYTES
     assert moved.trusted_bytes == still.trusted_bytes
