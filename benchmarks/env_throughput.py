@@ -41,10 +41,11 @@ from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
-from kernelrl.env.timing import L2_FLUSHES, TimingConfig
+from kernelrl.env.timing import TimingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_sizing import steady_rate  # noqa: E402
+from evaluator_options import add_evaluator_args  # noqa: E402
 from machine import describe, resolve_gpus  # noqa: E402
 from speedup_spreads import (  # noqa: E402
     report_clocks,
@@ -292,67 +293,6 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
     }
 
 
-def add_timing_args(parser: argparse.ArgumentParser) -> None:
-    """The timing procedure's options (``TimingConfig``) and compiling ahead."""
-    parser.add_argument(
-        "--warmup-ms",
-        type=float,
-        default=TimingConfig.warmup_ms,
-        help="warm-up before the first placement (TimingConfig)",
-    )
-    parser.add_argument(
-        "--placement-warmup-ms",
-        type=float,
-        default=TimingConfig.placement_warmup_ms,
-        help="warm-up before each placement after the first (TimingConfig)",
-    )
-    parser.add_argument(
-        "--placements",
-        type=int,
-        default=TimingConfig.placements,
-        help="input sets each timing is averaged over at least (TimingConfig)",
-    )
-    parser.add_argument(
-        "--most-placements",
-        type=int,
-        default=TimingConfig.most_placements,
-        help="input sets a timing may take while their mean is not known to"
-        " placements_rel_err (TimingConfig); as many as --placements: exactly those",
-    )
-    parser.add_argument(
-        "--l2-flush",
-        choices=L2_FLUSHES,
-        default=TimingConfig.l2_flush,
-        help="how L2 is emptied before every timed call (TimingConfig)",
-    )
-    parser.add_argument(
-        "--move-local-memory",
-        action=argparse.BooleanOptionalAction,
-        default=TimingConfig.move_local_memory,
-        help="the child's local memory allocated anew before each input set where the "
-        "solution's kernels need it (TimingConfig; on by default)",
-    )
-    parser.add_argument(
-        "--compile-ahead",
-        action="store_true",
-        help="Triton kernels compiled by a companion sandbox without a GPU, never paused "
-        "(EvalConfig.compile_ahead)",
-    )
-    parser.add_argument(
-        "--min-reps",
-        type=int,
-        default=TimingConfig.min_reps,
-        help="timed calls per placement before its error target may stop it (TimingConfig)",
-    )
-    parser.add_argument(
-        "--enough-timed-ms",
-        type=float,
-        default=TimingConfig.enough_timed_ms,
-        help="a placement whose timed calls add up to this may stop before its minimum "
-        "repetitions (TimingConfig; 0: never)",
-    )
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="cuda")
@@ -394,7 +334,7 @@ def parse_args() -> argparse.Namespace:
         default="local",
         help="LocalPool or RayPool (one actor per GPU)",
     )
-    add_timing_args(parser)
+    add_evaluator_args(parser)
     parser.add_argument(
         "--reference-timing",
         choices=("cached", "each-evaluation"),
@@ -432,6 +372,7 @@ def main() -> None:
         run_importing_during_measurement=args.run_importing,
         cache_reference_timing=args.reference_timing == "cached",
         compile_ahead=args.compile_ahead,
+        admission_in_order=args.admission_in_order,
         timing=TimingConfig(
             fresh_inputs=not args.stale_inputs,
             warmup_ms=args.warmup_ms,

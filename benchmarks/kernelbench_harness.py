@@ -102,6 +102,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="kernelrl sandboxes kept warming per GPU (default: sized from the slots)",
     )
+    p.add_argument(
+        "--admission-in-order",
+        action="store_true",
+        help="kernelrl: GPU memory admitted in the order evaluations asked for it",
+    )
     p.add_argument("--kernelrl-timeout-s", type=float, default=180.0)
     p.add_argument(
         "--compile-ahead",
@@ -196,7 +201,7 @@ def kernelrl_phase(
             f"enough_timed_ms={stats['enough_timed_ms']}, "
             f"move_local_memory={stats['move_local_memory']}, "
             f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}, "
-            f"spares={stats['spares']}"
+            f"spares={stats['spares']}, admission_in_order={args.admission_in_order}"
         ),
         "kernelrl evaluations": stats["evaluations"],
         "kernelrl evals/min (pool warm)": _fmt(stats["evals_per_min"], ".1f"),

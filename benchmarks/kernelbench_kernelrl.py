@@ -159,6 +159,7 @@ def run_kernelrl_phase(
         timeout_s=args.kernelrl_timeout_s,
         timing=timing,
         compile_ahead=args.compile_ahead,
+        admission_in_order=args.admission_in_order,
     )
     pool = LocalPool(config, per_gpu=args.per_gpu, spares=args.spares)
     ready = time.perf_counter()

@@ -62,6 +62,8 @@ class EvalConfig:
     cache_reference_timing: bool = True
     host_memory_bytes: int = 16 * 2**30
     gpu_memory_fraction: float = 0.9
+    # GPU memory admitted in the order evaluations asked for it (``GpuMemoryBudget.in_order``).
+    admission_in_order: bool = False
     file_bytes: int = 4 * 2**30
     spare_children: int = 1
     # Before a solution or a reference is timed, with the other sandboxes paused, the GPU must
@@ -145,7 +147,11 @@ class Evaluator(ChildRunPhases):
         # A trusted task's reference runs here, an untrusted one's in a child of this pool.
         self.references = TaskReferences(ReferenceRunner(self.device), self.children, self.config)
         self.gpu_memory = (
-            GpuMemoryBudget.for_device(self.device, warming=self.config.spare_children)
+            GpuMemoryBudget.for_device(
+                self.device,
+                warming=self.config.spare_children,
+                in_order=self.config.admission_in_order,
+            )
             if self.device_kind == "cuda"
             else None
         )

@@ -36,6 +36,8 @@ NOT_VERDICT_SETTINGS: dict[str, str] = {
     "'auto' and 'cuda' name the same one",
     "spare_children": "how many sandboxes warm ahead; every evaluation runs in a fresh one "
     "either way, and pools raise it to fit their host",
+    "admission_in_order": "which waiting evaluation the GPU memory goes to first; each is "
+    "admitted with the same plan, and its timing still has the GPU to itself",
 }
 
 #: ``Task`` fields that only name or file a task: the evaluator never reads them.

@@ -12,6 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from kernelrl.env.evaluator import EvalConfig
+from kernelrl.env.timing import TimingConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import env_throughput  # noqa: E402
 import speedup_spreads  # noqa: E402
@@ -134,6 +137,21 @@ def test_more_first_input_sets_than_a_timing_may_take_is_refused_in_one_line(
     assert error.endswith("--placements (20) must be at least 1 and at most --most-placements (16)")
     monkeypatch.setattr(sys, "argv", ["env_throughput.py", "--most-placements", "4"])
     assert env_throughput.parse_args().most_placements == 4
+
+
+def test_the_evaluator_flags_default_to_the_environment_s_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run without flags times as the environment does (the local memory moved, memory
+    admitted to whichever evaluation fits); each flag names the setting it turns."""
+    monkeypatch.setattr(sys, "argv", ["env_throughput.py"])
+    args = env_throughput.parse_args()
+    assert args.move_local_memory is TimingConfig.move_local_memory is True
+    assert args.admission_in_order is EvalConfig.admission_in_order is False
+    argv = ["env_throughput.py", "--no-move-local-memory", "--admission-in-order"]
+    monkeypatch.setattr(sys, "argv", argv)
+    args = env_throughput.parse_args()
+    assert (args.move_local_memory, args.admission_in_order) == (False, True)
 
 
 def test_a_task_over_the_spread_limit_lists_its_evaluations_as_they_started() -> None:

@@ -133,6 +133,41 @@ def test_reservations_wait_until_they_fit() -> None:
     assert budget.reserved == 0 and budget.in_flight == 0
 
 
+def _admitted_while_a_large_one_waits(in_order: bool) -> list[str]:
+    """A holds 6 of 10 GiB; B asks for 8 and waits; C asks for 3 after B (it fits beside A,
+    not beside B). What was admitted, in order, once A gives its memory back."""
+    budget = GpuMemoryBudget(10 * GIB, in_order=in_order)
+    admitted: list[str] = []
+    release_a = budget.acquire(6 * GIB)
+    admitted.append("a")
+
+    def ask(name: str, nbytes: int) -> None:
+        release = budget.acquire(nbytes)
+        admitted.append(name)
+        release()
+
+    b = threading.Thread(target=ask, args=("b", 8 * GIB))
+    b.start()
+    while not budget._waiting:
+        time.sleep(0.01)
+    c = threading.Thread(target=ask, args=("c", 3 * GIB))
+    c.start()
+    c.join(0.3)
+    release_a()
+    b.join(5)
+    c.join(5)
+    assert budget.reserved == 0 and budget.in_flight == 0 and not budget._waiting
+    return admitted
+
+
+def test_a_later_evaluation_passes_a_waiting_one_unless_the_admission_keeps_order() -> None:
+    """By default C, which fits beside A, goes before B, which asked first and does not (the
+    wait that a large published-size task can have while smaller ones keep arriving); in order,
+    C waits for B."""
+    assert _admitted_while_a_large_one_waits(in_order=False) == ["a", "c", "b"]
+    assert _admitted_while_a_large_one_waits(in_order=True) == ["a", "b", "c"]
+
+
 def test_a_task_larger_than_the_device_runs_alone() -> None:
     budget = GpuMemoryBudget(10 * GIB)
     with budget.reserve(40 * GIB):
