@@ -8,10 +8,10 @@ A shared machine drifts between calls by more than most settings move (benchmark
 compares runs within a table only): alternating the two, and comparing each B with the A just
 before it, is what lets a difference be put down to the setting rather than the hour.
 
-    python benchmarks/alternate.py --pairs 2 --b=--move-local-memory --out OUT -- \\
+    python benchmarks/alternate.py --pairs 2 --b=--no-move-local-memory --out OUT -- \\
         --device cuda --new-kernels --repeats 6 --tasks 31_conv2d_stride2_relu 18_matmul
 
-    python benchmarks/alternate.py --bench harness --b=--move-local-memory --out OUT -- \\
+    python benchmarks/alternate.py --bench harness --b=--admission-in-order --out OUT -- \\
         --kernelbench KB/KernelBench --phases kernelrl --shares kernelrl=1 --repeats 3
 
 Everything after ``--`` goes to both settings; ``--a`` and ``--b`` add each one's own options
@@ -131,7 +131,7 @@ def side_by_side(summaries: dict[str, dict]) -> str:
             lines.append(f"pair {pair}: no ratio, a run of it failed or evaluated nothing")
         else:
             lines.append(f"pair {pair}: B's rate / A's {rates[1] / rates[0]:.3f}")
-    for label, summary in summaries.items():  # --move-local-memory: where the child moved it
+    for label, summary in summaries.items():  # with the move on: where the child moved it
         if summary.get("options", {}).get("move_local_memory"):
             moved = summary["warm"].get("local_memory_moved", {})
             said = ", ".join(f"`{t}` {n}" for t, n in sorted(moved.items())) or "no evaluation"
