@@ -14,10 +14,13 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernelbench_entries import Entry  # noqa: E402
+
+if TYPE_CHECKING:
+    from kernelrl.env.evaluator import EvalConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,31 +139,38 @@ def ensure_kernelrl_importable() -> None:
         import kernelrl.env.pools.local  # noqa: F401
 
 
-def run_kernelrl_phase(
-    entries: list[Entry], args: argparse.Namespace, budget_s: float
-) -> tuple[dict[str, list[dict]], dict[str, Any]]:
-    """Every solution ``repeats`` times through a LocalPool on the GPU."""
-    ensure_kernelrl_importable()
+def kernelrl_config(args: argparse.Namespace) -> EvalConfig:
+    """The evaluator's settings the harness's flags give; TimingConfig's defaults elsewhere."""
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.pools.local import LocalPool
-    from kernelrl.env.task import task_from_source
     from kernelrl.env.timing import TimingConfig
 
-    heavy = [m for m in ("trl", "ray", "datasets", "vllm") if m in sys.modules]
-    tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
-    started = time.perf_counter()
     timing = TimingConfig()
     if args.move_local_memory is not None:
         timing = replace(timing, move_local_memory=args.move_local_memory)
     if args.enough_timed_ms is not None:
         timing = replace(timing, enough_timed_ms=args.enough_timed_ms)
-    config = EvalConfig(
+    return EvalConfig(
         device="cuda",
         timeout_s=args.kernelrl_timeout_s,
         timing=timing,
         compile_ahead=args.compile_ahead,
         admission_in_order=args.admission_in_order,
     )
+
+
+def run_kernelrl_phase(
+    entries: list[Entry], args: argparse.Namespace, budget_s: float
+) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """Every solution ``repeats`` times through a LocalPool on the GPU."""
+    ensure_kernelrl_importable()
+    from kernelrl.env.pools.local import LocalPool
+    from kernelrl.env.task import task_from_source
+
+    heavy = [m for m in ("trl", "ray", "datasets", "vllm") if m in sys.modules]
+    tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
+    started = time.perf_counter()
+    config = kernelrl_config(args)
+    timing = config.timing
     pool = LocalPool(config, per_gpu=args.per_gpu, spares=args.spares)
     ready = time.perf_counter()
     futures = []
