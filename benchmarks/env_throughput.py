@@ -41,11 +41,10 @@ from kernelrl.env.pools.local import LocalPool
 from kernelrl.env.pools.sizing import AUTO, HostResources, Sizing, size_gpu_pool
 from kernelrl.env.result import EvalResult
 from kernelrl.env.sandbox.spawn import SPAWN_ENV
-from kernelrl.env.timing import TimingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_sizing import steady_rate  # noqa: E402
-from evaluator_options import add_evaluator_args  # noqa: E402
+from evaluator_options import add_evaluator_args, timing_from_args  # noqa: E402
 from machine import describe, resolve_gpus  # noqa: E402
 from speedup_spreads import (  # noqa: E402
     report_clocks,
@@ -354,11 +353,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--json-out", default="", help="every EvalResult, one JSON line each")
     parser.add_argument("--summary-out", default="", help="the figures as JSON")
     args = parser.parse_args()
-    if not 1 <= args.placements <= args.most_placements:
-        parser.error(
-            f"--placements ({args.placements}) must be at least 1 and at most"
-            f" --most-placements ({args.most_placements})"
-        )
+    args.timing = timing_from_args(parser, args, fresh_inputs=not args.stale_inputs)
     args.workers = resolve_gpus(args.workers)
     return args
 
@@ -373,17 +368,7 @@ def main() -> None:
         cache_reference_timing=args.reference_timing == "cached",
         compile_ahead=args.compile_ahead,
         admission_in_order=args.admission_in_order,
-        timing=TimingConfig(
-            fresh_inputs=not args.stale_inputs,
-            warmup_ms=args.warmup_ms,
-            placement_warmup_ms=args.placement_warmup_ms,
-            placements=args.placements,
-            most_placements=args.most_placements,
-            l2_flush=args.l2_flush,
-            enough_timed_ms=args.enough_timed_ms,
-            min_reps=args.min_reps,
-            move_local_memory=args.move_local_memory,
-        ),
+        timing=args.timing,
     )
     started = time.perf_counter()
     pool, sizing = open_pool(args, config)

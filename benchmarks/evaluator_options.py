@@ -5,6 +5,7 @@ that an alternated run (``alternate.py``) names a setting the way the library sp
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from kernelrl.env.timing import L2_FLUSHES, TimingConfig
 
@@ -67,3 +68,17 @@ def add_evaluator_args(parser: argparse.ArgumentParser) -> None:
         help="GPU memory admitted in the order evaluations asked for it "
         "(EvalConfig.admission_in_order)",
     )
+
+
+def timing_from_args(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, **fixed: Any
+) -> TimingConfig:
+    """The ``TimingConfig`` the flags of ``add_evaluator_args`` name, with ``fixed`` fields a
+    benchmark sets itself; options it refuses end the run as the parser's one-line error."""
+    flagged = {field: getattr(args, field) for _, field, _, _ in TIMING_NUMBERS}
+    try:
+        return TimingConfig(
+            **flagged, l2_flush=args.l2_flush, move_local_memory=args.move_local_memory, **fixed
+        )
+    except ValueError as err:
+        parser.error(str(err))

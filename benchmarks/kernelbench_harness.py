@@ -43,6 +43,7 @@ from kernelbench_kb import import_error, kb_runner_main, run_kb_phase  # noqa: E
 from kernelbench_kernelrl import (  # noqa: E402
     REPO_ROOT,
     MemoryMonitor,
+    ensure_kernelrl_importable,
     peak_self_rss_bytes,
     run_kernelrl_phase,
 )
@@ -102,31 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="kernelrl sandboxes kept warming per GPU (default: sized from the slots)",
     )
-    p.add_argument(
-        "--admission-in-order",
-        action="store_true",
-        help="kernelrl: GPU memory admitted in the order evaluations asked for it",
-    )
     p.add_argument("--kernelrl-timeout-s", type=float, default=180.0)
-    p.add_argument(
-        "--compile-ahead",
-        action="store_true",
-        help="kernelrl: Triton kernels compiled by a companion sandbox without a GPU",
-    )
-    p.add_argument(
-        "--enough-timed-ms",
-        type=float,
-        default=None,
-        help="kernelrl's timing: a placement whose timed calls add up to this may stop before "
-        "its minimum repetitions (TimingConfig's default where not given; 0: never)",
-    )
-    p.add_argument(
-        "--move-local-memory",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="kernelrl's timing: the child's local memory allocated anew before each input set "
-        "where the solution's kernels need it (TimingConfig's default where not given)",
-    )
     p.add_argument("--kb-correct-trials", type=int, default=3)
     p.add_argument("--kb-perf-trials", type=int, default=20)
     p.add_argument("--time-budget-s", type=float, default=450.0, help="for all three phases")
@@ -139,7 +116,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", nargs="*", default=[], help="solution stems or levelN/stem")
     p.add_argument("--kb-runner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--runner-budget-s", type=float, default=1e9, help=argparse.SUPPRESS)
+    ensure_kernelrl_importable()  # the evaluator's options are kernelrl's own
+    from evaluator_options import add_evaluator_args, timing_from_args
+
+    add_evaluator_args(p)
     args = p.parse_args(argv)
+    args.timing = timing_from_args(p, args)
     args.kernelbench = str(Path(args.kernelbench).resolve())
     if args.kernelbench_src is None:
         args.kernelbench_src = str(Path(args.kernelbench).parent / "src")

@@ -12,7 +12,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +125,7 @@ def ensure_kernelrl_importable() -> None:
     """The repository root is the package ``kernelrl``; on a machine where it is not installed,
     expose it under that name (sys.path also reaches the sandbox children via PYTHONPATH)."""
     try:
-        import kernelrl.env.pools.local  # noqa: F401
+        import kernelrl  # noqa: F401
     except ImportError:
         link_dir = Path(tempfile.mkdtemp(prefix="kernelrl_path_"))
         (link_dir / "kernelrl").symlink_to(REPO_ROOT, target_is_directory=True)
@@ -136,23 +135,17 @@ def ensure_kernelrl_importable() -> None:
         )
         for name in [m for m in sys.modules if m == "kernelrl" or m.startswith("kernelrl.")]:
             del sys.modules[name]
-        import kernelrl.env.pools.local  # noqa: F401
+        import kernelrl  # noqa: F401
 
 
 def kernelrl_config(args: argparse.Namespace) -> EvalConfig:
-    """The evaluator's settings the harness's flags give; TimingConfig's defaults elsewhere."""
+    """The evaluator's settings the harness's flags give (``evaluator_options``)."""
     from kernelrl.env.evaluator import EvalConfig
-    from kernelrl.env.timing import TimingConfig
 
-    timing = TimingConfig()
-    if args.move_local_memory is not None:
-        timing = replace(timing, move_local_memory=args.move_local_memory)
-    if args.enough_timed_ms is not None:
-        timing = replace(timing, enough_timed_ms=args.enough_timed_ms)
     return EvalConfig(
         device="cuda",
         timeout_s=args.kernelrl_timeout_s,
-        timing=timing,
+        timing=args.timing,
         compile_ahead=args.compile_ahead,
         admission_in_order=args.admission_in_order,
     )

@@ -134,7 +134,10 @@ def test_more_first_input_sets_than_a_timing_may_take_is_refused_in_one_line(
     with pytest.raises(SystemExit):
         env_throughput.parse_args()
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.endswith("--placements (20) must be at least 1 and at most --most-placements (16)")
+    assert error == (
+        "env_throughput.py: error: placements (20) must be at least 1 and at most"
+        " most_placements (16)"
+    )
     monkeypatch.setattr(sys, "argv", ["env_throughput.py", "--most-placements", "4"])
     assert env_throughput.parse_args().most_placements == 4
 

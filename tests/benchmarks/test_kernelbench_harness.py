@@ -10,11 +10,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from kernelbench_harness import main, phase_sums, verdict_totals  # noqa: E402
+from kernelbench_harness import main, parse_args, phase_sums, verdict_totals  # noqa: E402
 from kernelbench_kb import import_error  # noqa: E402
-from kernelbench_kernelrl import result_row, timing_shared  # noqa: E402
+from kernelbench_kernelrl import kernelrl_config, result_row, timing_shared  # noqa: E402
 
+from kernelrl.env.evaluator import EvalConfig  # noqa: E402
 from kernelrl.env.gpu_claim import SHARED_WITH_KEY, SHARING_UNKNOWN_KEY  # noqa: E402
+from kernelrl.env.timing import TimingConfig  # noqa: E402
 
 
 def test_phase_sums_add_every_evaluation_largest_first() -> None:
@@ -74,3 +76,23 @@ def test_tasks_a_budget_left_unevaluated_are_counted_apart_from_the_verdicts() -
     assert failed["kernelrl all evaluated correct"] is False
     none_evaluated = verdict_totals("kernelrl", ["skipped (time budget)"])
     assert none_evaluated["kernelrl all evaluated correct"] is False
+
+
+def test_the_harness_evaluates_as_the_environment_does_unless_a_flag_says_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The harness takes the evaluator's flags from the module the throughput benchmark uses,
+    so a setting is spelt and defaulted alike in both and an alternation can name it."""
+    tasks = ["--kernelbench", str(tmp_path)]
+    default = kernelrl_config(parse_args(tasks))
+    assert default.timing == TimingConfig()
+    assert default.admission_in_order == EvalConfig.admission_in_order
+    assert default.compile_ahead == EvalConfig.compile_ahead
+    flags = ["--no-move-local-memory", "--enough-timed-ms", "0", "--placements", "2"]
+    chosen = kernelrl_config(parse_args([*tasks, *flags, "--admission-in-order"]))
+    assert chosen.timing == TimingConfig(move_local_memory=False, enough_timed_ms=0, placements=2)
+    assert chosen.admission_in_order
+    with pytest.raises(SystemExit):
+        parse_args([*tasks, "--placements", "0"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith("placements (0) must be at least 1 and at most most_placements (16)")
