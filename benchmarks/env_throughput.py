@@ -196,6 +196,16 @@ def run_pass(
     return results, wall, Busy((busy1 - busy0) / wall, (trusted1 - trusted0) / wall)
 
 
+def admission_waits(waits: list[float], noticeable_s: float = 0.01) -> str:
+    """How long evaluations waited for their GPU memory plans: what the admission's order
+    (``--admission-in-order``) can change at all."""
+    waited = [w for w in waits if w >= noticeable_s]
+    return (
+        f"waited for GPU memory: {len(waited)} of {len(waits)} evaluations, "
+        f"{sum(waits):.1f} s in all (longest {max(waits, default=0.0):.1f} s)"
+    )
+
+
 def median_of(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -257,6 +267,8 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
     moved = Counter(r.task_id for r in results if r.phase_seconds.get("child_local_memory_move"))
     if moved:
         print(f"local memory moved in {moved.total()} evaluations: {dict(sorted(moved.items()))}")
+    waits = [r.phase_seconds.get("admission", 0.0) for r in results]
+    print(admission_waits(waits))
     if any("compile_ahead" in r.sandbox for r in results):
         print(companions(results))
     print("| phase | where | what | median s |")
@@ -282,6 +294,7 @@ def report(results: list[EvalResult], wall: float, busy: Busy, pool: Pool) -> di
         "cpu_s_per_eval": busy.host * wall / n if n else None,
         "gpu_exclusive_share": exclusive / wall,
         "local_memory_moved": dict(moved),
+        "admission_s": {"sum": sum(waits), "longest": max(waits, default=0.0)},
         "phase_medians": phases,
         **report_spreads(results),
         "spread_evaluations": report_spread_evaluations(results),

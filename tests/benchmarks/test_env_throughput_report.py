@@ -187,3 +187,9 @@ def test_a_task_over_the_spread_limit_lists_its_evaluations_as_they_started() ->
     assert found["conv"][0]["sets_spread"] == 1.019 and found["conv"][0]["sets"] == 2
     assert found["conv"][0]["sm_mhz"] == 1980
     assert speedup_spreads.report_spread_evaluations(results, limit=1.06) == {}
+
+
+def test_the_report_says_how_many_evaluations_waited_for_gpu_memory_and_how_long() -> None:
+    said = env_throughput.admission_waits([0.0, 0.004, 2.5, 30.25])
+    assert said == "waited for GPU memory: 2 of 4 evaluations, 32.8 s in all (longest 30.2 s)"
+    assert env_throughput.admission_waits([]).startswith("waited for GPU memory: 0 of 0")
