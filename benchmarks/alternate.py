@@ -15,16 +15,19 @@ before it, is what lets a difference be put down to the setting rather than the 
         --kernelbench KB/KernelBench --phases kernelrl --shares kernelrl=1 --repeats 3
 
 Everything after ``--`` goes to both settings; ``--a`` and ``--b`` add each one's own options
-(quoted, as one argument). Each run's log and summary are kept in OUT beside
-``side_by_side.md``, the table this prints. The harness's rate is its kernelrl phase's over all
-repeats, and its spread each task's over them.
+(quoted, as one argument). Each run's log and summary (and a throughput run's records,
+``NAME.jsonl.gz``, what ``cluster_sizing.py`` reads) are kept in OUT beside ``side_by_side.md``,
+the table this prints. The harness's rate is its kernelrl phase's over all repeats, and its
+spread each task's over them.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -68,9 +71,9 @@ def run_order(pairs: int) -> list[str]:
 def run_one(bench: str, label: str, options: list[str], out: Path, timeout_s: float | None) -> dict:
     """One run of the benchmark; its summary as ``env_throughput.py`` writes it, or why there is
     none."""
-    if bench == "throughput":
+    if bench == "throughput":  # its records too, as cluster_sizing.py reads them
         summary_path = out / f"{label}.json"
-        where = ["--summary-out", str(summary_path)]
+        where = ["--summary-out", str(summary_path), "--json-out", str(out / f"{label}.jsonl")]
     else:  # the harness writes its results.json into a folder of its own
         summary_path = out / label / "results.json"
         where = ["--out", str(out / label)]
@@ -86,10 +89,20 @@ def run_one(bench: str, label: str, options: list[str], out: Path, timeout_s: fl
             failed = f"stopped after {timeout_s:.0f} s"
     wall = time.perf_counter() - started
     print(f"{label}: {failed or 'done'} in {wall:.0f} s", flush=True)
+    compress(out / f"{label}.jsonl")
     if failed or not summary_path.exists():
         return {"failed": failed or "no summary written"}
     summary = json.loads(summary_path.read_text())
     return summary if bench == "throughput" else harness_summary(summary)
+
+
+def compress(records: Path) -> None:
+    """A run's records gzipped beside its summary (``NAME.jsonl.gz``), where
+    ``cluster_sizing.py`` reads them; a run that wrote none leaves nothing."""
+    if records.exists():
+        with records.open("rb") as plain, gzip.open(f"{records}.gz", "wb") as packed:
+            shutil.copyfileobj(plain, packed)
+        records.unlink()
 
 
 def harness_summary(results: dict) -> dict:
@@ -131,6 +144,13 @@ def side_by_side(summaries: dict[str, dict]) -> str:
             lines.append(f"pair {pair}: no ratio, a run of it failed or evaluated nothing")
         else:
             lines.append(f"pair {pair}: B's rate / A's {rates[1] / rates[0]:.3f}")
+    for label, summary in summaries.items():  # what the admission's order can change
+        waits = summary.get("warm", {}).get("admission_s")
+        if waits:
+            lines.append(
+                f"{label}: waited for GPU memory {waits['sum']:.1f} s in all "
+                f"(longest {waits['longest']:.1f} s)"
+            )
     for label, summary in summaries.items():  # with the move on: where the child moved it
         if summary.get("options", {}).get("move_local_memory"):
             moved = summary["warm"].get("local_memory_moved", {})

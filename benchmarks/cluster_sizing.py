@@ -171,7 +171,13 @@ def _warm_records(summary_path: str) -> tuple[dict, list[dict]]:
     """A pool run of ``env_throughput.py``: its summary, and the records of its warm pass,
     read from the ``.jsonl.gz`` beside it."""
     summary = json.loads(Path(summary_path).read_text())
-    with gzip.open(summary_path.removesuffix(".json") + ".jsonl.gz", "rt") as f:
+    records = Path(summary_path.removesuffix(".json") + ".jsonl.gz")
+    if not records.exists():
+        raise SystemExit(
+            f"cluster_sizing.py: {summary_path} has no records beside it ({records.name}: "
+            "env_throughput.py --json-out, gzipped; alternate.py keeps them)"
+        )
+    with gzip.open(records, "rt") as f:
         results = [json.loads(line) for line in f if line.strip()]
     return summary, results[summary["cold"]["evaluations"] if "cold" in summary else 0 :]
 

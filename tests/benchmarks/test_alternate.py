@@ -4,6 +4,7 @@ alternation of two CPU runs."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -59,6 +60,17 @@ def test_the_table_says_where_each_run_with_the_move_moved_the_local_memory() ->
     ]
 
 
+def test_the_table_says_how_long_each_run_s_evaluations_waited_for_gpu_memory() -> None:
+    a1, b1, a2 = (summary(100.0, {"conv": 1.01}) for _ in range(3))
+    a1["warm"]["admission_s"] = {"sum": 53.25, "longest": 29.9}
+    b1["warm"]["admission_s"] = {"sum": 0.0, "longest": 0.0}
+    table = alternate.side_by_side({"a1": a1, "b1": b1, "a2": a2}).splitlines()
+    assert table[-2:] == [
+        "a1: waited for GPU memory 53.2 s in all (longest 29.9 s)",
+        "b1: waited for GPU memory 0.0 s in all (longest 0.0 s)",
+    ]
+
+
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
@@ -79,8 +91,11 @@ def test_bad_options_are_refused_in_one_line(argv, said, capsys) -> None:
 def test_two_cpu_runs_alternated_leave_their_logs_summaries_and_table(tmp_path) -> None:
     shared = ["--device", "cpu", "--new-kernels", "--repeats", "1", "--tasks", "01_relu"]
     alternate.main(["--pairs", "1", "--b=--stale-inputs", "--out", str(tmp_path), "--", *shared])
-    for name in ("a1.log", "a1.json", "b1.log", "b1.json", "side_by_side.md"):
+    for name in ("a1.log", "a1.json", "a1.jsonl.gz", "b1.jsonl.gz", "side_by_side.md"):
         assert (tmp_path / name).exists(), name
+    assert not (tmp_path / "a1.jsonl").exists()
+    with gzip.open(tmp_path / "b1.jsonl.gz", "rt") as records:
+        assert [json.loads(line)["task_id"] for line in records] == ["01_relu", "01_relu"]
     assert "--stale-inputs" in (tmp_path / "b1.log").read_text().splitlines()[0]
     assert "--stale-inputs" not in (tmp_path / "a1.log").read_text().splitlines()[0]
     table = (tmp_path / "side_by_side.md").read_text().splitlines()

@@ -97,6 +97,17 @@ def test_pool_validation_measures_the_per_gpu_efficiency_of_a_host(tmp_path: Pat
     assert sizing.env_evals_per_s(double) == pytest.approx(1.6 * sizing.env_evals_per_s(single))
 
 
+def test_a_run_without_its_records_is_refused_in_one_line(tmp_path: Path) -> None:
+    sizing = _load("cluster_sizing")
+    one = _pool_run(tmp_path, "one", 1, [float(t) for t in range(1, 101)])
+    summary_only = tmp_path / "summary_only.json"
+    summary_only.write_text(Path(one).read_text())
+    with pytest.raises(SystemExit) as refused:
+        sizing.validate_pool(one, str(summary_only))
+    said = str(refused.value)
+    assert "summary_only.jsonl.gz" in said and "--json-out" in said and "\n" not in said
+
+
 def test_a_recorded_runs_rate_is_its_slots_over_its_mean_latency() -> None:
     """Little's law on a pool run kept in the repository: with the slots always busy, the rate
     is slots over the mean latency, and the pauses are about one window of every other slot."""
