@@ -107,15 +107,18 @@ def compress(records: Path) -> None:
 
 def harness_summary(results: dict) -> dict:
     """The harness's ``results.json`` in the throughput benchmark's terms: the kernelrl phase's
-    rate over all repeats, its verdicts, and each task's speed-up spread over its repeats."""
+    rate over all repeats, its verdicts, each task's speed-up spread over its repeats, and how
+    long its evaluations waited for GPU memory."""
     runs = {stem: row.get("kernelrl") or [] for stem, row in results["rows"].items()}
     spreads = {stem: summarise_kernelrl(r)["spread"] for stem, r in runs.items()}
     rate = results["totals"].get("kernelrl evals/min (pool warm)", "-")
+    waits = [r.get("phase_seconds", {}).get("admission", 0.0) for rs in runs.values() for r in rs]
     return {
         "warm": {
             "evals_per_min": None if rate == "-" else float(rate),
             "statuses": dict(Counter(r["status"] for rs in runs.values() for r in rs)),
             "spreads": {stem: s for stem, s in spreads.items() if s is not None},
+            "admission_s": {"sum": sum(waits), "longest": max(waits, default=0.0)},
         }
     }
 

@@ -115,8 +115,16 @@ def test_the_harness_results_read_as_the_throughput_benchmarks_summary(tmp_path)
     rows = {
         "19_ReLU": Row(
             kernelrl=[
-                {"status": "correct", "speedup_vs_eager": 1.00},
-                {"status": "correct", "speedup_vs_eager": 1.04},
+                {
+                    "status": "correct",
+                    "speedup_vs_eager": 1.00,
+                    "phase_seconds": {"admission": 2.5},
+                },
+                {
+                    "status": "correct",
+                    "speedup_vs_eager": 1.04,
+                    "phase_seconds": {"admission": 0.5},
+                },
             ]
         ),
         "23_Softmax": Row(kernelrl=[{"status": "skipped (time budget)"}]),
@@ -128,5 +136,6 @@ def test_the_harness_results_read_as_the_throughput_benchmarks_summary(tmp_path)
             "evals_per_min": 12.5,
             "statuses": {"correct": 2, "skipped (time budget)": 1},
             "spreads": {"19_ReLU": pytest.approx(1.04)},
+            "admission_s": {"sum": 3.0, "longest": 2.5},
         }
     }
