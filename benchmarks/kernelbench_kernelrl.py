@@ -154,8 +154,8 @@ def kernelrl_config(args: argparse.Namespace) -> EvalConfig:
 def run_kernelrl_phase(
     entries: list[Entry], args: argparse.Namespace, budget_s: float
 ) -> tuple[dict[str, list[dict]], dict[str, Any]]:
-    """Every solution ``repeats`` times through a LocalPool on the GPU."""
-    ensure_kernelrl_importable()
+    """Every solution ``repeats`` times through a LocalPool on the GPU; ``args`` as the
+    harness's ``parse_args`` gives them, which made kernelrl importable."""
     from kernelrl.env.pools.local import LocalPool
     from kernelrl.env.task import task_from_source
 
