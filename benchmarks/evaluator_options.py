@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from kernelrl.env.evaluator import EvalConfig
 from kernelrl.env.timing import L2_FLUSHES, TimingConfig
 
 # (flag, TimingConfig field, type, what it sets) of the timing's numeric options.
@@ -64,9 +65,10 @@ def add_evaluator_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--admission-in-order",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=EvalConfig.admission_in_order,
         help="GPU memory admitted in the order evaluations asked for it "
-        "(EvalConfig.admission_in_order)",
+        "(EvalConfig.admission_in_order; on by default)",
     )
 
 

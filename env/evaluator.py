@@ -63,7 +63,7 @@ class EvalConfig:
     host_memory_bytes: int = 16 * 2**30
     gpu_memory_fraction: float = 0.9
     # GPU memory admitted in the order evaluations asked for it (``GpuMemoryBudget.in_order``).
-    admission_in_order: bool = False
+    admission_in_order: bool = True
     file_bytes: int = 4 * 2**30
     spare_children: int = 1
     # Before a solution or a reference is timed, with the other sandboxes paused, the GPU must

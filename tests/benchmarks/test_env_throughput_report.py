@@ -146,15 +146,15 @@ def test_the_evaluator_flags_default_to_the_environment_s_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A run without flags times as the environment does (the local memory moved, memory
-    admitted to whichever evaluation fits); each flag names the setting it turns."""
+    admitted in the order evaluations asked for it); each flag names the setting it turns."""
     monkeypatch.setattr(sys, "argv", ["env_throughput.py"])
     args = env_throughput.parse_args()
     assert args.move_local_memory is TimingConfig.move_local_memory is True
-    assert args.admission_in_order is EvalConfig.admission_in_order is False
-    argv = ["env_throughput.py", "--no-move-local-memory", "--admission-in-order"]
+    assert args.admission_in_order is EvalConfig.admission_in_order is True
+    argv = ["env_throughput.py", "--no-move-local-memory", "--no-admission-in-order"]
     monkeypatch.setattr(sys, "argv", argv)
     args = env_throughput.parse_args()
-    assert (args.move_local_memory, args.admission_in_order) == (False, True)
+    assert (args.move_local_memory, args.admission_in_order) == (False, False)
 
 
 def test_a_task_over_the_spread_limit_lists_its_evaluations_as_they_started() -> None:

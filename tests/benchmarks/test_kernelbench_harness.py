@@ -89,9 +89,9 @@ def test_the_harness_evaluates_as_the_environment_does_unless_a_flag_says_otherw
     assert default.admission_in_order == EvalConfig.admission_in_order
     assert default.compile_ahead == EvalConfig.compile_ahead
     flags = ["--no-move-local-memory", "--enough-timed-ms", "0", "--placements", "2"]
-    chosen = kernelrl_config(parse_args([*tasks, *flags, "--admission-in-order"]))
+    chosen = kernelrl_config(parse_args([*tasks, *flags, "--no-admission-in-order"]))
     assert chosen.timing == TimingConfig(move_local_memory=False, enough_timed_ms=0, placements=2)
-    assert chosen.admission_in_order
+    assert not chosen.admission_in_order
     with pytest.raises(SystemExit):
         parse_args([*tasks, "--placements", "0"])
     error = capsys.readouterr().err.strip().splitlines()[-1]
