@@ -146,6 +146,14 @@ class EnvPoolConfig:
             "slots, docs/decisions.md)"
         },
     )
+    env_admission_in_order: bool = field(
+        default=True,
+        metadata={
+            "help": "GPU memory admitted to waiting evaluations in the order they asked; off, "
+            "to whichever fits (fuller GPU, but a large task can wait while smaller ones pass "
+            "it; docs/decisions.md)"
+        },
+    )
     env_ray_address: str | None = field(
         default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
     )
@@ -183,6 +191,7 @@ class EnvPoolConfig:
                 time_reference_compile=self.env_time_reference_compile,
                 cache_reference_timing=self.env_cache_reference_timing,
                 compile_ahead=self.env_compile_ahead,
+                admission_in_order=self.env_admission_in_order,
                 timing=TimingConfig(move_local_memory=self.env_move_local_memory),
             ),
             workers=self.env_workers or None,

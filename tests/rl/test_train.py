@@ -51,6 +51,7 @@ def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
     assert isinstance(args.environment, EnvPoolConfig) and args.environment.env_workers == 3
     env_keys = ["--env_time_reference_compile", "false", "--env_cache_reference_timing", "false"]
     env_keys += ["--env_compile_ahead", "true", "--env_move_local_memory", "true"]
+    env_keys += ["--env_admission_in_order", "false"]
     no_compile, _ = parse_recipe(["--config", str(SMOKE), *env_keys])
     pool = no_compile.environment.make_pool()
     try:  # the pool's evaluators get the keys (the CPU never times a compiled reference anyway)
@@ -58,6 +59,7 @@ def test_recipe_is_parsed_into_composed_parts(tmp_path: Path) -> None:
         assert pool.config.cache_reference_timing is False
         assert pool.config.compile_ahead is True  # a GPU's children only: none on the CPU
         assert pool.config.timing.move_local_memory is True  # likewise a GPU child's
+        assert pool.config.admission_in_order is False
     finally:
         pool.close()
     logged = args.to_dict()  # what the run logs as its config: every part's keys
