@@ -108,6 +108,7 @@ def result_row(d: dict[str, Any], shared: str) -> dict[str, Any]:
         "phase_seconds": d.get("phase_seconds"),
         "output_ring": sandbox.get("output_ring"),
         "device_ring_refused": sandbox.get("device_ring_refused"),
+        "gpu_memory_share": sandbox.get("gpu_memory_share"),
         "timing_shared": shared,
     }
 

@@ -285,6 +285,8 @@ class Evaluator(ChildRunPhases):
             # it was held paused while other evaluations were measured.
             result.phase_seconds["paused_for_others"] = child.paused_seconds - paused_before
             then = counted_until_exit(self.gpu_memory, session.gpu, child.pids(), release)
+            if session.gpu is not None:  # how much of the plan the solution used
+                result.sandbox["gpu_memory_share"] = session.gpu.record()
             self.children.retire(child, then=then)
             if companion is not None:
                 companion.retire(self.children.retire, result.sandbox)

@@ -275,7 +275,23 @@ class GpuShare:
     admitted: int
     # What the device could give the child when its solution was sent (``note_before_solution``).
     before_solution: int | None = None
+    # The most the driver listed for the child whenever the worker looked (``record``).
+    most_held: int | None = None
     _next_check: float = 0.0
+
+    def _held(self, pids: list[int]) -> int | None:
+        held = self.watch.held_by(pids)
+        if held is not None:
+            self.most_held = max(held, self.most_held or 0)
+        return held
+
+    def record(self) -> dict[str, float | None]:
+        """The share and the most the child was seen to hold, for the evaluation's record: how
+        much of its task's memory plan a solution used, which decides how many evaluations the
+        plans let share the device. Seen, not measured: the driver is asked every
+        ``CHECK_INTERVAL_S`` while the worker waits, so a peak between two looks is missed."""
+        most = None if self.most_held is None else round(self.most_held / GIB, 3)
+        return {"admitted_gib": round(self.admitted / GIB, 3), "most_held_gib": most}
 
     def over_share(self, pids: Callable[[], list[int]]) -> int | None:
         """The bytes the child holds when that is more than its share; looked at no more often
@@ -286,20 +302,20 @@ class GpuShare:
         if now < self._next_check:
             return None
         self._next_check = now + CHECK_INTERVAL_S
-        held = self.watch.held_by(pids())
+        held = self._held(pids())
         return held if held is not None and held > self.admitted else None
 
     def beyond(self, pids: list[int]) -> int:
         """The bytes the child holds beyond its share now (0 within it, or where NVML cannot
         tell)."""
-        held = self.watch.held_by(pids)
+        held = self._held(pids)
         return max(held - self.admitted, 0) if held is not None else 0
 
     def note_before_solution(self, pids: list[int]) -> None:
         """What the device can give the child while it runs only our code: what it holds plus
         what is free; without NVML, what is free plus the most its CUDA context holds (the
         harness emptied its allocator's cache after making the task's inputs once)."""
-        held = self.watch.held_by(pids)  # first: memory freed by the next read only adds to free
+        held = self._held(pids)  # first: memory freed by the next read only adds to free
         free = self.watch.free()
         if free is not None:
             self.before_solution = free + (held if held is not None else CHILD_OVERHEAD_BYTES)
@@ -309,7 +325,7 @@ class GpuShare:
         worker can show it: the child within its share while the device cannot give it the
         rest, or the device already short before the solution's code ran. None otherwise."""
         admitted = self.admitted / GIB
-        held = self.watch.held_by(pids)  # first, as in note_before_solution
+        held = self._held(pids)  # first, as in note_before_solution
         free = self.watch.free() if held is not None else None
         if held is not None and held > self.admitted:
             return None  # more than its share: whatever else happened, the solution's

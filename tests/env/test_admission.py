@@ -232,6 +232,20 @@ def test_a_child_within_its_share_or_unwatched_is_released_as_it_was() -> None:
     assert budget.reserved == 1 * GIB
 
 
+def test_the_record_keeps_the_most_a_child_was_seen_to_hold_against_its_share() -> None:
+    """How much of a plan solutions use is what would let plans shrink: the record keeps the
+    most of every look, not the last, and says nothing where the driver lists no process."""
+    listed = {101: 3 * GIB, 102: 1 * GIB}
+    share = GpuShare(_watch(listed), 6 * GIB)
+    assert share.over_share(lambda: [101, 102]) is None  # 4 GiB, within its share
+    listed[101] = 1 * GIB  # the solution freed some before the evaluation ended
+    assert share.beyond([101, 102]) == 0
+    assert share.record() == {"admitted_gib": 6.0, "most_held_gib": 4.0}
+    unlisted = GpuShare(_watch({}), 1 * GIB)
+    assert unlisted.beyond([101]) == 0
+    assert unlisted.record() == {"admitted_gib": 1.0, "most_held_gib": None}
+
+
 def test_a_task_larger_than_the_device_waits_for_memory_a_dying_child_holds() -> None:
     """Running alone means with nothing else held: not beside a retired child's memory."""
     budget = GpuMemoryBudget(10 * GIB)

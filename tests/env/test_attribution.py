@@ -293,6 +293,8 @@ def test_a_sandbox_above_its_gpu_share_is_killed_and_a_grab_at_import_is_the_sol
     assert grabbed.status is Status.RUNTIME_ERROR, grabbed.error
     assert good.status is Status.CORRECT, good.error  # a solution within its share is left be
     assert good.sandbox["gpu_clocks"]["sm_mhz"] > 0, good.sandbox  # what its timing ran at
+    share = good.sandbox["gpu_memory_share"]  # and how much of its plan it used
+    assert 0 < share["most_held_gib"] <= share["admitted_gib"], share
 
 
 @pytest.mark.gpu
