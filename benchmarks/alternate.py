@@ -11,7 +11,7 @@ before it, is what lets a difference be put down to the setting rather than the 
     python benchmarks/alternate.py --pairs 2 --b=--no-move-local-memory --out OUT -- \\
         --device cuda --new-kernels --repeats 6 --tasks 31_conv2d_stride2_relu 18_matmul
 
-    python benchmarks/alternate.py --bench harness --b=--admission-in-order --out OUT -- \\
+    python benchmarks/alternate.py --bench harness --a=--no-admission-in-order --out OUT -- \\
         --kernelbench KB/KernelBench --phases kernelrl --shares kernelrl=1 --repeats 3
 
 Everything after ``--`` goes to both settings; ``--a`` and ``--b`` add each one's own options

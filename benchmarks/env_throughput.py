@@ -381,6 +381,7 @@ def main() -> None:
         cache_reference_timing=args.reference_timing == "cached",
         compile_ahead=args.compile_ahead,
         admission_in_order=args.admission_in_order,
+        admission_backfill=args.admission_backfill,
         timing=args.timing,
     )
     started = time.perf_counter()

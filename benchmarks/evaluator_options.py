@@ -70,6 +70,13 @@ def add_evaluator_args(parser: argparse.ArgumentParser) -> None:
         help="GPU memory admitted in the order evaluations asked for it "
         "(EvalConfig.admission_in_order; on by default)",
     )
+    parser.add_argument(
+        "--admission-backfill",
+        action=argparse.BooleanOptionalAction,
+        default=EvalConfig.admission_backfill,
+        help="in order, a later evaluation may start first where it fits beside the earliest "
+        "waiting one's plan (EvalConfig.admission_backfill)",
+    )
 
 
 def timing_from_args(

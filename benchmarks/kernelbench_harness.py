@@ -183,7 +183,8 @@ def kernelrl_phase(
             f"enough_timed_ms={stats['enough_timed_ms']}, "
             f"move_local_memory={stats['move_local_memory']}, "
             f"compile_ahead={args.compile_ahead}, per_gpu={args.per_gpu}, "
-            f"spares={stats['spares']}, admission_in_order={args.admission_in_order}"
+            f"spares={stats['spares']}, admission_in_order={args.admission_in_order}, "
+            f"admission_backfill={args.admission_backfill}"
         ),
         "kernelrl evaluations": stats["evaluations"],
         "kernelrl evals/min (pool warm)": _fmt(stats["evals_per_min"], ".1f"),

@@ -149,6 +149,7 @@ def kernelrl_config(args: argparse.Namespace) -> EvalConfig:
         timing=args.timing,
         compile_ahead=args.compile_ahead,
         admission_in_order=args.admission_in_order,
+        admission_backfill=args.admission_backfill,
     )
 
 

@@ -62,8 +62,9 @@ class EvalConfig:
     cache_reference_timing: bool = True
     host_memory_bytes: int = 16 * 2**30
     gpu_memory_fraction: float = 0.9
-    # GPU memory admitted in the order evaluations asked for it (``GpuMemoryBudget.in_order``).
+    # Which waiting evaluation GPU memory goes to (``GpuMemoryBudget.in_order``, ``backfill``).
     admission_in_order: bool = True
+    admission_backfill: bool = False
     file_bytes: int = 4 * 2**30
     spare_children: int = 1
     # Before a solution or a reference is timed, with the other sandboxes paused, the GPU must
@@ -151,6 +152,7 @@ class Evaluator(ChildRunPhases):
                 self.device,
                 warming=self.config.spare_children,
                 in_order=self.config.admission_in_order,
+                backfill=self.config.admission_backfill,
             )
             if self.device_kind == "cuda"
             else None

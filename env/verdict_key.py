@@ -38,6 +38,7 @@ NOT_VERDICT_SETTINGS: dict[str, str] = {
     "either way, and pools raise it to fit their host",
     "admission_in_order": "which waiting evaluation the GPU memory goes to first; each is "
     "admitted with the same plan, and its timing still has the GPU to itself",
+    "admission_backfill": "the same: which waiting evaluation starts first",
 }
 
 #: ``Task`` fields that only name or file a task: the evaluator never reads them.

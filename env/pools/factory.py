@@ -154,6 +154,14 @@ class EnvPoolConfig:
             "it; docs/decisions.md)"
         },
     )
+    env_admission_backfill: bool = field(
+        default=False,
+        metadata={
+            "help": "in order, a later evaluation may start first where it fits beside the "
+            "earliest waiting one's plan, which then waits only for those that asked before it "
+            "(off by default: not yet measured on a GPU; docs/decisions.md)"
+        },
+    )
     env_ray_address: str | None = field(
         default=None, metadata={"help": "Ray cluster to join (ray/service pools)"}
     )
@@ -192,6 +200,7 @@ class EnvPoolConfig:
                 cache_reference_timing=self.env_cache_reference_timing,
                 compile_ahead=self.env_compile_ahead,
                 admission_in_order=self.env_admission_in_order,
+                admission_backfill=self.env_admission_backfill,
                 timing=TimingConfig(move_local_memory=self.env_move_local_memory),
             ),
             workers=self.env_workers or None,

@@ -133,10 +133,12 @@ def test_reservations_wait_until_they_fit() -> None:
     assert budget.reserved == 0 and budget.in_flight == 0
 
 
-def _admitted_while_a_large_one_waits(in_order: bool) -> list[str]:
-    """A holds 6 of 10 GiB; B asks for 8 and waits; C asks for 3 after B (it fits beside A,
-    not beside B). What was admitted, in order, once A gives its memory back."""
-    budget = GpuMemoryBudget(10 * GIB, in_order=in_order)
+def _admitted_while_a_large_one_waits(
+    in_order: bool, backfill: bool = False, c_bytes: int = 3 * GIB
+) -> list[str]:
+    """A holds 6 of 10 GiB; B asks for 8 and waits; C asks for ``c_bytes`` after B (it fits
+    beside A). What was admitted, in order, once A gives its memory back."""
+    budget = GpuMemoryBudget(10 * GIB, in_order=in_order, backfill=backfill)
     admitted: list[str] = []
     release_a = budget.acquire(6 * GIB)
     admitted.append("a")
@@ -150,7 +152,7 @@ def _admitted_while_a_large_one_waits(in_order: bool) -> list[str]:
     b.start()
     while not budget._waiting:
         time.sleep(0.01)
-    c = threading.Thread(target=ask, args=("c", 3 * GIB))
+    c = threading.Thread(target=ask, args=("c", c_bytes))
     c.start()
     while "c" not in admitted and len(budget._waiting) < 2:  # C admitted, or queued behind B
         time.sleep(0.01)
@@ -167,6 +169,54 @@ def test_a_later_evaluation_passes_a_waiting_one_unless_the_admission_keeps_orde
     C waits for B."""
     assert _admitted_while_a_large_one_waits(in_order=False) == ["a", "c", "b"]
     assert _admitted_while_a_large_one_waits(in_order=True) == ["a", "b", "c"]
+
+
+def test_a_backfill_passes_the_earliest_waiting_one_only_beside_its_plan() -> None:
+    """With the backfill, C goes first only where it fits beside B's plan as well (2 + 8 of
+    10 GiB), not where it would take memory B needs once A is done (3 + 8); in order alone, C
+    waits either way, and first-fit lets either pass."""
+    for c_bytes, backfilled in ((2 * GIB, ["a", "c", "b"]), (3 * GIB, ["a", "b", "c"])):
+        assert _admitted_while_a_large_one_waits(True, True, c_bytes) == backfilled
+        assert _admitted_while_a_large_one_waits(True, False, c_bytes) == ["a", "b", "c"]
+        assert _admitted_while_a_large_one_waits(False, False, c_bytes) == ["a", "c", "b"]
+
+
+def test_a_backfill_never_keeps_the_earliest_waiting_for_those_that_asked_after_it() -> None:
+    """A holds 6 of 10 GiB and B waits for 8. C (2) starts beside A and B's plan; D (2), which
+    first-fit would let in beside A and C, waits, so B starts the moment A is done, with C
+    still running, and D after it."""
+    budget = GpuMemoryBudget(10 * GIB, in_order=True, backfill=True)
+    release_a = budget.acquire(6 * GIB)
+    started: dict[str, threading.Event] = {n: threading.Event() for n in "bcd"}
+    releases: dict[str, object] = {}
+
+    def ask(name: str, nbytes: int) -> None:
+        releases[name] = budget.acquire(nbytes)
+        started[name].set()
+
+    def queued(count: int) -> None:
+        while len(budget._waiting) < count:
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=ask, args=("b", 8 * GIB), daemon=True)]
+    threads[0].start()
+    queued(1)
+    threads.append(threading.Thread(target=ask, args=("c", 2 * GIB), daemon=True))
+    threads[1].start()
+    assert started["c"].wait(5)
+    threads.append(threading.Thread(target=ask, args=("d", 2 * GIB), daemon=True))
+    threads[2].start()
+    queued(2)
+    assert not started["b"].is_set() and not started["d"].is_set()
+    release_a()
+    assert started["b"].wait(5)
+    assert budget.reserved == 10 * GIB and not started["d"].is_set()  # C still running
+    releases["c"]()
+    assert started["d"].wait(5)
+    releases["b"](), releases["d"]()
+    for thread in threads:
+        thread.join(5)
+    assert budget.reserved == 0 and budget.in_flight == 0 and not budget._admitted
 
 
 def test_a_task_larger_than_the_device_runs_alone() -> None:
