@@ -194,19 +194,19 @@ def test_a_backfill_never_keeps_the_earliest_waiting_for_those_that_asked_after_
         releases[name] = budget.acquire(nbytes)
         started[name].set()
 
-    def queued(count: int) -> None:
-        while len(budget._waiting) < count:
+    def queued(count: int, name: str) -> None:  # or started
+        while len(budget._waiting) < count and not started[name].is_set():
             time.sleep(0.01)
 
     threads = [threading.Thread(target=ask, args=("b", 8 * GIB), daemon=True)]
     threads[0].start()
-    queued(1)
+    queued(1, "b")
     threads.append(threading.Thread(target=ask, args=("c", 2 * GIB), daemon=True))
     threads[1].start()
     assert started["c"].wait(5)
     threads.append(threading.Thread(target=ask, args=("d", 2 * GIB), daemon=True))
     threads[2].start()
-    queued(2)
+    queued(2, "d")
     assert not started["b"].is_set() and not started["d"].is_set()
     release_a()
     assert started["b"].wait(5)
