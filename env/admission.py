@@ -149,10 +149,10 @@ class GpuMemoryBudget:
     ``backfill`` (with ``in_order``) lets a later evaluation start before the earliest waiting
     one where it fits beside what that one will need: what the evaluations that asked after it
     hold, the new one and the earliest one's plan together fit in the capacity. The earliest
-    then waits for nothing but the evaluations that asked before it, as in order,
-    while smaller ones use the memory its wait leaves idle (on an H100 a 50 GiB plan waits for
-    another while 17 GiB stay free). Which one is the earliest changes only when it starts, so
-    no evaluation waits on arrivals after it (first-fit's starvation).
+    then waits for nothing but the evaluations that asked before it, as in order, while
+    smaller ones use the memory its wait leaves idle (on an H100, a 49.8 GiB plan waiting for
+    another leaves 17 GiB of the capacity in no plan). Which one is the earliest changes only
+    when it starts, so no evaluation waits on arrivals after it (first-fit's starvation).
     """
 
     def __init__(self, capacity_bytes: int, in_order: bool = True, backfill: bool = False) -> None:
@@ -222,8 +222,8 @@ class GpuMemoryBudget:
             return True
         if not self.backfill:
             return False
-        # Room for the earliest once every evaluation admitted before it asked is done: what
-        # those admitted after it hold, this one, its plan and the waiting children's contexts.
+        # Room for the earliest once every evaluation that asked before it is done: what those
+        # that asked after it hold, this one, its plan and the waiting children's contexts.
         after = sum(held for t, held in self._admitted.items() if t > earliest)
         contexts = self.contexts_waiting * CHILD_OVERHEAD_BYTES
         return after + need + self._waiting[earliest] + contexts <= self.capacity
