@@ -4,15 +4,16 @@ recorded ``kernelbench_harness.py`` run (its ``results.json``).
 The run's evaluations are replayed on its slots in the order its pool took them (both repeats
 submitted at once, each longest-first by ``CostModel`` before any cost was known, as
 ``run_kernelrl_phase`` submits them). Each asks the real ``GpuMemoryBudget`` for its task's
-plan (``memory_plan``, measured here on the meta device with the timing options given after
-``--``, as the harness takes them) and holds it for what it was recorded to last past its wait
-for memory. Time runs ``--scale`` times as fast as recorded. The replay under the run's own
-rule beside its recorded first repeat is the measure of how far a replay can be trusted; what
-it cannot show is that an evaluation's time depends on what runs beside it (a rule that runs
-more at once slows each of them down), so a replay bounds a rule's gain, it does not measure it.
+plan (``memory_plan``, measured here on the meta device with the evaluator's timing flags
+given beside this script's own, as the harness takes them) and holds it for what it was
+recorded to last past its wait for memory. Each recorded second lasts ``--scale`` seconds. The
+replay under the run's own rule beside its recorded first repeat is the measure of how far a
+replay can be trusted; what it cannot show is that an evaluation's time depends on what runs
+beside it (a rule that runs more at once slows each of them down), so a replay points to a
+rule's gain; it does not measure it.
 
     python benchmarks/admission_replay.py RUN/results.json --kernelbench KB/KernelBench \\
-        --capacity-gib 67.3
+        --capacity-gib 67.26
 """
 
 from __future__ import annotations
@@ -157,7 +158,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--scale", type=float, default=0.1, help="replayed seconds per recorded")
     args, timing_flags = parser.parse_known_args(argv)
     harness = harness_args(["--kernelbench", args.kernelbench, *timing_flags])
+    if not args.results.is_file():
+        parser.error(f"{args.results}: no such file (a harness run's results.json)")
     results = json.loads(args.results.read_text())
+    moved = f"move_local_memory={harness.timing.move_local_memory}"
+    if moved not in results["totals"].get("kernelrl options", moved):
+        parser.error(f"the run's options are not {moved}: give its timing flags, as it ran")
     entries = solution_entries(Path(harness.solutions), Path(args.kernelbench))
     entries = [e for e in entries if e.stem in results["rows"]]
     order = [entries[i].stem for i in pool_order(entries)]

@@ -69,3 +69,15 @@ def test_a_recorded_run_in_order_is_replayed_near_its_first_repeat(capsys):
     recorded = float(table.split("| recorded | ")[1].split(" |")[0])
     replayed = float(table.split("| replayed, in order | ")[1].split(" |")[0])
     assert abs(replayed / recorded - 1) < 0.1
+
+
+def test_bad_input_is_one_line_naming_it(tmp_path, capsys):
+    missing = tmp_path / "results.json"
+    argv = [str(missing), "--kernelbench", str(tmp_path), "--capacity-gib", "67.26"]
+    with pytest.raises(SystemExit):
+        admission_replay.main(argv)
+    assert "no such file" in capsys.readouterr().err
+    missing.write_text('{"totals": {"kernelrl options": "move_local_memory=False"}, "rows": {}}')
+    with pytest.raises(SystemExit):
+        admission_replay.main(argv)  # the plans would be another run's
+    assert "give its timing flags" in capsys.readouterr().err
