@@ -26,10 +26,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernelbench_entries import Entry, solution_entries  # noqa: E402
 from kernelbench_harness import parse_args as harness_args  # noqa: E402
+
+if TYPE_CHECKING:
+    from kernelrl.env.task import Task
+    from kernelrl.env.timing import TimingConfig
 
 GIB = 2**30
 RULES = {"first-fit": (False, False), "in order": (True, False), "backfill": (True, True)}
@@ -52,30 +57,28 @@ class Replayed:
     ends_s: list[float]
 
 
-def pool_order(entries: Sequence[Entry]) -> list[int]:
-    """Entry indices in the order a pool with no observed costs takes a batch of them."""
+def tasks_of(entries: Sequence[Entry]) -> list[Task]:
+    from kernelrl.env.task import task_from_source
+
+    return [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
+
+
+def pool_order(tasks: Sequence[Task], solutions: Sequence[str]) -> list[int]:
+    """Task indices in the order a pool with no observed costs takes a batch of them."""
     from kernelrl.env.pools.scheduler import CostModel
-    from kernelrl.env.task import task_from_source
 
-    tasks = [task_from_source(e.task_src, e.key, "triton", e.level) for e in entries]
-    return [i for i, _ in CostModel().longest_first(tasks, [e.solution_src for e in entries])]
+    return [i for i, _ in CostModel().longest_first(tasks, solutions)]
 
 
-def plan_bytes(entries: Sequence[Entry], timing: object) -> dict[str, int]:
+def plan_bytes(tasks: Sequence[Task], timing: TimingConfig) -> list[int]:
     from kernelrl.env.admission import memory_plan
-    from kernelrl.env.task import task_from_source
 
-    return {
-        e.stem: memory_plan(
-            task_from_source(e.task_src, e.key, "triton", e.level), timing
-        ).total_bytes
-        for e in entries
-    }
+    return [memory_plan(task, timing).total_bytes for task in tasks]
 
 
 def evaluations(rows: dict, order: Sequence[str], plans: dict[str, int]) -> list[Evaluation]:
     """Every recorded evaluation, repeat by repeat, each repeat in ``order`` (task stems)."""
-    repeats = max(len(row.get("kernelrl", [])) for row in rows.values())
+    repeats = max((len(row.get("kernelrl", [])) for row in rows.values()), default=0)
     found = []
     for repeat in range(repeats):
         for stem in order:
@@ -164,10 +167,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     moved = f"move_local_memory={harness.timing.move_local_memory}"
     if moved not in results["totals"].get("kernelrl options", moved):
         parser.error(f"the run's options are not {moved}: give its timing flags, as it ran")
-    entries = solution_entries(Path(harness.solutions), Path(args.kernelbench))
-    entries = [e for e in entries if e.stem in results["rows"]]
-    order = [entries[i].stem for i in pool_order(entries)]
-    found = evaluations(results["rows"], order, plan_bytes(entries, harness.timing))
+    recorded = {stem for stem, row in results["rows"].items()
+                if any("phase_seconds" in run for run in row.get("kernelrl", []))}  # fmt: skip
+    if not recorded:
+        parser.error(f"{args.results}: no kernelrl evaluation is recorded in it")
+    try:
+        entries = solution_entries(Path(harness.solutions), Path(args.kernelbench), recorded)
+    except FileNotFoundError as missing:
+        parser.error(f"{args.kernelbench} is not the KernelBench task root the run used: {missing}")
+    tasks = tasks_of(entries)  # loaded once: the pool's order and the plans both read them
+    order = [entries[i].stem for i in pool_order(tasks, [e.solution_src for e in entries])]
+    plans = dict(zip((e.stem for e in entries), plan_bytes(tasks, harness.timing), strict=True))
+    found = evaluations(results["rows"], order, plans)
     capacity = int(args.capacity_gib * GIB)
     replays = {rule: replay(found, args.slots, capacity, rule, args.scale) for rule in RULES}
     print(report(results, found, replays))

@@ -3,6 +3,7 @@ is read repeat by repeat in the pool's order."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -81,3 +82,12 @@ def test_bad_input_is_one_line_naming_it(tmp_path, capsys):
     with pytest.raises(SystemExit):
         admission_replay.main(argv)  # the plans would be another run's
     assert "give its timing flags" in capsys.readouterr().err
+    missing.write_text('{"totals": {}, "rows": {}}')
+    with pytest.raises(SystemExit):
+        admission_replay.main(argv)
+    assert "no kernelrl evaluation is recorded" in capsys.readouterr().err
+    run = {"kernelrl": [{"phase_seconds": {"total": 1.0}}]}
+    missing.write_text(json.dumps({"totals": {}, "rows": {"19_ReLU": run}}))
+    with pytest.raises(SystemExit):
+        admission_replay.main(argv)  # tmp_path holds no task
+    assert "is not the KernelBench task root" in capsys.readouterr().err
